@@ -1,2 +1,22 @@
-"""mxamp: mixed-precision training for Apache MXNet 1.9.1 (Gluon and Symbol API)."""
+"""mxamp: mixed-precision training for Apache MXNet 1.9.1 (Gluon and Symbol API).
+
+float16 on NVIDIA GPUs, bfloat16 on CPUs with AVX512-BF16/AMX.  One precision
+policy (`mxamp.policy`) and one graph rewrite (`mxamp.graph`) serve the Symbol
+front (`convert_symbol`, `convert_model`, the ``mxamp convert`` tool) and the
+Gluon front (`convert`); FP32 master weights (`MultiPrecision`) and the
+loss-scaling `Trainer` work with either.
+"""
+from . import hardware
+
+# Before any oneDNN primitive exists: oneDNN reads its ISA limit once, at the first one.
+hardware.enable_amx()
+
+from . import optimizer  # noqa: E402
+from .graph import GraphError  # noqa: E402
+from .optimizer import MultiPrecision  # noqa: E402
+from .symbol import convert_model, convert_symbol  # noqa: E402
+from .trainer import LossScaler, Trainer  # noqa: E402
+
 __version__ = '0.1.0'
+__all__ = ['convert_symbol', 'convert_model', 'Trainer', 'LossScaler', 'MultiPrecision',
+           'GraphError', 'optimizer']

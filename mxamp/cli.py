@@ -1,0 +1,118 @@
+"""The ``mxamp`` command line (also ``python -m mxamp``).
+
+``mxamp convert IN-symbol.json -o OUT_PREFIX --dtype bfloat16 [--params IN.params]``
+rewrites a symbol file (and its parameters) to mixed precision.  Bad input
+exits with status 2 and one line on stderr naming what is wrong and where;
+no traceback, no partial output file.
+"""
+import argparse
+import logging
+import os
+import sys
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, '%s: error: %s\n' % (self.prog, message))
+
+
+def _input_shape(text):
+    name, _, dims = text.partition('=')
+    try:
+        shape = tuple(int(d) for d in dims.split(','))
+    except ValueError:
+        shape = ()
+    if not name or not shape or min(shape) <= 0:
+        raise argparse.ArgumentTypeError("expected NAME=D1,D2,... with positive sizes, got '%s'" % text)
+    return name, shape
+
+
+def build_parser():
+    parser = _Parser(prog='mxamp', description='Mixed precision for Apache MXNet 1.9.1.')
+    commands = parser.add_subparsers(dest='command', metavar='COMMAND')
+    commands.required = True
+    convert = commands.add_parser(
+        'convert', help='convert a symbol file (and parameters) to float16 or bfloat16',
+        description='Rewrite an FP32 MXNet symbol to mixed precision: low-precision compute ops, '
+                    'FP32 softmax/normalisation/reductions/losses, casts only at precision boundaries.')
+    convert.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')
+    convert.add_argument('-o', '--output', required=True, metavar='OUT_PREFIX',
+                         help='writes OUT_PREFIX-symbol.json (and OUT_PREFIX-0000.params)')
+    convert.add_argument('--dtype', required=True, choices=['float16', 'bfloat16'],
+                         help='target low precision')
+    convert.add_argument('--params', metavar='IN.params',
+                         help='parameters to convert with the graph (arg:/aux: keys)')
+    convert.add_argument('--exclude', nargs='+', default=[], metavar='NAME',
+                         help='node names or glob patterns kept in FP32')
+    convert.add_argument('--fp32-ops', nargs='+', default=[], metavar='OP',
+                         help='operators forced to FP32')
+    convert.add_argument('--lp-ops', nargs='+', default=[], metavar='OP',
+                         help='operators forced to low precision')
+    convert.add_argument('--input-shape', action='append', default=[], type=_input_shape,
+                         metavar='NAME=D1,D2,...',
+                         help='shape of an input (e.g. data=1,3,224,224), to check every parameter shape')
+    convert.add_argument('--cpu', action='store_true',
+                         help='float16 only: the graph will run on a CPU, so GEMM ops compute in '
+                              'FP32 between float16 casts')
+    convert.add_argument('--report', action='store_true',
+                         help='print per-operator precision counts and the casts inserted')
+    return parser
+
+
+def _convert(args):
+    import mxnet as mx
+
+    from .graph import GraphError, convert_graph, format_report, load_graph
+    from .symbol import convert_model, load_params, make_policy, save_model
+
+    if not os.path.isfile(args.symbol):
+        raise GraphError("symbol file '%s' does not exist" % args.symbol)
+    try:
+        with open(args.symbol) as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise GraphError("cannot read '%s': %s" % (args.symbol, err))
+    try:
+        graph = load_graph(text)
+    except GraphError as err:
+        raise GraphError('%s: %s' % (args.symbol, err))
+    ctx = mx.cpu() if args.cpu else None
+    overrides = dict(exclude=args.exclude, fp32_ops=args.fp32_ops, lp_ops=args.lp_ops, ctx=ctx)
+    arg_params = aux_params = None
+    if args.params:
+        if not os.path.isfile(args.params):
+            raise GraphError("params file '%s' does not exist" % args.params)
+        arg_params, aux_params = load_params(args.params)
+        try:
+            _, arg_params, aux_params, conversion = convert_model(
+                graph, arg_params, aux_params, args.dtype, input_shapes=dict(args.input_shape),
+                return_conversion=True, **overrides)
+        except GraphError as err:
+            raise GraphError('%s: %s' % (args.params, err))
+    else:
+        conversion = convert_graph(graph, make_policy(args.dtype, **overrides))
+    written = save_model(args.output, conversion.symbol, arg_params, aux_params)
+    if args.report:
+        print(format_report(conversion))
+    for path in written:
+        print('wrote %s' % path)
+
+
+def main(argv=None):
+    """Entry point; returns the exit status (0, or 2 for bad input)."""
+    args = build_parser().parse_args(argv)
+    # MXNet's legacy-format upgrade notes go to the log; keep the CLI's output clean.
+    logging.getLogger().setLevel(logging.WARNING)
+    from .graph import GraphError
+    try:
+        _convert(args)
+    except (GraphError, ValueError, OSError) as err:
+        sys.stderr.write('mxamp: error: %s\n' % str(err).splitlines()[0])
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

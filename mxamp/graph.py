@@ -1,0 +1,430 @@
+"""The graph rewrite: an FP32 MXNet Symbol in, a mixed-precision Symbol out.
+
+`convert_graph` walks the graph once in topological order and decides, with a
+`mxamp.policy.Policy`, in which precision each node runs.  It inserts ``Cast``
+nodes only where a tensor crosses a precision boundary: one cast per tensor and
+dtype, no cast chains (a consumer that needs back the precision a tensor was
+cast from gets the original tensor), graph inputs accepted in FP32 and graph
+outputs cast back to FP32.  ``Cast`` (not ``amp_cast``) is used because MXNet's
+``tojson``/``save``/``export`` drop ``amp_cast`` nodes by default.
+
+Only entries that are float32 in the FP32 graph take part: integer tensors,
+index inputs and tensors the graph itself casts keep their types.  Parameters
+listed in ``params`` whose consumers all run in low precision are declared in
+the target dtype (``__dtype__`` attribute), so their values are stored in low
+precision instead of being cast on every forward pass; `convert_model` casts the
+values accordingly.  `check_graph` re-derives the types of a converted graph
+with MXNet's own type inference and lists every invariant it breaks.
+"""
+import collections
+import json
+
+import numpy as np
+
+import mxnet as mx
+
+from . import policy as policy_mod
+from .dtypes import dtype_name, numpy_dtype, type_flag
+from .policy import FLOAT32, LOW
+
+# Tag on every Cast node mxamp inserts: how an already-converted graph is recognised.
+CAST_SUFFIX = '_mxamp_cast_'
+
+
+class GraphError(ValueError):
+    """A graph mxamp cannot convert; the message names the node or operator."""
+
+
+Conversion = collections.namedtuple('Conversion', [
+    'symbol',        # the converted mx.sym.Symbol
+    'dtype',         # target precision name
+    'lp_params',     # frozenset of parameter names stored in the target dtype
+    'node_precision',  # {node name: 'float32' | dtype} for every op node (casts excluded)
+    'node_op',       # {node name: op name} for the same nodes
+    'casts',         # Counter {(from, to): number of Cast nodes inserted}
+])
+
+
+def load_graph(source):
+    """Return the parsed JSON graph of `source` (Symbol, JSON text or dict), upgraded to 1.x form.
+
+    Raises
+    ------
+    GraphError
+        Invalid JSON, JSON that is not a symbol, unregistered operators, nodes
+        holding fused subgraphs.
+    """
+    from_symbol = isinstance(source, mx.sym.Symbol)
+    if from_symbol:
+        source = json.loads(source.tojson(remove_amp_cast=False))
+    elif isinstance(source, (bytes, str)):
+        try:
+            source = json.loads(source)
+        except ValueError as err:
+            raise GraphError('not valid JSON: %s' % err)
+    if not isinstance(source, dict) or not isinstance(source.get('nodes'), list) \
+            or 'heads' not in source:
+        raise GraphError('not an MXNet symbol: expected a JSON object with "nodes" and "heads"')
+    registry = policy_mod.registered_ops()
+    for index, node in enumerate(source['nodes']):
+        if not isinstance(node, dict) or 'op' not in node or 'name' not in node:
+            raise GraphError('node %d is not an MXNet node (needs "op" and "name")' % index)
+        if node['op'] != 'null' and node['op'] not in registry:
+            raise GraphError("node '%s': operator '%s' is not registered in MXNet %s"
+                             % (node['name'], node['op'], mx.__version__))
+        if node.get('subgraphs'):
+            raise GraphError("node '%s' (op %s) holds a fused subgraph: the graph was already "
+                             "optimised or quantized; convert the original FP32 graph instead"
+                             % (node['name'], node['op']))
+    if from_symbol:
+        return source
+    try:
+        symbol = mx.sym.load_json(json.dumps(source))
+    except mx.base.MXNetError as err:
+        raise GraphError('MXNet cannot load the graph: %s' % _first_line(err))
+    return json.loads(symbol.tojson(remove_amp_cast=False))
+
+
+def _first_line(err):
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if 'Check failed' in line or 'Error' in line:
+            return line.strip()
+    return lines[0].strip() if lines else type(err).__name__
+
+
+def _symbol_from_graph(graph):
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def _output_counts(graph):
+    rows = graph.get('node_row_ptr')
+    if rows:
+        return [rows[i + 1] - rows[i] for i in range(len(graph['nodes']))]
+    symbol = _symbol_from_graph(graph)
+    return json.loads(symbol.tojson(remove_amp_cast=False))['node_row_ptr']
+
+
+def infer_entry_types(graph, input_types=None):
+    """Dtype name (or None when unknown or not floating) of every entry of `graph`.
+
+    Returns ``{(node index, output index): name}``.  Variables take their
+    ``__dtype__`` attribute, else `input_types` (name to dtype), else float32.
+    """
+    nodes = graph['nodes']
+    counts = _output_counts(graph)
+    heads = [[nid, k, 0] for nid, node in enumerate(nodes) if node['op'] != 'null'
+             for k in range(counts[nid])]
+    types = {}
+    for nid, node in enumerate(nodes):
+        if node['op'] == 'null':
+            types[(nid, 0)] = _variable_type(node, input_types)
+    if not heads:
+        return types
+    probe = dict(graph, heads=heads)
+    probe.pop('node_row_ptr', None)
+    symbol = _symbol_from_graph(probe)
+    arguments = set(symbol.list_arguments())
+    known = {}
+    for nid, node in enumerate(nodes):
+        name = node['name']
+        if node['op'] != 'null' or name not in arguments or '__dtype__' in node.get('attrs', {}):
+            continue
+        if input_types and name in input_types:
+            known[name] = np.dtype(input_types[name]) if types[(nid, 0)] is None else numpy_dtype(types[(nid, 0)])
+        elif types[(nid, 0)] is not None:
+            known[name] = numpy_dtype(types[(nid, 0)])
+    try:
+        _, out_types, _ = symbol.infer_type_partial(**known)
+    except mx.base.MXNetError as err:
+        raise GraphError('type inference failed: %s' % _first_line(err))
+    for (nid, k, _), out_type in zip(heads, out_types or [None] * len(heads)):
+        types[(nid, k)] = _float_name(out_type)
+    return types
+
+
+def _variable_type(node, input_types):
+    flag = node.get('attrs', {}).get('__dtype__')
+    if flag is not None:
+        for name in ('float32', 'float16', 'bfloat16'):
+            if str(type_flag(name)) == str(flag):
+                return name
+        return None
+    if input_types and node['name'] in input_types:
+        return _float_name(input_types[node['name']])
+    return 'float32'
+
+
+def _float_name(dtype):
+    if dtype is None:
+        return None
+    try:
+        return dtype_name(dtype)
+    except ValueError:
+        return None
+
+
+class _Builder(object):
+    """Accumulates the nodes of the converted graph and the precision of each entry."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.nodes = []
+        self.state = {}          # new entry -> 'float32' | dtype | None (not floating)
+        self.cast_cache = {}     # (entry, target) -> entry
+        self.cast_source = {}    # entry made by a cast -> the entry it was cast from
+        self.names = set()
+
+    def add(self, node, states):
+        nid = len(self.nodes)
+        self.nodes.append(node)
+        self.names.add(node['name'])
+        for k, state in enumerate(states):
+            self.state[(nid, k)] = state
+        return nid
+
+    def to(self, entry, target):
+        """`entry` in precision `target`, inserting (or reusing) one Cast node."""
+        if self.state.get(entry) in (None, target):
+            return entry
+        source = self.cast_source.get(entry)
+        if source is not None and self.state[source] == target:
+            return source
+        key = (entry, target)
+        if key not in self.cast_cache:
+            producer = self.nodes[entry[0]]['name']
+            name = '%s%s%s' % (producer, '' if entry[1] == 0 else '_out%d' % entry[1],
+                               CAST_SUFFIX + target)
+            while name in self.names:
+                name += '_'
+            nid = self.add({'op': 'Cast', 'name': name, 'attrs': {'dtype': target},
+                            'inputs': [[entry[0], entry[1], 0]]}, [target])
+            self.cast_cache[key] = (nid, 0)
+            self.cast_source[(nid, 0)] = entry
+        return self.cast_cache[key]
+
+
+def _lp_storable(graph, policy, params, classes):
+    """Parameters whose every consumer takes them in low precision."""
+    storable = {node['name'] for node in graph['nodes'] if node['op'] == 'null'
+                and node['name'] in params}
+    for nid, node in enumerate(graph['nodes']):
+        if node['op'] == 'null':
+            continue
+        cls = classes[nid]
+        fixed = set(policy.float32_inputs(node['op'])) | set(policy.index_inputs(node['op'], node.get('attrs')))
+        for pos, (src, _, _) in enumerate(node['inputs']):
+            source = graph['nodes'][src]
+            if source['op'] == 'null' and source['name'] in storable:
+                if cls == FLOAT32 or pos in fixed:
+                    storable.discard(source['name'])
+    return storable
+
+
+def convert_graph(source, policy, params=(), input_types=None):
+    """Rewrite an FP32 graph to mixed precision.
+
+    Parameters
+    ----------
+    source : mx.sym.Symbol, str or dict
+        The FP32 graph (a Symbol or its JSON, any MXNet 0.8 to 1.9 format).
+    policy : mxamp.policy.Policy
+        The precision decisions; ``policy.dtype`` is the target.
+    params : iterable of str
+        Variables that are parameters.  Those consumed only in low precision are
+        declared in the target dtype (see ``Conversion.lp_params``).  Every other
+        variable is an input the converted graph accepts in FP32.
+    input_types : dict, optional
+        Dtypes of inputs that are not float32 (e.g. ``{'tokens': 'int32'}``).
+
+    Returns
+    -------
+    Conversion
+    """
+    graph = load_graph(source)
+    already = [n['name'] for n in graph['nodes'] if CAST_SUFFIX in n['name']]
+    if already:
+        raise GraphError("the graph is already converted by mxamp (cast node '%s')" % already[0])
+    params = set(params)
+    nodes = graph['nodes']
+    types = infer_entry_types(graph, input_types)
+    counts = _output_counts(graph)
+    # Keyed by node index: real graphs repeat node names (a VGG with two 'conv1_2').
+    classes = {nid: policy.op_class(node['op'], node.get('attrs'), node['name'])
+               for nid, node in enumerate(nodes) if node['op'] != 'null'}
+    lp_params = _lp_storable(graph, policy, params, classes)
+    low = policy.dtype
+    out = _Builder(low)
+    new_entry = {}
+    node_precision = {}
+    node_op = {}
+
+    for nid, node in enumerate(nodes):
+        original = [types.get((nid, k)) for k in range(counts[nid])]
+        if node['op'] == 'null':
+            node = dict(node, attrs=dict(node.get('attrs', {})))
+            state = 'float32' if original[0] == 'float32' else None
+            if node['name'] in lp_params:
+                state = low
+            if state is not None:
+                # MXNet infers no type backwards through a Cast: every floating
+                # variable declares its dtype, so the graph type-infers on its own.
+                node['attrs']['__dtype__'] = str(type_flag(state))
+            new_entry[(nid, 0)] = (out.add(node, [state]), 0)
+            continue
+        op = node['op']
+        attrs = node.get('attrs', {})
+        inputs = [new_entry[(src, k)] for src, k, _ in node['inputs']]
+        floating = [pos for pos, entry in enumerate(inputs)
+                    if pos not in policy.index_inputs(op, attrs) and out.state.get(entry) is not None]
+        cls = classes[nid]
+        compute_fp32 = False
+        if policy_mod.canonical(op) in policy_mod.CAST_OPS:
+            run_in = None
+        elif cls == LOW:
+            compute_fp32 = policy.computes_in_float32(op)
+            run_in = low
+        elif cls == FLOAT32:
+            run_in = 'float32'
+        elif floating:
+            # widest / neutral: low precision only when every floating input already is.
+            states = {out.state[inputs[pos]] for pos in floating}
+            run_in = low if states == {low} else 'float32'
+        else:
+            run_in = 'float32'
+        if run_in is not None:
+            fixed32 = policy.float32_inputs(op) if cls == LOW else ()
+            for pos in floating:
+                want = 'float32' if (compute_fp32 or pos in fixed32 or run_in == 'float32') else low
+                inputs[pos] = out.to(inputs[pos], want)
+        states = []
+        fixed_out = policy.float32_outputs(op) if cls == LOW else ()
+        for k, original_type in enumerate(original):
+            if original_type != 'float32' or run_in is None:
+                states.append(None if original_type != 'float32' else 'float32')
+            elif compute_fp32 or k in fixed_out:
+                states.append('float32')
+            else:
+                states.append(run_in)
+        new_node = dict(node, inputs=[[e[0], e[1], 0] for e in inputs])
+        new_id = out.add(new_node, states)
+        node_precision[node['name']] = run_in or 'float32'
+        node_op[node['name']] = op
+        for k in range(counts[nid]):
+            entry = (new_id, k)
+            if compute_fp32 and states[k] == 'float32' and k not in fixed_out and original[k] == 'float32':
+                # float16 storage around an op that computes in FP32 (no CPU kernel).
+                entry = out.to(entry, low)
+            new_entry[(nid, k)] = entry
+
+    heads = [out.to(new_entry[(nid, k)], 'float32') for nid, k, _ in graph['heads']]
+    converted = _assemble(out.nodes, heads, graph.get('attrs'))
+    symbol = _symbol_from_graph(converted)
+    casts = collections.Counter()
+    final_nodes = json.loads(symbol.tojson(remove_amp_cast=False))['nodes']
+    for node in final_nodes:
+        if CAST_SUFFIX in node['name']:
+            target = node['attrs']['dtype']
+            casts[('float32' if target != 'float32' else low, target)] += 1
+    live = {node['name'] for node in final_nodes}
+    return Conversion(symbol=symbol, dtype=low,
+                      lp_params=frozenset(name for name in lp_params if name in live),
+                      node_precision={k: v for k, v in node_precision.items() if k in live},
+                      node_op={k: v for k, v in node_op.items() if k in live},
+                      casts=casts)
+
+
+def _assemble(nodes, heads, attrs):
+    """A JSON graph of the reachable part of `nodes` (dead casts dropped)."""
+    reachable = set()
+    stack = [nid for nid, _ in heads]
+    while stack:
+        nid = stack.pop()
+        if nid in reachable:
+            continue
+        reachable.add(nid)
+        stack.extend(src for src, _, _ in nodes[nid]['inputs'])
+    order = sorted(reachable)
+    index = {old: new for new, old in enumerate(order)}
+    kept = [dict(nodes[old], inputs=[[index[s], k, 0] for s, k, _ in nodes[old]['inputs']])
+            for old in order]
+    graph = {'nodes': kept,
+             'arg_nodes': [i for i, n in enumerate(kept) if n['op'] == 'null'],
+             'heads': [[index[nid], k, 0] for nid, k in heads]}
+    graph['attrs'] = dict(attrs or {'mxnet_version': ['int', 10901]})
+    return graph
+
+
+def check_graph(symbol, policy, input_types=None):
+    """Invariant violations of a converted graph, as a list of strings (empty: all hold).
+
+    Types come from MXNet's own inference with every non-declared input in FP32:
+    no FP32-class op receives a low-precision input, every low-precision op
+    receives low-precision data (except BatchNorm statistics and ops computing in
+    FP32 on CPU), no Cast converts a tensor to the dtype it has, no Cast feeds
+    another Cast, no tensor is cast twice to the same dtype, every output is
+    FP32 when the FP32 graph's was.
+    """
+    graph = load_graph(symbol)
+    nodes = graph['nodes']
+    types = infer_entry_types(graph, input_types)
+    low = policy.dtype
+    problems = []
+    seen_casts = set()
+    for nid, node in enumerate(nodes):
+        if node['op'] == 'null':
+            continue
+        op, attrs, name = node['op'], node.get('attrs', {}), node['name']
+        in_types = [types.get((src, k)) for src, k, _ in node['inputs']]
+        is_cast = CAST_SUFFIX in name
+        if is_cast:
+            src = tuple(node['inputs'][0][:2])
+            target = attrs['dtype']
+            if in_types[0] == target:
+                problems.append("cast '%s' converts a %s tensor to %s" % (name, target, target))
+            if CAST_SUFFIX in nodes[src[0]]['name']:
+                problems.append("cast '%s' feeds cast '%s' (cast chain)" % (nodes[src[0]]['name'], name))
+            if (src, target) in seen_casts:
+                problems.append("tensor %s is cast to %s twice" % (nodes[src[0]]['name'], target))
+            seen_casts.add((src, target))
+            continue
+        cls = policy.op_class(op, attrs, name)
+        skip = set(policy.index_inputs(op, attrs))
+        floats = [(pos, t) for pos, t in enumerate(in_types) if pos not in skip and t in ('float32', low)]
+        if cls == FLOAT32:
+            bad = [pos for pos, t in floats if t == low]
+            if bad:
+                problems.append("float32 op '%s' (%s) receives %s at input %s" % (name, op, low, bad))
+        elif cls == LOW and not policy.computes_in_float32(op):
+            fixed = set(policy.float32_inputs(op))
+            bad = [pos for pos, t in floats if pos not in fixed and t != low]
+            if bad:
+                problems.append("low-precision op '%s' (%s) receives float32 at input %s" % (name, op, bad))
+    for nid, k, _ in graph['heads']:
+        if types.get((nid, k)) == low:
+            problems.append("output '%s' is %s, not float32" % (nodes[nid]['name'], low))
+    return problems
+
+
+def format_report(conversion):
+    """A text table: per operator, how many nodes run in which precision; then the casts."""
+    low = conversion.dtype
+    per_op = collections.OrderedDict()
+    for name in sorted(conversion.node_op, key=lambda n: conversion.node_op[n]):
+        counts = per_op.setdefault(conversion.node_op[name], collections.Counter())
+        counts[conversion.node_precision[name]] += 1
+    rows = [(op, str(sum(c.values())), str(c[low]), str(c['float32'])) for op, c in per_op.items()]
+    total = collections.Counter(conversion.node_precision.values())
+    rows.append(('total', str(sum(total.values())), str(total[low]), str(total['float32'])))
+    header = ('operator', 'nodes', low, 'float32')
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(4)]
+    rule = '  '.join('-' * w for w in widths)
+
+    def line(row):
+        return '  '.join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                         for i, (cell, w) in enumerate(zip(row, widths)))
+    lines = [line(header), rule] + [line(r) for r in rows[:-1]] + [rule, line(rows[-1])]
+    casts = ', '.join('%d %s->%s' % (n, a, b) for (a, b), n in sorted(conversion.casts.items()))
+    lines.append('casts inserted: %s' % (casts or 'none'))
+    lines.append('parameters stored in %s: %d' % (low, len(conversion.lp_params)))
+    return '\n'.join(lines)

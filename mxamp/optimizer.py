@@ -1,0 +1,338 @@
+"""FP32 master weights for every MXNet optimizer.
+
+This module owns:
+
+* :class:`MultiPrecision`, a mixin that gives any ``mx.optimizer.Optimizer``
+  subclass an FP32 master copy of each float16 or bfloat16 weight, with FP32
+  optimizer states;
+* :class:`AdamW`, decoupled-weight-decay Adam on MXNet's fused
+  ``contrib.adamw_update`` / ``contrib.mp_adamw_update`` kernels (MXNet 1.9.1
+  ships the kernels but registers no ``'adamw'`` optimizer);
+* :func:`mixed_class` and :func:`create`, the factory that turns an optimizer
+  name (``'sgd'``, ``'adam'``, ...) or instance into a mixed-in optimizer.  This
+  is how ``mxamp.Trainer(params, 'sgd', {...})`` gets master weights.
+
+Nothing here registers anything in MXNet's optimizer registry or changes MXNet
+globally: mixed-in classes are created on demand and cached in this module.
+
+Why it is needed
+----------------
+MXNet 1.9.1's ``multi_precision=True`` only recognises ``weight.dtype ==
+numpy.float16``.  A bfloat16 weight gets no master copy, and the SGD family's
+kernels reject it ("Unknown type enum 12").  Without a master copy, small
+updates vanish: a float16 weight of 1.0 cannot move by 1e-4 (its spacing there
+is 9.8e-4), a bfloat16 one by less than 3.9e-3.
+
+How an update runs
+------------------
+* FP32 weights (or ``multi_precision=False``): the base optimizer, unchanged.
+* float16 weights, base optimizer with a fused mixed-precision kernel (SGD and
+  its momentum/aggregated variants, NAG, LAMB, LARS, :class:`AdamW`): the base
+  optimizer's own ``update_multi_precision``, which calls ``mp_sgd_update``,
+  ``mp_sgd_mom_update``, ``multi_mp_sgd_*``, ``mp_nag_mom_update``,
+  ``mp_lamb_update_phase1/2`` or ``contrib.mp_adamw_update``.  These run on CPU.
+* Everything else (all bfloat16 weights, float16 weights with Adam, RMSProp,
+  AdaGrad, ...): the generic path.  The gradient is cast to FP32, the base
+  optimizer's FP32 ``update`` runs on the master copy and its FP32 states, and
+  the master copy is cast back into the low-precision weight in place
+  (``amp_cast(..., out=weight)``: no extra allocation for the weight).
+
+The state of a weight on the generic path is ``(master, inner_state)``, the
+layout of MXNet's own ``Optimizer.create_state_multi_precision``.
+"""
+import warnings
+
+import numpy as np
+
+import mxnet as mx
+
+from .dtypes import BFLOAT16, cast
+
+__all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
+
+_FLOAT16 = np.dtype(np.float16)
+_LOW = (_FLOAT16, BFLOAT16)
+
+#: Reserved kvstore key used by :class:`mxamp.Trainer` to agree on overflow
+#: between distributed workers when updates run on the kvstore servers.  A
+#: mixed-in optimizer running on a server copies the summed value of this key
+#: into the store instead of treating it as a weight.
+OVERFLOW_FLAG_KEY = 2 ** 30 - 7
+
+
+def _is_low(array):
+    return array.dtype in _LOW
+
+
+class MultiPrecision(object):
+    """Mixin: FP32 master weights and FP32 states for float16 and bfloat16 weights.
+
+    Put it first among the bases of any ``mx.optimizer.Optimizer`` subclass, or
+    let :func:`mixed_class` / :func:`create` do it::
+
+        class MyAdam(mxamp.optimizer.MultiPrecision, mx.optimizer.Adam):
+            pass
+
+        opt = mxamp.optimizer.create('adam', learning_rate=1e-3)   # same thing
+
+    ``multi_precision`` defaults to True (MXNet's default is False); with
+    ``multi_precision=False`` the optimizer behaves exactly like its base.
+
+    The mixin overrides only ``create_state_multi_precision`` and
+    ``update_multi_precision``, the two hooks through which MXNet's ``Updater``
+    (used by ``gluon.Trainer``, ``Module`` and the kvstore) drives every
+    optimizer; ``update`` and ``create_state`` of the base are reused unchanged
+    on FP32 arrays.  The per-step cost of the generic path is one FP32 copy of
+    each gradient and one cast of each master weight back into the weight.
+
+    Notes
+    -----
+    A mixed-in optimizer pickles (``Trainer.save_states``, dist kvstore servers)
+    as long as its base class can be pickled by reference and mxamp is
+    importable where it is unpickled.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault('multi_precision', True)
+        super(MultiPrecision, self).__init__(*args, **kwargs)
+
+    # -- which path --------------------------------------------------------
+    def _mxamp_fused_fp16(self):
+        """True when the base optimizer has its own float16 multi-precision update.
+
+        Relies on MXNet 1.9.1's convention that optimizers with fused
+        mixed-precision kernels override ``update_multi_precision`` (SGD, NAG,
+        LAMB, LARS); the generic ``Optimizer.update_multi_precision`` is not used.
+        """
+        cls = type(self)
+        cached = cls.__dict__.get('_mxamp_fused_fp16_cache')
+        if cached is not None:
+            return cached
+        mro = cls.__mro__
+        fused = False
+        for klass in mro[mro.index(MultiPrecision) + 1:]:
+            if 'update_multi_precision' in klass.__dict__:
+                fused = klass is not mx.optimizer.Optimizer
+                break
+        setattr(cls, '_mxamp_fused_fp16_cache', fused)
+        return fused
+
+    def _mxamp_generic(self, weight):
+        """True when `weight` takes the generic cast-update-cast path."""
+        if not (self.multi_precision and _is_low(weight)):
+            return False
+        return weight.dtype == BFLOAT16 or not self._mxamp_fused_fp16()
+
+    # -- MXNet optimizer hooks ---------------------------------------------
+    def create_state_multi_precision(self, index, weight):
+        """State for `weight`: ``(fp32_master, fp32_state)`` for low-precision weights.
+
+        Called once per weight by MXNet's ``Updater``; allocates the master copy
+        (no host sync).
+        """
+        if index == OVERFLOW_FLAG_KEY:
+            return None
+        if self._mxamp_generic(weight):
+            master = cast(weight, 'float32')
+            return (master, self.create_state(index, master))
+        if weight.dtype == BFLOAT16 and not self.multi_precision:
+            warnings.warn('bfloat16 weight %r without master weights: MXNet 1.9.1 update '
+                          'kernels reject bfloat16 and small updates are lost; use '
+                          'multi_precision=True' % (index,))
+        return super(MultiPrecision, self).create_state_multi_precision(index, weight)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        """Update `weight` (one array or a list of same-dtype arrays) from `grad`.
+
+        Asynchronous: queues MXNet operators, never synchronises with the host.
+        """
+        if isinstance(index, (list, tuple)):
+            if OVERFLOW_FLAG_KEY in index:
+                keep = [i for i, idx in enumerate(index) if idx != OVERFLOW_FLAG_KEY]
+                for i, idx in enumerate(index):
+                    if idx == OVERFLOW_FLAG_KEY:
+                        self._mxamp_overflow_flag(weight[i], grad[i])
+                if not keep:
+                    return
+                index, weight, grad, state = ([seq[i] for i in keep]
+                                              for seq in (index, weight, grad, state))
+            first = weight[0]
+        else:
+            if index == OVERFLOW_FLAG_KEY:
+                self._mxamp_overflow_flag(weight, grad)
+                return
+            first = weight
+        if not self._mxamp_generic(first):
+            super(MultiPrecision, self).update_multi_precision(index, weight, grad, state)
+            return
+        if isinstance(index, (list, tuple)):
+            masters = [s[0] for s in state]
+            inner = [s[1] for s in state]
+            grads32 = [cast(g, 'float32') for g in grad]
+            self.update(list(index), masters, grads32, inner)
+            for master, low in zip(masters, weight):
+                mx.nd.amp_cast(master, dtype=low.dtype, out=low)
+        else:
+            master, inner = state
+            self.update(index, master, cast(grad, 'float32'), inner)
+            mx.nd.amp_cast(master, dtype=weight.dtype, out=weight)
+
+    def _mxamp_overflow_flag(self, stored, merged):
+        """Server side of mxamp.Trainer's overflow agreement (see OVERFLOW_FLAG_KEY).
+
+        `merged` is the sum over workers of ``[non-finite count, rescale_grad,
+        1]``.  Keep it as the stored value, so that the workers pull the sum, and
+        adopt the workers' mean ``rescale_grad`` (loss scale and batch size
+        folded in), which the server's copy of the optimizer cannot otherwise
+        learn.  Synchronises the server with its engine.
+        """
+        merged.copyto(stored)
+        values = merged.asnumpy()
+        if values.shape == (3,) and values[2] > 0:
+            self.rescale_grad = float(values[1] / values[2])
+
+    # -- pickling of classes made by mixed_class() --------------------------
+    def __reduce_ex__(self, protocol):
+        base = type(self).__dict__.get('_mxamp_base')
+        if base is None:
+            return super(MultiPrecision, self).__reduce_ex__(protocol)
+        return (_restore_mixed, (base,), self.__getstate__())
+
+
+def _restore_mixed(base):
+    """Unpickling helper: an empty instance of ``mixed_class(base)``."""
+    return object.__new__(mixed_class(base))
+
+
+class AdamW(mx.optimizer.Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), on MXNet's fused kernels.
+
+    Each step, with ``t`` the update count of the weight::
+
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g**2
+        w -= lr * (sqrt(1 - beta2**t) / (1 - beta1**t) * m / (sqrt(v) + epsilon) + wd * w)
+
+    where ``g = clip(rescale_grad * grad, clip_gradient)`` and ``lr`` includes the
+    scheduler and ``lr_mult``.  Uses ``contrib.adamw_update`` for FP32 weights and
+    ``contrib.mp_adamw_update`` for float16 weights with ``multi_precision``.
+    Not registered in MXNet's registry; :func:`create` finds it as ``'adamw'``.
+
+    Parameters
+    ----------
+    learning_rate : float, default 0.001
+    beta1, beta2 : float, default 0.9 and 0.999
+    epsilon : float, default 1e-8
+    **kwargs
+        Passed to ``mx.optimizer.Optimizer`` (``wd``, ``clip_gradient``, ...).
+    """
+
+    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, **kwargs):
+        super(AdamW, self).__init__(learning_rate=learning_rate, **kwargs)
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+
+    def create_state(self, index, weight):
+        return (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
+                mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
+
+    def _kwargs(self, index):
+        self._update_count(index)
+        t = self._index_update_count[index]
+        kwargs = {'lr': (1. - self.beta2 ** t) ** 0.5 / (1. - self.beta1 ** t),
+                  'eta': self._get_lr(index), 'wd': self._get_wd(index),
+                  'beta1': self.beta1, 'beta2': self.beta2, 'epsilon': self.epsilon,
+                  'rescale_grad': self.rescale_grad}
+        if self.clip_gradient:
+            kwargs['clip_gradient'] = self.clip_gradient
+        return kwargs
+
+    def update(self, index, weight, grad, state):
+        mean, var = state
+        mx.nd.contrib.adamw_update(weight, grad, mean, var, out=weight, **self._kwargs(index))
+
+    def update_multi_precision(self, index, weight, grad, state):
+        if self.multi_precision and weight.dtype == _FLOAT16:
+            master, (mean, var) = state
+            mx.nd.contrib.mp_adamw_update(weight, grad, mean, var, master, out=weight,
+                                          **self._kwargs(index))
+        else:
+            self.update(index, weight, grad, state)
+
+
+_OWN = {'adamw': AdamW}
+_MIXED = {}
+
+
+def lookup(name):
+    """The optimizer class for `name`: mxamp's own (``'adamw'``), then MXNet's registry.
+
+    Raises
+    ------
+    ValueError
+        When no optimizer has that name; the message lists the known names.
+    """
+    key = name.lower()
+    if key in _OWN:
+        return _OWN[key]
+    # MXNet 1.9.1 internal: the registry dict behind mx.optimizer.register.
+    registry = mx.optimizer.Optimizer.opt_registry
+    if key in registry:
+        return registry[key]
+    raise ValueError('unknown optimizer %r: expected one of %s'
+                     % (name, ', '.join(sorted(set(registry) | set(_OWN)))))
+
+
+def mixed_class(base):
+    """The class ``MultiPrecision<Base>(MultiPrecision, base)``, created once per base.
+
+    Returns `base` itself when it already derives from :class:`MultiPrecision`.
+    """
+    if not (isinstance(base, type) and issubclass(base, mx.optimizer.Optimizer)):
+        raise TypeError('expected a subclass of mx.optimizer.Optimizer, got %r' % (base,))
+    if issubclass(base, MultiPrecision):
+        return base
+    klass = _MIXED.get(base)
+    if klass is None:
+        klass = type('MultiPrecision' + base.__name__, (MultiPrecision, base),
+                     {'_mxamp_base': base, '__module__': __name__,
+                      '__doc__': '%s with FP32 master weights (mxamp.optimizer.MultiPrecision).'
+                                 % base.__name__})
+        _MIXED[base] = klass
+    return klass
+
+
+def create(optimizer, multi_precision=True, **kwargs):
+    """An optimizer with FP32 master weights, from a name or an existing instance.
+
+    Parameters
+    ----------
+    optimizer : str or mx.optimizer.Optimizer
+        A name known to :func:`lookup` (case-insensitive), or an instance.  An
+        instance is converted **in place** (its class becomes
+        ``mixed_class(type(optimizer))``), so references the caller holds keep
+        working, and it is returned.
+    multi_precision : bool, default True
+        Whether float16/bfloat16 weights get FP32 master copies.
+    **kwargs
+        Constructor arguments when `optimizer` is a name (``learning_rate``,
+        ``momentum``, ...).  Not allowed with an instance.
+
+    Examples
+    --------
+    >>> opt = mxamp.optimizer.create('sgd', learning_rate=0.1, momentum=0.9)
+    >>> type(opt).__name__
+    'MultiPrecisionSGD'
+    """
+    if isinstance(optimizer, str):
+        return mixed_class(lookup(optimizer))(multi_precision=multi_precision, **kwargs)
+    if isinstance(optimizer, mx.optimizer.Optimizer):
+        if kwargs:
+            raise TypeError('create(): keyword arguments %s are only accepted with an '
+                            'optimizer name, not with an instance' % sorted(kwargs))
+        optimizer.__class__ = mixed_class(type(optimizer))
+        optimizer.multi_precision = multi_precision
+        return optimizer
+    raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %r'
+                    % (optimizer,))

@@ -1,0 +1,422 @@
+"""The precision policy: which operators run in low precision, which in FP32.
+
+Every operator registered in MXNet 1.9.1 falls in exactly one class per target
+dtype (``'float16'`` or ``'bfloat16'``):
+
+``'low'``
+    Runs in the target dtype: the compute-bound ops that tensor cores and AMX
+    accelerate (Convolution, FullyConnected, RNN, dot, batch_dot...).  All its
+    floating inputs are cast to the target dtype, except inputs the op itself
+    wants in FP32 (BatchNorm's gamma/beta/moving statistics).
+``'float32'``
+    Always FP32: numerically sensitive ops (softmax, normalisation, reductions,
+    exp/log, losses, detection post-processing, linear algebra, samplers).
+``'widest'``
+    Several floating inputs that must share a dtype (Concat, elementwise and
+    broadcast arithmetic, add_n, where): runs in low precision only when every
+    input already is, otherwise the low-precision inputs are cast up.
+``'neutral'``
+    Follows its input (relu, Pooling, Reshape, slicing...): no cast is ever
+    inserted for it; several floating inputs are unified like ``'widest'``.
+
+``'conditional'`` ops (``Activation`` softrelu, ``LeakyReLU`` elu/selu/gelu,
+sum/Lp ``Pooling``) resolve to ``'float32'`` or ``'neutral'`` from their
+attributes.  Backward operators (``_backward_*``) never appear in forward graphs
+and are ``'neutral'``.
+
+Low precision is only chosen where MXNet 1.9.1 has a kernel for it: on the CPU
+bfloat16 runs through oneDNN for a measured set of operators
+(``BFLOAT16_CPU_OPS``); every other op runs in FP32 under the bfloat16 target.
+Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
+(``FLOAT16_CPU_EMULATED``) have none and compute in FP32 between float16 casts
+(float16 storage, FP32 accumulation), which the graph rewrite does when asked.
+"""
+import ctypes
+import fnmatch
+import functools
+
+import mxnet as mx
+from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
+
+from .dtypes import LOW_PRECISION, dtype_name
+
+LOW, FLOAT32, WIDEST, NEUTRAL = 'low', 'float32', 'widest', 'neutral'
+CLASSES = (LOW, FLOAT32, WIDEST, NEUTRAL)
+
+
+def _names(text):
+    return frozenset(text.split())
+
+
+# Compute-bound ops worth running in low precision.
+_LOW = _names('''
+    Convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm _linalg_gemm2
+    _contrib_interleaved_matmul_selfatt_qk _contrib_interleaved_matmul_selfatt_valatt
+    _contrib_interleaved_matmul_encdec_qk _contrib_interleaved_matmul_encdec_valatt
+    _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
+    BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm
+''')
+
+# Numerically sensitive: softmax, normalisation, reductions, exp/log/pow, losses,
+# detection post-processing, coordinates, linear algebra, samplers, legacy ops
+# without low-precision kernels, custom Python ops, quantization.
+_FLOAT32 = _names('''
+    softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm GroupNorm InstanceNorm
+    L2Normalization LRN norm moments _square_sum multi_sum_sq multi_lars
+    exp expm1 log log10 log1p log2 _power _power_scalar _rpower_scalar broadcast_power _hypot
+    _hypot_scalar broadcast_hypot reciprocal rsqrt rcbrt square erf erfinv gamma gammaln
+    sin cos tan arcsin arccos arctan sinh cosh arcsinh arccosh arctanh
+    sum mean prod nansum nanprod topk sort argsort argmax argmin argmax_channel
+    LinearRegressionOutput LogisticRegressionOutput MAERegressionOutput SVMOutput MakeLoss
+    make_loss CTCLoss smooth_l1 softmax_cross_entropy IdentityAttachKLSparseReg
+    _contrib_box_nms _contrib_box_iou _contrib_box_encode _contrib_box_decode
+    _contrib_bipartite_matching _contrib_MultiBoxPrior _contrib_MultiBoxTarget
+    _contrib_MultiBoxDetection _contrib_Proposal _contrib_MultiProposal _contrib_ROIAlign
+    _contrib_RROIAlign ROIPooling _contrib_PSROIPooling _contrib_DeformablePSROIPooling
+    GridGenerator BilinearSampler SpatialTransformer Correlation Crop
+    _contrib_DeformableConvolution _contrib_ModulatedDeformableConvolution
+    _contrib_fft _contrib_ifft _contrib_count_sketch _contrib_hawkesll _contrib_quadratic
+    _contrib_allclose _contrib_calibrate_entropy _histogram khatri_rao
+    _linalg_det _linalg_extractdiag _linalg_extracttrian _linalg_gelqf _linalg_inverse
+    _linalg_makediag _linalg_maketrian _linalg_potrf _linalg_potri _linalg_slogdet
+    _linalg_sumlogdiag _linalg_syevd _linalg_syrk _linalg_trmm _linalg_trsm
+    _random_exponential _random_exponential_like _random_gamma _random_gamma_like
+    _random_generalized_negative_binomial _random_generalized_negative_binomial_like
+    _random_negative_binomial _random_negative_binomial_like _random_normal _random_normal_like
+    _random_pdf_dirichlet _random_pdf_exponential _random_pdf_gamma
+    _random_pdf_generalized_negative_binomial _random_pdf_negative_binomial _random_pdf_normal
+    _random_pdf_poisson _random_pdf_uniform _random_poisson _random_poisson_like _random_randint
+    _random_uniform _random_uniform_like _sample_exponential _sample_gamma
+    _sample_generalized_negative_binomial _sample_multinomial _sample_negative_binomial
+    _sample_normal _sample_poisson _sample_uniform _sample_unique_zipfian _shuffle
+    Convolution_v1 Pooling_v1 BatchNorm_v1 Custom _CachedOp _CachedOpThreadSafe _CustomFunction
+    _NDArray _Native
+    _contrib_quantize _contrib_quantize_asym _contrib_quantize_v2 _contrib_dequantize
+    _contrib_requantize _contrib_quantized_act _contrib_quantized_batch_norm
+    _contrib_quantized_concat _contrib_quantized_conv _contrib_quantized_elemwise_add
+    _contrib_quantized_elemwise_mul _contrib_quantized_embedding _contrib_quantized_flatten
+    _contrib_quantized_fully_connected _contrib_quantized_pooling _contrib_quantized_rnn
+    _sg_mkldnn_conv _sg_mkldnn_fully_connected _sg_mkldnn_selfatt_qk _sg_mkldnn_selfatt_valatt
+    _image_adjust_lighting _image_crop _image_flip_left_right _image_flip_top_bottom
+    _image_normalize _image_random_brightness _image_random_color_jitter _image_random_contrast
+    _image_random_flip_left_right _image_random_flip_top_bottom _image_random_hue
+    _image_random_lighting _image_random_saturation _image_resize _image_to_tensor
+    _cvcopyMakeBorder _cvimdecode _cvimread _cvimresize _imdecode
+    _np_sum _np_prod _np_cumsum _np_trace _npi_mean _npi_std _npi_var _npi_norm _npi_average
+    _npi_exp _npi_expm1 _npi_log _npi_log10 _npi_log1p _npi_log2 _npi_power _npi_power_scalar
+    _npi_rpower_scalar _npi_powerd _npi_reciprocal _npi_square _npi_hypot _npi_arctan2
+    _npi_arctan2_scalar _npi_rarctan2_scalar _npi_ldexp _npi_ldexp_scalar _npi_rldexp_scalar
+    _npi_sin _npi_cos _npi_tan _npi_arcsin _npi_arccos _npi_arctan _npi_sinh _npi_cosh
+    _npi_arcsinh _npi_arccosh _npi_arctanh _npi_argmax _npi_argmin _npi_percentile
+    _npi_polyval _npi_bincount _npi_unique _npi_cholesky _npi_eig _npi_eigh _npi_eigvals
+    _npi_eigvalsh _npi_svd _npi_solve _npi_pinv _npi_pinv_scalar_rcond _npi_tensorinv
+    _npi_tensorsolve _npi_bernoulli _npi_choice _npi_exponential _npi_gamma _npi_gumbel
+    _npi_logistic _npi_multinomial _npi_normal _npi_normal_n _npi_pareto _npi_rayleigh
+    _npi_uniform _npi_uniform_n _npi_weibull _npi_blackman _npi_hamming _npi_hanning
+    _npi_logspace
+    Embedding _contrib_SparseEmbedding
+''')
+
+# Several floating inputs that must agree.
+_WIDEST = _names('''
+    add_n elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add
+    broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_mod
+    broadcast_maximum broadcast_minimum _maximum _minimum _mod
+    broadcast_equal broadcast_not_equal broadcast_greater broadcast_greater_equal
+    broadcast_lesser broadcast_lesser_equal broadcast_logical_and broadcast_logical_or
+    broadcast_logical_xor _equal _not_equal _greater _greater_equal _lesser _lesser_equal
+    _logical_and _logical_or _logical_xor
+    Concat stack where _rnn_param_concat _identity_with_attr_like_rhs _scatter_elemwise_div
+    _slice_assign _scatter_set_nd scatter_nd
+    _npi_add _npi_subtract _npi_multiply _npi_true_divide _npi_mod _npi_copysign _npi_lcm
+    _npi_equal _npi_not_equal _npi_greater _npi_greater_equal _npi_less _npi_less_equal
+    _npi_bitwise_and _npi_bitwise_or _npi_bitwise_xor _npi_concatenate _npi_stack _npi_vstack
+    _npi_hstack _npi_dstack _npi_column_stack _npi_where _npi_boolean_mask_assign_tensor
+    _npi_insert_tensor
+''')
+
+# Follow their input: layout, slicing, selection, unary elementwise, scalar
+# arithmetic, creation (no floating input: they produce FP32), casts, optimizer
+# updates (never in a forward graph) and control flow (refused by the rewrite).
+_NEUTRAL = _names('''
+    relu sigmoid tanh softsign hard_sigmoid abs negative sign ceil floor fix rint round trunc
+    sqrt cbrt degrees radians clip logical_not Dropout BlockGrad
+    Flatten Reshape SwapAxis transpose expand_dims squeeze slice slice_axis slice_like
+    SliceChannel _split_v2 _split_v2_backward reshape_like broadcast_like broadcast_axis
+    broadcast_to tile repeat reverse Pad depth_to_space space_to_depth diag im2col col2im
+    take batch_take pick gather_nd one_hot _onehot_encode max min
+    SequenceLast SequenceMask SequenceReverse UpSampling _contrib_AdaptiveAvgPooling2D
+    _contrib_BilinearResize2D _contrib_div_sqrt_dim _contrib_gradientmultiplier
+    _contrib_round_ste _contrib_sign_ste _contrib_boolean_mask _contrib_index_array
+    _contrib_index_copy _contrib_arange_like _contrib_getnnz _contrib_edge_id
+    _contrib_dgl_adjacency _contrib_dgl_csr_neighbor_non_uniform_sample
+    _contrib_dgl_csr_neighbor_uniform_sample _contrib_dgl_graph_compact _contrib_dgl_subgraph
+    _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar _rdiv_scalar _mod_scalar
+    _rmod_scalar _maximum_scalar _minimum_scalar _equal_scalar _not_equal_scalar
+    _greater_scalar _greater_equal_scalar _lesser_scalar _lesser_equal_scalar
+    _logical_and_scalar _logical_or_scalar _logical_xor_scalar _scatter_plus_scalar
+    _scatter_minus_scalar _slice_assign_scalar _set_value fill_element_0index
+    _zeros _zeros_without_dtype _ones _full _arange _eye _linspace zeros_like ones_like
+    shape_array size_array _ravel_multi_index _unravel_index
+    Cast amp_cast amp_multicast cast_storage _copy _copyto _CrossDeviceCopy _NoGradient
+    _broadcast_backward _sparse_retain _foreach _while_loop _cond
+    sgd_update sgd_mom_update mp_sgd_update mp_sgd_mom_update nag_mom_update mp_nag_mom_update
+    multi_sgd_update multi_sgd_mom_update multi_mp_sgd_update multi_mp_sgd_mom_update
+    preloaded_multi_sgd_update preloaded_multi_sgd_mom_update preloaded_multi_mp_sgd_update
+    preloaded_multi_mp_sgd_mom_update adam_update _adamw_update _mp_adamw_update
+    _multi_adamw_update _multi_mp_adamw_update lamb_update_phase1 lamb_update_phase2
+    mp_lamb_update_phase1 mp_lamb_update_phase2 _multi_lamb_update _multi_mp_lamb_update
+    rmsprop_update rmspropalex_update ftml_update ftrl_update signsgd_update signum_update
+    _sparse_adagrad_update _contrib_group_adagrad_update all_finite multi_all_finite reset_arrays
+    _contrib_backward_gradientmultiplier _contrib_backward_hawkesll _contrib_backward_index_copy
+    _contrib_backward_quadratic
+    _np_all _np_any _np_atleast_1d _np_atleast_2d _np_atleast_3d _np_copy _np_diag _np_diagflat
+    _np_diagonal _np_max _np_min _np_moveaxis _np_reshape _np_roll _np_squeeze _np_transpose
+    _npi_absolute _npi_add_scalar _npi_arange _npi_around _npi_bitwise_and_scalar
+    _npi_bitwise_not _npi_bitwise_or_scalar _npi_bitwise_xor_scalar
+    _npi_boolean_mask_assign_scalar _npi_broadcast_to _npi_cbrt _npi_ceil _npi_copysign_scalar
+    _npi_degrees _npi_delete _npi_diag_indices_from _npi_diff _npi_dsplit _npi_ediff1d
+    _npi_equal_scalar _npi_eye _npi_fix _npi_flip _npi_floor _npi_full_like
+    _npi_greater_equal_scalar _npi_greater_scalar _npi_hsplit _npi_hsplit_backward
+    _npi_identity _npi_indices _npi_insert_scalar _npi_insert_slice _npi_isfinite _npi_isinf
+    _npi_isnan _npi_isneginf _npi_isposinf _npi_lcm_scalar _npi_less_equal_scalar
+    _npi_less_scalar _npi_logical_not _npi_mod_scalar _npi_multiply_scalar _npi_nan_to_num
+    _npi_negative _npi_not_equal_scalar _npi_ones _npi_pad _npi_radians _npi_rcopysign_scalar
+    _npi_rint _npi_rmod_scalar _npi_rot90 _npi_rsubtract_scalar _npi_rtrue_divide_scalar
+    _npi_share_memory _npi_sign _npi_sqrt _npi_subtract_scalar _npi_tanh _npi_tril
+    _npi_true_divide_scalar _npi_trunc _npi_where_lscalar _npi_where_rscalar _npi_where_scalar2
+    _npi_zeros _npx_constraint_check _npx_nonzero _npx_relu _npx_reshape _npx_sigmoid
+''')
+
+# Conditional: (op, attribute, values that force FP32); otherwise neutral.
+_CONDITIONAL = {
+    'Activation': ('act_type', ('softrelu',)),
+    'LeakyReLU': ('act_type', ('elu', 'selu', 'gelu')),
+    # Sum and Lp pooling accumulate a whole window: overflow-prone in float16.
+    'Pooling': ('pool_type', ('sum', 'lp')),
+}
+
+# Inputs an op consumes as indices, conditions or shapes: never cast, never
+# counted when deciding the precision of its data.
+_INDEX_INPUTS = {
+    'Embedding': (0,), '_contrib_SparseEmbedding': (0,), 'take': (1,), 'batch_take': (1,),
+    'pick': (1,), 'gather_nd': (1,), 'one_hot': (0,), 'where': (0,), '_npi_where': (0,),
+    'SequenceMask': (1,), 'SequenceLast': (1,), 'SequenceReverse': (1,), 'slice_like': (1,),
+    'reshape_like': (1,), 'broadcast_like': (1,), 'scatter_nd': (1,), '_scatter_set_nd': (2,),
+    '_contrib_index_copy': (1,), '_contrib_boolean_mask': (1,), 'RNN': (4,),
+    '_contrib_arange_like': (0,),
+}
+
+# Inputs an op wants in FP32 even when it runs in low precision.
+_FLOAT32_INPUTS = {
+    'BatchNorm': (1, 2, 3, 4), '_contrib_BatchNormWithReLU': (1, 2, 3, 4),
+    '_contrib_SyncBatchNorm': (1, 2, 3, 4),
+}
+# Outputs that stay FP32 when the op runs in low precision (BatchNorm's mean/var).
+_FLOAT32_OUTPUTS = {
+    'BatchNorm': (1, 2), '_contrib_BatchNormWithReLU': (1, 2), '_contrib_SyncBatchNorm': (1, 2),
+}
+
+# Ops with a bfloat16 CPU kernel in MXNet 1.9.1 (oneDNN), forward and backward,
+# measured op by op on a CPU with avx512_bf16.  Absent on purpose:
+# transpose (double free on 4-D input), Dropout, dot/batch_dot/linalg, RNN,
+# Embedding, LayerNorm, UpSampling, Crop, softmax-output losses (all fail).
+BFLOAT16_CPU_OPS = _names('''
+    Convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
+    Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
+    _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
+    slice_like broadcast_like broadcast_axis broadcast_to BlockGrad _copy make_loss
+    Concat stack add_n elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add
+    broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
+    _maximum _minimum _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar
+    _rdiv_scalar _maximum_scalar _minimum_scalar abs negative sign clip sqrt cbrt
+    SequenceMask SequenceReverse _contrib_div_sqrt_dim _contrib_gradientmultiplier
+    _contrib_round_ste _contrib_sign_ste zeros_like ones_like shape_array size_array
+    max min _rnn_param_concat Cast amp_cast amp_multicast SliceChannel slice slice_axis
+''')
+
+# Ops whose bfloat16 CPU kernel exists only for some attributes (measured; the
+# others fall back to MXNet's own kernels, which reject bfloat16).
+_BFLOAT16_CPU_CONDITIONS = {
+    'LeakyReLU': lambda attrs: attrs.get('act_type', 'leaky') in ('leaky', 'gelu'),
+    'Activation': lambda attrs: attrs.get('act_type') in ('relu', 'sigmoid', 'tanh', 'softrelu'),
+    # oneDNN pooling needs an explicit kernel (global pooling without one falls back).
+    'Pooling': lambda attrs: bool(attrs.get('kernel', '()').strip('()[], '))
+    and attrs.get('pool_type', 'max') in ('max', 'avg')
+    and attrs.get('pooling_convention', 'valid') != 'same',
+}
+
+# GEMM-based ops with no float16 kernel on a CPU in MXNet 1.9.1.
+FLOAT16_CPU_EMULATED = _names('''
+    Convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm _linalg_gemm2
+    _contrib_interleaved_matmul_selfatt_qk _contrib_interleaved_matmul_selfatt_valatt
+    _contrib_interleaved_matmul_encdec_qk _contrib_interleaved_matmul_encdec_valatt
+    _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
+''')
+
+# Ops whose output dtype is an attribute, not their input's: casts themselves.
+CAST_OPS = frozenset(('Cast', 'amp_cast', 'amp_multicast'))
+
+
+@functools.lru_cache(maxsize=None)
+def registered_ops():
+    """Every operator name MXNet knows (aliases included), mapped to its canonical name."""
+    size = mx_uint()
+    plist = ctypes.POINTER(ctypes.c_char_p)()
+    check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(plist)))
+    names = [py_str(plist[i]) for i in range(size.value)]
+    return {name: _canonical_from_registry(name) for name in names}
+
+
+def _canonical_from_registry(name):
+    # An alias and its operator share one nnvm Op; AtomicSymbolInfo gives the real name.
+    handle = OpHandle()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    real, desc, key_var = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
+    ret_type = ctypes.c_char_p()
+    num_args = mx_uint()
+    arg_names = ctypes.POINTER(ctypes.c_char_p)()
+    arg_types = ctypes.POINTER(ctypes.c_char_p)()
+    arg_descs = ctypes.POINTER(ctypes.c_char_p)()
+    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
+        handle, ctypes.byref(real), ctypes.byref(desc), ctypes.byref(num_args),
+        ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
+        ctypes.byref(key_var), ctypes.byref(ret_type)))
+    return py_str(real.value)
+
+
+def canonical(op):
+    """The canonical name of an operator or alias; raises KeyError if unregistered."""
+    return registered_ops()[op]
+
+
+def base_class(op):
+    """The dtype-independent class of a canonical op: one of CLASSES or 'conditional'."""
+    if op in _CONDITIONAL:
+        return 'conditional'
+    if op.startswith('_backward') or op.startswith('_npi_backward'):
+        # Gradient ops are created by autograd from a forward op and follow its dtypes.
+        return NEUTRAL
+    for cls, members in ((LOW, _LOW), (FLOAT32, _FLOAT32), (WIDEST, _WIDEST), (NEUTRAL, _NEUTRAL)):
+        if op in members:
+            return cls
+    raise KeyError('operator %r has no precision class in mxamp\'s policy' % op)
+
+
+def _has_bfloat16_kernel(op, attrs):
+    if op not in BFLOAT16_CPU_OPS:
+        return False
+    condition = _BFLOAT16_CPU_CONDITIONS.get(op)
+    return condition is None or condition(attrs or {})
+
+
+class Policy(object):
+    """Precision decisions for one target dtype.
+
+    Parameters
+    ----------
+    dtype : str
+        ``'float16'`` or ``'bfloat16'`` (or an equivalent numpy/MXNet dtype).
+    fp32_ops : iterable of str, optional
+        Operator names (aliases allowed) forced to FP32.
+    lp_ops : iterable of str, optional
+        Operator names forced to low precision (the user vouches for the kernel).
+    exclude : iterable of str, optional
+        Node names, or ``fnmatch`` patterns such as ``'stage4_*'``, kept in FP32.
+    batchnorm_data : {'low', 'float32'}
+        Whether BatchNorm's data input stays in low precision (default: its
+        statistics and parameters are FP32 either way) or gets an FP32 cast.
+    emulate_float16 : bool
+        Whether float16 GEMM ops compute in FP32 between float16 casts, as
+        MXNet has no float16 GEMM on a CPU.  Set by the callers for CPU contexts.
+
+    Examples
+    --------
+    >>> policy = Policy('bfloat16', exclude=['fc1'], fp32_ops=['Pooling'])
+    >>> policy.op_class('Convolution', {}, 'conv0')
+    'low'
+    >>> policy.op_class('Convolution', {}, 'fc1')
+    'float32'
+    """
+
+    def __init__(self, dtype, fp32_ops=(), lp_ops=(), exclude=(), batchnorm_data='low',
+                 emulate_float16=False):
+        self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
+        self.fp32_ops = frozenset(self._canonical_list(fp32_ops, '--fp32-ops'))
+        self.lp_ops = frozenset(self._canonical_list(lp_ops, '--lp-ops'))
+        both = self.fp32_ops & self.lp_ops
+        if both:
+            raise ValueError('operators both forced to FP32 and to low precision: %s'
+                             % ', '.join(sorted(both)))
+        self.exclude = tuple(exclude)
+        if batchnorm_data not in (LOW, FLOAT32):
+            raise ValueError("batchnorm_data=%r: expected 'low' or 'float32'" % (batchnorm_data,))
+        self.batchnorm_data = batchnorm_data
+        self.emulate_float16 = bool(emulate_float16) and self.dtype == 'float16'
+
+    @staticmethod
+    def _canonical_list(ops, what):
+        out = []
+        for op in ops:
+            try:
+                out.append(canonical(op))
+            except KeyError:
+                raise ValueError('%s: operator %r is not registered in MXNet %s'
+                                 % (what, op, mx.__version__))
+        return out
+
+    def __repr__(self):
+        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r)'
+                % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
+                   self.batchnorm_data))
+
+    def is_excluded(self, node_name):
+        return any(node_name == pattern or fnmatch.fnmatchcase(node_name, pattern)
+                   for pattern in self.exclude)
+
+    def op_class(self, op, attrs=None, node_name=None):
+        """Class of one node: ``'low'``, ``'float32'``, ``'widest'`` or ``'neutral'``.
+
+        `op` may be an alias; `attrs` (the node's string attributes) resolve the
+        conditional ops; `node_name` applies `exclude`.
+        """
+        op = canonical(op)
+        if node_name is not None and self.is_excluded(node_name):
+            return FLOAT32
+        if op in self.fp32_ops:
+            return FLOAT32
+        if op in self.lp_ops:
+            return LOW
+        cls = base_class(op)
+        if cls == 'conditional':
+            key, fp32_values = _CONDITIONAL[op]
+            cls = FLOAT32 if (attrs or {}).get(key) in fp32_values else NEUTRAL
+        if op in _FLOAT32_INPUTS and self.batchnorm_data == FLOAT32:
+            cls = FLOAT32
+        if self.dtype == 'bfloat16' and cls != FLOAT32 and not _has_bfloat16_kernel(op, attrs):
+            # No bfloat16 kernel: under bfloat16 the op must see FP32 inputs.
+            cls = FLOAT32
+        return cls
+
+    def computes_in_float32(self, op):
+        """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""
+        return self.emulate_float16 and canonical(op) in FLOAT16_CPU_EMULATED
+
+    @staticmethod
+    def index_inputs(op, attrs=None):
+        """Input positions holding indices/conditions/shapes: never cast."""
+        op = canonical(op)
+        positions = _INDEX_INPUTS.get(op, ())
+        if op == 'RNN' and str((attrs or {}).get('use_sequence_length', 'False')) not in ('True', '1', 'true'):
+            return ()
+        return positions
+
+    @staticmethod
+    def float32_inputs(op):
+        """Input positions kept in FP32 even when the op runs in low precision."""
+        return _FLOAT32_INPUTS.get(canonical(op), ())
+
+    @staticmethod
+    def float32_outputs(op):
+        """Output positions that stay FP32 when the op runs in low precision."""
+        return _FLOAT32_OUTPUTS.get(canonical(op), ())

@@ -1,0 +1,131 @@
+"""The ``mxamp convert`` tool: outputs, report, and one clear line (exit 2) for bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+
+from mxamp import cli
+from mxamp.dtypes import BFLOAT16
+
+from test_graph import params_of, small_cnn
+
+
+@pytest.fixture
+def model(tmp_path):
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    prefix = str(tmp_path / 'cnn')
+    mx.model.save_checkpoint(prefix, 0, symbol, args, auxs)
+    return prefix
+
+
+def convert(capsys, *argv):
+    status = cli.main(['convert'] + list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_converts_symbol_and_params(model, tmp_path, capsys):
+    out_prefix = str(tmp_path / 'out')
+    status, out, err = convert(capsys, model + '-symbol.json', '--params', model + '-0000.params',
+                               '-o', out_prefix, '--dtype', 'bfloat16', '--report',
+                               '--input-shape', 'data=2,3,8,8')
+    assert status == 0, err
+    assert 'Convolution' in out and 'casts inserted: 1 bfloat16->float32, 1 float32->bfloat16' in out
+    symbol, args, auxs = mx.model.load_checkpoint(out_prefix, 0)
+    assert args['conv0_weight'].dtype == BFLOAT16 and args['bn0_gamma'].dtype == np.float32
+    assert all(v.dtype == np.float32 for v in auxs.values())
+    module = mx.mod.Module(symbol, context=mx.cpu())
+    module.bind(data_shapes=[('data', (2, 3, 8, 8))], label_shapes=[('softmax_label', (2,))], for_training=False)
+    module.set_params(args, auxs)
+    module.forward(mx.io.DataBatch([mx.nd.ones((2, 3, 8, 8))], [mx.nd.zeros(2)]), is_train=False)
+    assert module.get_outputs()[0].dtype == np.float32
+
+
+def test_symbol_only_and_overrides(model, tmp_path, capsys):
+    out_prefix = str(tmp_path / 'sym')
+    status, out, err = convert(capsys, model + '-symbol.json', '-o', out_prefix, '--dtype', 'float16',
+                               '--exclude', 'conv1', '--fp32-ops', 'Pooling')
+    assert status == 0, err
+    assert os.listdir(str(tmp_path)).count('sym-symbol.json') == 1
+    assert not os.path.exists(out_prefix + '-0000.params')
+    graph = json.load(open(out_prefix + '-symbol.json'))
+    conv1 = next(n for n in graph['nodes'] if n['name'] == 'conv1')
+    assert all(graph['nodes'][i]['op'] != 'Cast' or graph['nodes'][i]['attrs']['dtype'] == 'float32'
+               for i, _, _ in conv1['inputs'])
+
+
+def test_python_dash_m_entry_point(model, tmp_path):
+    result = subprocess.run([sys.executable, '-m', 'mxamp', 'convert', model + '-symbol.json', '-o',
+                             str(tmp_path / 'm'), '--dtype', 'bfloat16'], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(str(tmp_path / 'm-symbol.json'))
+
+
+def _bad_inputs(model, tmp_path):
+    truncated = tmp_path / 'truncated-symbol.json'
+    truncated.write_text(open(model + '-symbol.json').read()[:300])
+    not_symbol = tmp_path / 'list-symbol.json'
+    not_symbol.write_text('[1, 2]')
+    binary = tmp_path / 'binary-symbol.json'
+    binary.write_bytes(b'\xff\xfe\x00garbage')
+    unknown_op = tmp_path / 'warpctc-symbol.json'
+    graph = json.load(open(model + '-symbol.json'))
+    graph['nodes'][3]['op'] = 'WarpCTC'
+    unknown_op.write_text(json.dumps(graph))
+    bad_params = tmp_path / 'bad.params'
+    bad_params.write_bytes(b'not an ndarray file')
+    extra = tmp_path / 'extra.params'
+    mx.nd.save(str(extra), {'arg:nope': mx.nd.ones(2)})
+    wrong_shape = tmp_path / 'wrong.params'
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    args['fc_weight'] = mx.nd.ones((10, 3))
+    mx.nd.save(str(wrong_shape), dict({'arg:' + k: v for k, v in args.items()},
+                                      **{'aux:' + k: v for k, v in auxs.items()}))
+    sym = model + '-symbol.json'
+    return [
+        ([str(tmp_path / 'missing.json')], "symbol file '%s' does not exist" % (tmp_path / 'missing.json')),
+        ([str(truncated)], 'not valid JSON'),
+        ([str(not_symbol)], 'not an MXNet symbol'),
+        ([str(binary)], 'cannot read'),
+        ([str(unknown_op)], "operator 'WarpCTC' is not registered"),
+        ([sym, '--params', str(tmp_path / 'none.params')], 'does not exist'),
+        ([sym, '--params', str(bad_params)], 'cannot read parameters'),
+        ([sym, '--params', str(extra)], "parameter 'arg:nope' is not in the graph"),
+        ([sym, '--params', str(wrong_shape), '--input-shape', 'data=1,3,8,8'], 'Shape inconsistent'),
+        ([sym, '--fp32-ops', 'NoSuchOp'], "'NoSuchOp' is not registered"),
+    ]
+
+
+def test_bad_input_one_line_exit_2_no_output(model, tmp_path, capsys):
+    out_dir = tmp_path / 'out'
+    out_dir.mkdir()
+    for argv, message in _bad_inputs(model, tmp_path):
+        status, out, err = convert(capsys, *(argv + ['-o', str(out_dir / 'x'), '--dtype', 'bfloat16']))
+        assert status == 2, (argv, err)
+        assert err.count('\n') == 1 and err.startswith('mxamp: error: '), err
+        assert message in err, (message, err)
+        assert 'Traceback' not in err
+        assert os.listdir(str(out_dir)) == [], argv
+
+
+def test_unknown_dtype_and_bad_shape_option_exit_2(model, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(['convert', model + '-symbol.json', '-o', 'x', '--dtype', 'float8'])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'float8'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(['convert', model + '-symbol.json', '-o', 'x', '--dtype', 'float16', '--input-shape', 'data=a'])
+    assert exit_info.value.code == 2
+
+
+def test_missing_output_directory_is_reported(model, tmp_path, capsys):
+    status, _, err = convert(capsys, model + '-symbol.json', '-o', str(tmp_path / 'no' / 'dir' / 'x'),
+                             '--dtype', 'bfloat16')
+    assert status == 2 and 'does not exist' in err

@@ -1,0 +1,236 @@
+"""The graph rewrite on small hand-built graphs: cast placement, invariants,
+parameter storage, overrides, float16-on-CPU emulation, save/load."""
+import json
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+
+from mxamp import convert_model, convert_symbol
+from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy
+from mxamp.graph import CAST_SUFFIX, GraphError, check_graph, convert_graph, format_report, load_graph
+from mxamp.policy import Policy
+from mxamp.symbol import make_policy
+
+
+def small_cnn():
+    data = mx.sym.var('data')
+    x = mx.sym.Convolution(data, kernel=(3, 3), num_filter=8, pad=(1, 1), name='conv0')
+    x = mx.sym.BatchNorm(x, name='bn0')
+    x = mx.sym.Activation(x, act_type='relu', name='relu0')
+    y = mx.sym.Convolution(x, kernel=(3, 3), num_filter=8, pad=(1, 1), name='conv1')
+    x = mx.sym.elemwise_add(x, y, name='add0')
+    x = mx.sym.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type='max', name='pool0')
+    x = mx.sym.FullyConnected(x, num_hidden=10, name='fc')
+    return mx.sym.SoftmaxOutput(x, name='softmax')
+
+
+def params_of(symbol, data_shape=(2, 3, 8, 8), seed=0):
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=data_shape)
+    rng = np.random.RandomState(seed)
+    args = {n: mx.nd.array(rng.uniform(-0.3, 0.3, s)) for n, s in zip(symbol.list_arguments(), arg_shapes)
+            if n not in ('data', 'softmax_label')}
+    auxs = {n: mx.nd.ones(s) if n.endswith('var') else mx.nd.zeros(s)
+            for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
+    return args, auxs
+
+
+def nodes(symbol):
+    return json.loads(symbol.tojson())['nodes']
+
+
+def casts(symbol):
+    return [n for n in nodes(symbol) if CAST_SUFFIX in n['name']]
+
+
+def run(symbol, args, auxs, data):
+    executor = symbol.bind(mx.cpu(), args=dict(args, data=data, softmax_label=mx.nd.zeros(data.shape[0])),
+                           aux_states=dict(auxs), grad_req='null')
+    return [to_float32_numpy(o) for o in executor.forward()]
+
+
+def test_casts_only_at_boundaries_with_low_precision_params():
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    converted, c_args, c_auxs, conversion = convert_model(symbol, args, auxs, 'bfloat16', return_conversion=True)
+    cast_nodes = casts(converted)
+    # data into the first conv, fc output back to FP32 for the softmax: nothing else.
+    assert sorted((n['inputs'][0][0], n['attrs']['dtype']) for n in cast_nodes) == sorted(
+        [(0, 'bfloat16'), (next(i for i, n in enumerate(nodes(converted)) if n['name'] == 'fc'), 'float32')])
+    assert conversion.casts == {('float32', 'bfloat16'): 1, ('bfloat16', 'float32'): 1}
+    assert {n for n, v in c_args.items() if v.dtype == BFLOAT16} == {
+        'conv0_weight', 'conv0_bias', 'conv1_weight', 'conv1_bias', 'fc_weight', 'fc_bias'}
+    assert all(v.dtype == np.float32 for n, v in c_args.items() if n.startswith('bn0'))
+    assert all(v.dtype == np.float32 for v in c_auxs.values())
+    assert conversion.node_precision['softmax'] == 'float32'
+    assert conversion.node_precision['bn0'] == 'bfloat16'
+    assert check_graph(converted, Policy('bfloat16')) == []
+
+
+def test_outputs_are_float32_and_close():
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    data = mx.nd.random.uniform(shape=(2, 3, 8, 8))
+    reference = run(symbol, args, auxs, data)[0]
+    converted, c_args, c_auxs = convert_model(symbol, args, auxs, 'bfloat16')
+    _, out_types, _ = converted.infer_type(data=np.float32)
+    assert out_types == [np.float32]
+    got = run(converted, c_args, c_auxs, data)[0]
+    assert np.abs(got - reference).max() < 0.02
+
+
+def test_without_params_every_variable_is_an_fp32_input():
+    symbol = small_cnn()
+    converted = convert_symbol(symbol, 'bfloat16')
+    arg_types, out_types, aux_types = converted.infer_type(data=np.float32)
+    assert {np.dtype(t) for t in arg_types + aux_types} == {np.dtype(np.float32)}
+    # one cast per weight (and bias) of the low-precision ops, shared, plus data and output.
+    weights = [n for n in nodes(converted) if n['op'] == 'null' and n['name'].endswith(('weight', 'bias'))
+               and not n['name'].startswith('bn')]
+    assert len(casts(converted)) == len(weights) + 2
+    args, auxs = params_of(symbol)
+    data = mx.nd.random.uniform(shape=(2, 3, 8, 8))
+    assert np.abs(run(converted, args, auxs, data)[0] - run(symbol, args, auxs, data)[0]).max() < 0.02
+
+
+def test_no_cast_chains_and_one_cast_per_tensor():
+    data = mx.sym.var('data')
+    a = mx.sym.FullyConnected(data, num_hidden=4, name='fc1')
+    # fc1's output feeds two FP32 ops and two low-precision ops: one cast each way.
+    b = mx.sym.softmax(a, name='sm1')
+    c = mx.sym.exp(a, name='exp1')
+    d = mx.sym.FullyConnected(a, num_hidden=4, name='fc2')
+    e = mx.sym.FullyConnected(a, num_hidden=4, name='fc3')
+    # data is needed in FP32 by 'sum' and in low precision by fc1: the FP32 op reads data itself.
+    s = mx.sym.sum(data, name='sum1')
+    out = mx.sym.Group([b, c, d, e, s])
+    converted = convert_symbol(out, 'float16')
+    cast_nodes = casts(converted)
+    sources = [(n['inputs'][0][0], n['attrs']['dtype']) for n in cast_nodes]
+    assert len(sources) == len(set(sources))
+    graph = nodes(converted)
+    for node in cast_nodes:
+        assert CAST_SUFFIX not in graph[node['inputs'][0][0]]['name']
+    fp32_consumers = [n for n in graph if n['name'] in ('sm1', 'exp1')]
+    assert fp32_consumers[0]['inputs'] == fp32_consumers[1]['inputs']
+    sum_node = next(n for n in graph if n['name'] == 'sum1')
+    assert graph[sum_node['inputs'][0][0]]['name'] == 'data'
+    assert check_graph(converted, Policy('float16')) == []
+
+
+def test_widest_op_casts_up_when_an_input_is_fp32():
+    data = mx.sym.var('data')
+    a = mx.sym.FullyConnected(data, num_hidden=4, name='fc1')
+    b = mx.sym.softmax(data, name='sm')
+    c = mx.sym.elemwise_add(a, b, name='add')
+    d = mx.sym.FullyConnected(c, num_hidden=4, name='fc2')
+    converted = convert_graph(d, Policy('float16'))
+    assert converted.node_precision['add'] == 'float32'
+    assert converted.node_precision['fc2'] == 'float16'
+    assert check_graph(converted.symbol, Policy('float16')) == []
+
+
+def test_exclude_and_fp32_ops_overrides():
+    symbol = small_cnn()
+    conversion = convert_graph(symbol, make_policy('bfloat16', exclude=['conv1'], fp32_ops=['Pooling']))
+    assert conversion.node_precision['conv1'] == 'float32'
+    assert conversion.node_precision['conv0'] == 'bfloat16'
+    assert conversion.node_precision['pool0'] == 'float32'
+    assert check_graph(conversion.symbol, make_policy('bfloat16', exclude=['conv1'], fp32_ops=['Pooling'])) == []
+
+
+def test_float16_on_cpu_computes_gemm_in_fp32_between_float16_casts():
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    converted, c_args, c_auxs, conversion = convert_model(
+        symbol, args, auxs, 'float16', ctx=mx.cpu(), return_conversion=True)
+    assert c_args['conv0_weight'].dtype == np.float16  # float16 storage
+    graph = nodes(converted)
+    conv1 = next(n for n in graph if n['name'] == 'conv1')
+    assert all(graph[i]['attrs'].get('dtype') == 'float32' for i, _, _ in conv1['inputs'])
+    bn = next(n for n in graph if n['name'] == 'bn0')
+    assert graph[bn['inputs'][0][0]]['attrs']['dtype'] == 'float16'  # conv output stored in float16
+    data = mx.nd.random.uniform(shape=(2, 3, 8, 8))
+    got = run(converted, c_args, c_auxs, data)[0]
+    assert np.abs(got - run(symbol, args, auxs, data)[0]).max() < 0.01
+    assert check_graph(converted, make_policy('float16', ctx=mx.cpu())) == []
+
+
+def test_save_load_keeps_casts_and_types(tmp_path):
+    symbol = small_cnn()
+    converted = convert_symbol(symbol, 'bfloat16', params=[n for n in symbol.list_arguments()
+                                                           if n not in ('data', 'softmax_label')])
+    path = str(tmp_path / 'net-symbol.json')
+    converted.save(path)
+    reloaded = mx.sym.load(path)
+    assert len(casts(reloaded)) == len(casts(converted)) > 0
+    arg_types, out_types, _ = reloaded.infer_type(data=np.float32)
+    types = dict(zip(reloaded.list_arguments(), arg_types))
+    assert types['conv0_weight'] == BFLOAT16 and types['bn0_gamma'] == np.float32
+    assert out_types == [np.float32]
+
+
+def test_integer_tensors_are_never_cast():
+    tokens = mx.sym.var('tokens')
+    emb = mx.sym.Embedding(tokens, input_dim=50, output_dim=8, name='emb')
+    idx = mx.sym.argmax(emb, axis=2, name='am')
+    fc = mx.sym.FullyConnected(emb, num_hidden=4, flatten=False, name='fc')
+    shape = mx.sym.shape_array(fc, name='shape')
+    out = mx.sym.Group([fc, idx, shape])
+    conversion = convert_graph(out, Policy('float16'), input_types={'tokens': 'int32'})
+    graph = nodes(conversion.symbol)
+    emb_node = next(n for n in graph if n['name'] == 'emb')
+    assert graph[emb_node['inputs'][0][0]]['name'] == 'tokens'
+    _, out_types, _ = conversion.symbol.infer_type(tokens=np.int32)
+    assert out_types == [np.float32, np.float32, np.int64]
+
+
+def test_converting_twice_is_refused():
+    converted = convert_symbol(small_cnn(), 'bfloat16')
+    with pytest.raises(GraphError, match='already converted by mxamp'):
+        convert_symbol(converted, 'bfloat16')
+
+
+@pytest.mark.parametrize('text,message', [
+    ('{"nodes": [', 'not valid JSON'),
+    ('[1, 2, 3]', 'not an MXNet symbol'),
+    ('{"nodes": [{"op": "Convolution"}], "heads": []}', 'node 0 is not an MXNet node'),
+    ('{"nodes": [{"op": "null", "name": "x", "inputs": []}, {"op": "WarpCTC", "name": "ctc", '
+     '"inputs": [[0, 0, 0]]}], "arg_nodes": [0], "heads": [[1, 0, 0]]}',
+     "node 'ctc': operator 'WarpCTC' is not registered"),
+])
+def test_bad_graphs_get_one_clear_line(text, message):
+    with pytest.raises(GraphError) as err:
+        load_graph(text)
+    assert message in str(err.value)
+    assert '\n' not in str(err.value)
+
+
+def test_params_that_do_not_match_the_graph_are_named():
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    with pytest.raises(GraphError, match="'arg:nope' is not in the graph"):
+        convert_model(symbol, dict(args, nope=mx.nd.ones(1)), auxs, 'bfloat16')
+    misplaced = {k: v for k, v in args.items() if k != 'bn0_gamma'}
+    with pytest.raises(GraphError, match=r"'aux:bn0_gamma' is not in the graph \(it is an argument"):
+        convert_model(symbol, misplaced, dict(auxs, bn0_gamma=args['bn0_gamma']), 'bfloat16')
+    wrong = dict(args, fc_weight=mx.nd.ones((10, 7)))
+    with pytest.raises(GraphError, match='shape'):
+        convert_model(symbol, wrong, auxs, 'bfloat16', input_shapes={'data': (2, 3, 8, 8)})
+
+
+def test_report_table_counts_nodes_and_casts():
+    conversion = convert_graph(small_cnn(), Policy('bfloat16'))
+    text = format_report(conversion)
+    lines = text.splitlines()
+    assert lines[0].split() == ['operator', 'nodes', 'bfloat16', 'float32']
+    conv_row = next(line for line in lines if line.startswith('Convolution'))
+    assert conv_row.split() == ['Convolution', '2', '2', '0']
+    assert 'SoftmaxOutput' in text and 'casts inserted:' in text
+
+
+def test_bfloat16_values_never_leak_as_uint16():
+    x = cast(mx.nd.array([1.5, -2.25]), 'bfloat16')
+    assert x.dtype == BFLOAT16
+    assert to_float32_numpy(x).tolist() == [1.5, -2.25]

@@ -1,0 +1,284 @@
+"""Tests of mxamp.hardware: detection, 'auto' dtype, AMX enabling."""
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxamp import hardware
+from mxamp.dtypes import BFLOAT16
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def flags(monkeypatch):
+    """Set the CPU flags and GPU count hardware sees: flags('avx512_bf16', gpus=1)."""
+    def set_flags(*names, gpus=0):
+        monkeypatch.setattr(hardware, 'cpu_flags', lambda: frozenset(names))
+        monkeypatch.setattr(hardware, 'gpu_count', lambda: gpus)
+    return set_flags
+
+
+@pytest.fixture
+def fresh_amx(monkeypatch):
+    """A first enable_amx() call with a fake permission request; restores the environment.
+
+    Set ``.granted`` to choose the kernel's answer; ``.requests`` counts the requests.
+    """
+    saved = {name: os.environ.get(name) for name in ('DNNL_MAX_CPU_ISA', 'MXAMP_AMX')}
+    for name in saved:
+        os.environ.pop(name, None)
+    monkeypatch.setattr(hardware, '_amx_enabled', None)
+    fake = types.SimpleNamespace(granted=True, requests=0)
+
+    def request():
+        fake.requests += 1
+        return fake.granted
+    monkeypatch.setattr(hardware, '_request_amx_permission', request)
+    yield fake
+    # Never leave AVX512_CORE_AMX behind without a real permission: SIGILL later.
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+# --- detection -------------------------------------------------------------
+
+def test_cpu_flags_missing_cpuinfo(monkeypatch):
+    def no_file(*args, **kwargs):
+        raise FileNotFoundError('/proc/cpuinfo')
+    hardware.cpu_flags.cache_clear()
+    monkeypatch.setattr(hardware, 'open', no_file, raising=False)
+    try:
+        assert hardware.cpu_flags() == frozenset()
+        assert not hardware.has_avx512_bf16() and not hardware.has_amx_bf16()
+    finally:
+        hardware.cpu_flags.cache_clear()
+
+
+def test_cpu_flags_reads_this_machine():
+    flags = hardware.cpu_flags()
+    if os.path.exists('/proc/cpuinfo') and 'x86' in os.uname().machine:
+        assert 'sse2' in flags
+    assert isinstance(flags, frozenset)
+
+
+def test_gpu_count_on_cpu_build():
+    assert hardware.gpu_count() == mx.context.num_gpus() >= 0
+
+
+def test_describe():
+    info = hardware.describe()
+    assert set(info) == {'avx512_bf16', 'amx_bf16', 'amx_enabled', 'gpus'}
+    assert info['avx512_bf16'] == ('avx512_bf16' in hardware.cpu_flags())
+    assert isinstance(info['gpus'], int) and isinstance(info['amx_enabled'], bool)
+
+
+# --- resolve_dtype ---------------------------------------------------------
+
+@pytest.mark.parametrize('dtype, name', [
+    ('bf16', 'bfloat16'), ('BFloat16', 'bfloat16'), (BFLOAT16, 'bfloat16'),
+    ('fp16', 'float16'), (np.float16, 'float16'), ('float32', 'float32'),
+    (np.dtype(np.float32), 'float32')])
+def test_resolve_explicit_passes_through(flags, dtype, name):
+    flags(gpus=1)  # an explicit dtype ignores the hardware
+    assert hardware.resolve_dtype(dtype) == name
+    assert hardware.resolve_dtype(dtype, mx.cpu()) == name
+
+
+@pytest.mark.parametrize('dtype', ['int8', 'float64', 'automatic', np.int32])
+def test_resolve_unknown_raises(dtype):
+    with pytest.raises(ValueError):
+        hardware.resolve_dtype(dtype)
+
+
+def test_resolve_auto_gpu(flags):
+    flags('avx512_bf16', gpus=0)
+    assert hardware.resolve_dtype('auto', mx.gpu(0)) == 'float16'
+    assert hardware.resolve_dtype('AUTO', [mx.gpu(0), mx.gpu(1)]) == 'float16'
+    flags('avx512_bf16', gpus=2)
+    assert hardware.resolve_dtype('auto') == 'float16'
+    # An explicit CPU context wins over the GPUs the machine has.
+    assert hardware.resolve_dtype('auto', mx.cpu()) == 'bfloat16'
+
+
+@pytest.mark.parametrize('cpu_flag', ['avx512_bf16', 'amx_bf16'])
+def test_resolve_auto_bf16_cpu(flags, cpu_flag):
+    flags('sse2', cpu_flag)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert hardware.resolve_dtype('auto') == 'bfloat16'
+        assert hardware.resolve_dtype('auto', [mx.cpu(0)]) == 'bfloat16'
+
+
+def test_resolve_auto_cpu_without_bf16_warns_once(flags, monkeypatch):
+    flags('sse2', 'avx2')
+    monkeypatch.setattr(hardware, '_warned_slow_bf16', False)
+    with pytest.warns(RuntimeWarning, match='slower than float32'):
+        assert hardware.resolve_dtype('auto') == 'bfloat16'
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert hardware.resolve_dtype('auto', mx.cpu()) == 'bfloat16'
+
+
+# --- enable_amx (fake permission) ------------------------------------------
+
+def test_enable_amx_without_amx_does_nothing(flags, fresh_amx):
+    flags('avx512_bf16')
+    assert hardware.enable_amx() is False
+    assert fresh_amx.requests == 0 and 'DNNL_MAX_CPU_ISA' not in os.environ
+
+
+def test_enable_amx_sets_isa_and_logs_once(flags, fresh_amx, caplog):
+    flags('avx512_bf16', 'amx_bf16')
+    with caplog.at_level(logging.INFO, logger='mxamp'):
+        assert hardware.enable_amx() is True
+        assert hardware.enable_amx() is True  # idempotent: no second request or log
+    assert fresh_amx.requests == 1
+    assert os.environ['DNNL_MAX_CPU_ISA'] == 'AVX512_CORE_AMX'
+    lines = [r for r in caplog.records if r.name == 'mxamp' and r.levelno == logging.INFO]
+    assert len(lines) == 1 and 'AMX enabled' in lines[0].getMessage()
+    assert hardware.describe()['amx_enabled'] is True
+
+
+def test_enable_amx_never_sets_isa_without_permission(flags, fresh_amx):
+    flags('amx_bf16')
+    fresh_amx.granted = False
+    assert hardware.enable_amx() is False
+    assert fresh_amx.requests == 1 and 'DNNL_MAX_CPU_ISA' not in os.environ
+
+
+@pytest.mark.parametrize('value', ['0', 'off', 'False'])
+def test_enable_amx_opt_out(flags, fresh_amx, value):
+    flags('amx_bf16')
+    os.environ['MXAMP_AMX'] = value
+    assert hardware.enable_amx() is False
+    assert fresh_amx.requests == 0 and 'DNNL_MAX_CPU_ISA' not in os.environ
+
+
+@pytest.mark.parametrize('user_isa, enabled', [('AVX512_CORE_BF16', False),
+                                               ('avx512_core_amx', True)])
+def test_enable_amx_respects_user_isa(flags, fresh_amx, user_isa, enabled):
+    flags('amx_bf16')
+    os.environ['DNNL_MAX_CPU_ISA'] = user_isa
+    assert hardware.enable_amx() is enabled
+    assert os.environ['DNNL_MAX_CPU_ISA'] == user_isa
+    assert fresh_amx.requests == 1  # the user's AMX value needs the permission too
+
+
+def test_enable_amx_warns_about_user_isa_without_permission(flags, fresh_amx, caplog):
+    flags('amx_bf16')
+    fresh_amx.granted = False
+    os.environ['DNNL_MAX_CPU_ISA'] = 'AVX512_CORE_AMX'
+    with caplog.at_level(logging.INFO, logger='mxamp'):
+        assert hardware.enable_amx() is False
+    assert any(r.levelno == logging.WARNING and 'SIGILL' in r.getMessage()
+               for r in caplog.records)
+
+
+def test_real_permission_request_is_harmless():
+    # False on CPUs without AMX or non-Linux; True on AMX machines (process-wide,
+    # allows tile instructions without enabling anything else).
+    assert hardware._request_amx_permission() in (True, False)
+
+
+# --- fresh processes: mxnet imported first, then a real bfloat16 convolution --
+
+BF16_CONV = textwrap.dedent('''
+    import os
+    import mxnet as mx
+    from mxamp import dtypes, hardware
+    print('ENABLED=%s ISA=%s' % (hardware.enable_amx(), os.environ.get('DNNL_MAX_CPU_ISA')))
+    x = mx.nd.amp_cast(mx.nd.ones((2, 32, 14, 14)), dtype=dtypes.BFLOAT16)
+    w = mx.nd.amp_cast(mx.nd.ones((32, 32, 3, 3)) * 0.01, dtype=dtypes.BFLOAT16)
+    y = mx.nd.Convolution(x, w, kernel=(3, 3), pad=(1, 1), num_filter=32, no_bias=True)
+    print('VALUE=%.4f' % dtypes.to_float32_numpy(y)[0, 0, 5, 5])
+''')
+
+
+def run_python(code, **env):
+    """Run `code` in a fresh Python with DNNL_VERBOSE=1; returns (returncode, output)."""
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ('DNNL_MAX_CPU_ISA', 'MXAMP_AMX', 'DNNL_VERBOSE')}
+    full_env.update(DNNL_VERBOSE='1', PYTHONPATH=REPO, **env)
+    proc = subprocess.run([sys.executable, '-c', code], env=full_env, cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)
+    return proc.returncode, proc.stdout
+
+
+def conv_kernels(output):
+    """Kernel names of the oneDNN convolutions in DNNL_VERBOSE output."""
+    return [line.split(',')[4] for line in output.splitlines()
+            if line.startswith('dnnl_verbose,exec,cpu,convolution,')]
+
+
+@pytest.fixture(scope='module')
+def bf16_conv_run():
+    return run_python(BF16_CONV)
+
+
+def test_bf16_conv_after_enable_amx_exits_cleanly(bf16_conv_run):
+    returncode, output = bf16_conv_run
+    assert returncode == 0, output[-2000:]  # -4 would be SIGILL
+    value = float(re.search(r'VALUE=([-0-9.e+]+)', output).group(1))
+    assert abs(value - 2.88) < 0.03  # 9 taps * 32 channels * 0.01, in bfloat16
+    assert conv_kernels(output), output[-2000:]
+    if not hardware.has_amx_bf16():
+        assert 'ENABLED=False ISA=None' in output
+
+
+def test_bf16_conv_uses_amx_kernel(bf16_conv_run):
+    if not hardware.has_amx_bf16():
+        pytest.skip('this CPU has no amx_bf16 (/proc/cpuinfo), so no AMX kernel to look for')
+    returncode, output = bf16_conv_run
+    assert returncode == 0
+    if 'ENABLED=True' not in output:
+        pytest.skip('Linux refused AMX tile permission (kernel older than 5.16?)')
+    assert any('amx' in kernel for kernel in conv_kernels(output)), output[-2000:]
+
+
+def test_bf16_conv_with_opt_out():
+    returncode, output = run_python(BF16_CONV, MXAMP_AMX='0')
+    assert returncode == 0, output[-2000:]
+    assert 'ENABLED=False ISA=None' in output
+    kernels = conv_kernels(output)
+    assert kernels and not any('amx' in kernel for kernel in kernels)
+
+
+# What enable_amx relies on: oneDNN reads DNNL_MAX_CPU_ISA at its first
+# primitive, not when libmxnet loads.  A low cap (SSE4.1) makes it visible on
+# any x86-64 CPU.
+ISA_TIMING = textwrap.dedent('''
+    import os
+    import mxnet as mx
+    def conv():
+        x, w = mx.nd.ones((1, 16, 8, 8)), mx.nd.ones((16, 16, 3, 3))
+        mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=16, no_bias=True).wait_to_read()
+    if LATE:
+        conv()
+    os.environ['DNNL_MAX_CPU_ISA'] = 'SSE41'
+    print('--- probe')
+    conv()
+''')
+
+
+@pytest.mark.skipif('sse4_1' not in hardware.cpu_flags() or 'avx2' not in hardware.cpu_flags(),
+                    reason='needs an x86-64 CPU better than SSE4.1 to see the cap')
+@pytest.mark.parametrize('when, capped', [('early', True), ('late', False)])
+def test_onednn_reads_isa_at_first_primitive(when, capped):
+    returncode, output = run_python('LATE = %s\n' % (when == 'late') + ISA_TIMING)
+    assert returncode == 0, output[-2000:]
+    probe = conv_kernels(output.split('--- probe', 1)[1])
+    assert probe, output[-2000:]
+    assert ('sse41' in probe[0]) is capped, probe

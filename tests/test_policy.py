@@ -1,0 +1,181 @@
+"""The precision policy classifies every registered MXNet operator, and its
+bfloat16 claims hold on this MXNet build."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import mxnet as mx
+
+from mxamp import policy as policy_mod
+from mxamp.policy import CLASSES, FLOAT32, LOW, NEUTRAL, WIDEST, Policy
+
+CANONICAL = sorted(set(policy_mod.registered_ops().values()))
+
+
+def test_registry_is_large_and_has_aliases():
+    registry = policy_mod.registered_ops()
+    assert len(registry) > 1000 and len(CANONICAL) > 800
+    assert registry['Softmax'] == 'SoftmaxOutput'
+    assert registry['_Plus'] == 'elemwise_add'
+    assert any(name.startswith('_np') for name in CANONICAL)
+    assert any(name.startswith('_contrib_') for name in CANONICAL)
+
+
+def test_every_operator_has_exactly_one_base_class():
+    sets = {'low': policy_mod._LOW, 'float32': policy_mod._FLOAT32, 'widest': policy_mod._WIDEST,
+            'neutral': policy_mod._NEUTRAL, 'conditional': set(policy_mod._CONDITIONAL)}
+    for op in CANONICAL:
+        owners = [cls for cls, members in sets.items() if op in members]
+        if op.startswith('_backward') or op.startswith('_npi_backward'):
+            assert owners == [], op
+            assert policy_mod.base_class(op) == NEUTRAL
+        else:
+            assert len(owners) == 1, '%s is in %s' % (op, owners or 'no class')
+    for members in sets.values():
+        assert set(members) <= set(CANONICAL), set(members) - set(CANONICAL)
+
+
+@pytest.mark.parametrize('dtype', ['float16', 'bfloat16'])
+def test_every_registered_name_resolves_per_dtype(dtype):
+    policy = Policy(dtype)
+    for name in policy_mod.registered_ops():
+        assert policy.op_class(name, {}) in CLASSES
+
+
+def test_unclassified_operator_raises():
+    with pytest.raises(KeyError, match='no precision class'):
+        policy_mod.base_class('NotAnOperator')
+
+
+@pytest.mark.parametrize('op,expected', [
+    ('Convolution', LOW), ('FullyConnected', LOW), ('Deconvolution', LOW), ('BatchNorm', LOW),
+    ('softmax', FLOAT32), ('log_softmax', FLOAT32), ('SoftmaxOutput', FLOAT32), ('LayerNorm', FLOAT32),
+    ('sum', FLOAT32), ('mean', FLOAT32), ('exp', FLOAT32), ('CTCLoss', FLOAT32), ('ctc_loss', FLOAT32),
+    ('_contrib_box_nms', FLOAT32), ('topk', FLOAT32), ('norm', FLOAT32),
+    ('Concat', WIDEST), ('elemwise_add', WIDEST), ('broadcast_mul', WIDEST), ('add_n', WIDEST),
+    ('Flatten', NEUTRAL), ('Reshape', NEUTRAL), ('relu', NEUTRAL),
+])
+def test_classes_of_common_ops_float16(op, expected):
+    assert Policy('float16').op_class(op, {}) == expected
+
+
+def test_gemm_ops_are_low_for_float16_but_float32_without_bfloat16_kernel():
+    assert Policy('float16').op_class('batch_dot', {}) == LOW
+    assert Policy('float16').op_class('RNN', {}) == LOW
+    assert Policy('bfloat16').op_class('batch_dot', {}) == FLOAT32
+    assert Policy('bfloat16').op_class('RNN', {}) == FLOAT32
+    assert Policy('bfloat16').op_class('transpose', {}) == FLOAT32  # crashes in bfloat16
+    assert Policy('float16').op_class('transpose', {}) == NEUTRAL
+
+
+def test_conditional_ops_follow_their_attributes():
+    policy = Policy('float16')
+    assert policy.op_class('Activation', {'act_type': 'softrelu'}) == FLOAT32
+    assert policy.op_class('Activation', {'act_type': 'relu'}) == NEUTRAL
+    assert policy.op_class('LeakyReLU', {'act_type': 'elu'}) == FLOAT32
+    assert policy.op_class('LeakyReLU', {}) == NEUTRAL
+    assert policy.op_class('Pooling', {'pool_type': 'sum', 'kernel': '(2, 2)'}) == FLOAT32
+    bf16 = Policy('bfloat16')
+    assert bf16.op_class('LeakyReLU', {'act_type': 'prelu'}) == FLOAT32
+    assert bf16.op_class('Pooling', {'pool_type': 'avg', 'global_pool': 'True'}) == FLOAT32
+    assert bf16.op_class('Pooling', {'pool_type': 'avg', 'kernel': '(7, 7)'}) == NEUTRAL
+
+
+def test_overrides_by_op_node_and_pattern():
+    policy = Policy('bfloat16', fp32_ops=['Pooling'], lp_ops=['batch_dot'], exclude=['fc1', 'stage4_*'])
+    assert policy.op_class('Pooling', {'kernel': '(2,2)'}) == FLOAT32
+    assert policy.op_class('batch_dot', {}) == LOW
+    assert policy.op_class('FullyConnected', {}, 'fc1') == FLOAT32
+    assert policy.op_class('Convolution', {}, 'stage4_unit1_conv1') == FLOAT32
+    assert policy.op_class('Convolution', {}, 'stage3_unit1_conv1') == LOW
+    assert policy.op_class('Convolution', {}, 'fc10') == LOW
+
+
+def test_policy_errors_are_precise():
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        Policy('float8')
+    with pytest.raises(ValueError, match="'NoSuchOp' is not registered"):
+        Policy('float16', fp32_ops=['NoSuchOp'])
+    with pytest.raises(ValueError, match='both forced'):
+        Policy('float16', fp32_ops=['Pooling'], lp_ops=['Pooling'])
+    with pytest.raises(ValueError, match='batchnorm_data'):
+        Policy('float16', batchnorm_data='half')
+
+
+def test_dtype_aliases_and_batchnorm_switch():
+    assert Policy('bf16').dtype == 'bfloat16'
+    assert Policy('fp16').dtype == 'float16'
+    assert Policy('float16', batchnorm_data='float32').op_class('BatchNorm', {}) == FLOAT32
+    assert Policy('float16').float32_inputs('BatchNorm') == (1, 2, 3, 4)
+    assert Policy('bfloat16').index_inputs('Embedding') == (0,)
+
+
+def test_float16_emulation_only_on_request():
+    assert not Policy('float16').computes_in_float32('Convolution')
+    assert Policy('float16', emulate_float16=True).computes_in_float32('Convolution')
+    assert not Policy('float16', emulate_float16=True).computes_in_float32('relu')
+    assert not Policy('bfloat16', emulate_float16=True).computes_in_float32('Convolution')
+
+
+# The bfloat16 kernel claims, checked on this MXNet build in a subprocess (a
+# missing kernel can crash the process rather than raise).
+_BF16_CHECK = textwrap.dedent('''
+    import mxnet as mx
+    from mxnet import autograd
+    from mxamp.dtypes import cast
+    def run(fn, *shapes):
+        xs = [cast(mx.nd.random.uniform(0.1, 1, shape=s), 'bfloat16') for s in shapes]
+        for x in xs:
+            x.attach_grad()
+        with autograd.record():
+            y = fn(*xs)
+        y.backward()
+        mx.nd.waitall()
+    one = (2, 3, 6, 6)
+    run(lambda x, w: mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True), one, (4, 3, 3, 3))
+    run(lambda x, w: mx.nd.Deconvolution(x, w, kernel=(2, 2), num_filter=4, no_bias=True), one, (3, 4, 2, 2))
+    run(lambda x, w: mx.nd.FullyConnected(x, w, num_hidden=4, no_bias=True), (2, 3), (4, 3))
+    gamma, beta = mx.nd.ones(3), mx.nd.zeros(3)
+    run(lambda x: mx.nd.BatchNorm(x, gamma, beta, mx.nd.zeros(3), mx.nd.ones(3)), one)
+    for act in ('relu', 'sigmoid', 'tanh', 'softrelu'):
+        run(lambda x: mx.nd.Activation(x, act_type=act), one)
+    for act in ('leaky', 'gelu'):
+        run(lambda x: mx.nd.LeakyReLU(x, act_type=act), one)
+    for pool in ('max', 'avg'):
+        run(lambda x: mx.nd.Pooling(x, kernel=(2, 2), pool_type=pool), one)
+        run(lambda x: mx.nd.Pooling(x, kernel=(2, 2), pool_type=pool, global_pool=True), one)
+    for fn in (mx.nd.Flatten, mx.nd.relu, mx.nd.sigmoid, mx.nd.abs, mx.nd.sqrt, mx.nd.BlockGrad,
+               lambda x: mx.nd.clip(x, 0, 1), lambda x: x * 2, lambda x: x + 1, lambda x: x / 3,
+               lambda x: mx.nd.Reshape(x, shape=(0, -1)), lambda x: mx.nd.expand_dims(x, axis=1),
+               lambda x: mx.nd.SwapAxis(x, dim1=1, dim2=2), lambda x: mx.nd.slice_axis(x, axis=1, begin=0, end=2),
+               lambda x: mx.nd.SliceChannel(x, num_outputs=3)[0], lambda x: mx.nd.max(x, axis=1),
+               lambda x: mx.nd.contrib.AdaptiveAvgPooling2D(x, output_size=1)):
+        run(fn, one)
+    for fn in (lambda a, b: a + b, lambda a, b: a * b, lambda a, b: mx.nd.concat(a, b, dim=1),
+               lambda a, b: mx.nd.add_n(a, b), lambda a, b: mx.nd.stack(a, b),
+               lambda a, b: mx.nd.maximum(a, b)):
+        run(fn, one, one)
+    run(lambda a, b: mx.nd.broadcast_mul(a, b), one, (2, 3, 1, 1))
+    print('ALL OK')
+''')
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16'])
+def test_bfloat16_kernel_claims_hold_on_this_build(dtype):
+    claimed = {'Convolution', 'Deconvolution', 'FullyConnected', 'BatchNorm', 'Activation',
+               'LeakyReLU', 'Pooling', 'Flatten', 'relu', 'sigmoid', 'abs', 'sqrt', 'BlockGrad',
+               'clip', 'Reshape', 'expand_dims', 'SwapAxis', 'slice_axis', 'SliceChannel', 'max',
+               '_contrib_AdaptiveAvgPooling2D', 'elemwise_add', 'concat', 'add_n', 'stack',
+               'broadcast_mul', '_mul_scalar', '_plus_scalar', '_div_scalar', '_maximum'}
+    assert {policy_mod.canonical(op) for op in claimed} <= policy_mod.BFLOAT16_CPU_OPS
+    result = subprocess.run([sys.executable, '-c', _BF16_CHECK], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and 'ALL OK' in result.stdout, result.stderr[-2000:]
+
+
+def test_policy_repr_names_its_settings():
+    text = repr(Policy('bfloat16', exclude=['fc'], fp32_ops=['Pooling']))
+    assert "'bfloat16'" in text and "'Pooling'" in text and "'fc'" in text
+    assert mx.__version__ == '1.9.1'

@@ -1,0 +1,582 @@
+"""Tests of mxamp.trainer: LossScaler and the loss-scaled, master-weight Trainer."""
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+from mxamp import optimizer as mo
+from mxamp.dtypes import cast, numpy_dtype, to_float32_numpy
+from mxamp.trainer import LossScaler, OverflowInfo, Trainer
+
+CTXS = [mx.cpu(0), mx.cpu(1)]
+
+
+class Linear(gluon.HybridBlock):
+    """y = sum(x * w, axis=1) + b: elementwise only, so it runs in float16 on CPU."""
+
+    def __init__(self, width=8, **kwargs):
+        super(Linear, self).__init__(**kwargs)
+        with self.name_scope():
+            self.w = self.params.get('w', shape=(width,), init=mx.init.Uniform(0.5))
+            self.b = self.params.get('b', shape=(1,), init=mx.init.Zero())
+
+    def hybrid_forward(self, F, x, w, b):
+        return F.broadcast_add(F.sum(F.broadcast_mul(x, w), axis=1), b)
+
+
+def make_net(dtype='float16', ctx=None, seed=0, grad_req='write'):
+    mx.random.seed(seed)
+    net = Linear()
+    net.initialize(ctx=ctx or [mx.cpu(0)])
+    net.cast(numpy_dtype(dtype))   # Block.cast rejects the string 'bfloat16'
+    if grad_req != 'write':
+        net.collect_params().setattr('grad_req', grad_req)
+    return net
+
+
+def make_data(ctx, dtype='float16', seed=0, batch=4):
+    rng = np.random.RandomState(seed)
+    x = rng.uniform(-1, 1, (batch, 8)).astype(np.float32)
+    y = rng.uniform(-1, 1, (batch,)).astype(np.float32)
+    return cast(nd.array(x, ctx=ctx), dtype), cast(nd.array(y, ctx=ctx), dtype)
+
+
+def forward_backward(net, trainer, ctxs, dtype='float16', seed=0, scale=True):
+    """One forward/backward per context; the loss is a float32 sum of squares."""
+    with autograd.record():
+        losses = []
+        for ctx in ctxs:
+            x, y = make_data(ctx, dtype, seed)
+            losses.append(nd.sum(nd.square(cast(net(x) - y, 'float32'))))
+        if scale:
+            with trainer.scale_loss(losses) as scaled:
+                autograd.backward(scaled)
+        else:
+            autograd.backward(losses)
+    return losses
+
+
+def raw_bytes(arrays):
+    return [a.asnumpy().tobytes() for a in arrays]
+
+
+def updater_states(trainer):
+    """Every NDArray of the optimizer states, wherever the updates run."""
+    # MXNet internals: the local kvstore's updater, or the per-context updaters.
+    if trainer._update_on_kvstore:
+        updaters = [trainer._kvstore._updater]
+    else:
+        updaters = trainer._updaters
+
+    def flat(state):
+        if isinstance(state, nd.NDArray):
+            return [state]
+        if isinstance(state, (tuple, list)):
+            return [a for s in state for a in flat(s)]
+        return []
+    return [a for u in updaters for key in sorted(u.states) for a in flat(u.states[key])]
+
+
+def snapshot(net, trainer):
+    weights = [d for p in net.collect_params().values() for d in p.list_data()]
+    return raw_bytes(weights), raw_bytes(updater_states(trainer))
+
+
+# ---------------------------------------------------------------------------------
+# Overflow detection and skipping
+# ---------------------------------------------------------------------------------
+@pytest.mark.parametrize('update_on_kvstore', [True, False])
+def test_overflow_on_second_context_skips_step_bit_identically(update_on_kvstore):
+    net = make_net('float16', CTXS)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                      update_on_kvstore=update_on_kvstore,
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    forward_backward(net, trainer, CTXS)
+    assert trainer.step(8) is True                  # a real step: momentum, master weights
+    assert trainer._update_on_kvstore is update_on_kvstore
+    before_weights, before_states = snapshot(net, trainer)
+    assert before_states, 'the optimizer states must exist after one step'
+    assert any(a.dtype == np.float32 and a.shape == (8,) for a in updater_states(trainer))
+
+    forward_backward(net, trainer, CTXS, seed=1)
+    net.w.list_grad()[1][3] = np.inf                # only on the second context
+    assert trainer.step(8) is False
+    after_weights, after_states = snapshot(net, trainer)
+    assert after_weights == before_weights
+    assert after_states == before_states
+    assert trainer.loss_scale == 2.0 ** 7           # halved on the same step
+    assert trainer.skipped_steps == 1
+
+    forward_backward(net, trainer, CTXS, seed=1)
+    assert trainer.step(8) is True
+    assert snapshot(net, trainer)[0] != before_weights
+    assert np.all(np.isfinite(to_float32_numpy(net.w.data(CTXS[0]))))
+
+
+def test_nan_on_one_context_and_default_update_on_kvstore():
+    net = make_net('float16', CTXS)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    forward_backward(net, trainer, CTXS)
+    net.b.list_grad()[1][:] = np.nan
+    assert trainer.step(8) is False
+    # Default with loss scaling and several contexts: updates after the reduction.
+    assert trainer._update_on_kvstore is False
+
+
+def test_overflow_of_the_reduced_gradient_is_caught():
+    """Two finite float16 gradients whose sum overflows (the kvstore sums in float16)."""
+    net = make_net('float16', CTXS)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=LossScaler(init_scale=4.0))
+    forward_backward(net, trainer, CTXS)
+    weights = snapshot(net, trainer)[0]
+    for grad in net.w.list_grad():
+        grad[:] = 40000.0                                   # finite in float16 (max 65504)
+    assert trainer.step(8) is False
+    assert snapshot(net, trainer)[0] == weights
+
+
+def test_loss_scale_folded_into_rescale_grad_is_exact():
+    """A power-of-two scale, undone in rescale_grad, gives gluon.Trainer's result bit for bit."""
+    net_a, net_b = make_net('float32'), make_net('float32')
+    plain = gluon.Trainer(net_a.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    amp = Trainer(net_b.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                  loss_scale=1024.0)
+    assert amp.loss_scale == 1024.0
+    for seed in range(3):
+        forward_backward(net_a, None, [mx.cpu(0)], 'float32', seed, scale=False)
+        plain.step(4)
+        forward_backward(net_b, amp, [mx.cpu(0)], 'float32', seed)
+        assert np.array_equal(net_b.w.grad().asnumpy(), 1024 * net_a.w.grad().asnumpy())
+        assert amp.step(4) is True
+        assert amp.optimizer.rescale_grad == 1.0 / (4 * 1024)
+        assert net_a.w.data().asnumpy().tobytes() == net_b.w.data().asnumpy().tobytes()
+
+
+def test_dynamic_scale_halves_and_doubles():
+    net = make_net('float16')
+    infos = []
+    scaler = LossScaler(init_scale=2.0 ** 10, growth_interval=3, on_overflow=infos.append)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.01}, loss_scale=scaler)
+    assert trainer.loss_scaler is scaler
+    scales = []
+    for step in range(8):
+        losses = forward_backward(net, trainer, [mx.cpu(0)])
+        if step == 4:
+            net.w.grad()[0] = np.inf
+        trainer.step(4)
+        scales.append(trainer.loss_scale)
+    assert scales == [2 ** 10, 2 ** 10, 2 ** 11, 2 ** 11, 2 ** 10, 2 ** 10, 2 ** 10, 2 ** 11]
+    assert trainer.skipped_steps == 1 and scaler.steps == 8 and scaler.clean_steps == 0
+    assert infos == [OverflowInfo(step=5, loss_scale=2 ** 11, next_loss_scale=2 ** 10,
+                                  skipped_steps=1)]
+    # The new scale applies at once: the next scaled loss uses it.
+    with autograd.record():
+        loss = nd.sum(net(make_data(mx.cpu(0))[0]).astype('float32'))
+        with trainer.scale_loss(loss) as scaled:
+            assert np.allclose(scaled.asnumpy(), loss.asnumpy() * 2 ** 11)
+
+
+def test_scale_bounds_and_floor_policy(caplog):
+    scaler = LossScaler(init_scale=4.0, growth_interval=1, min_scale=2.0, max_scale=8.0)
+    scaler.update(False)
+    scaler.update(False)
+    assert scaler.loss_scale == 8.0                       # capped at max_scale
+    with caplog.at_level(logging.INFO, logger='mxamp.trainer'):
+        scaler.update(True)
+    assert 'update skipped' in caplog.text
+    scaler.update(True)
+    assert scaler.loss_scale == 2.0                       # floored at min_scale
+    with pytest.warns(RuntimeWarning, match='minimum loss scale 2'):
+        scaler.update(True)
+    strict = LossScaler(init_scale=1.0, at_min_scale='raise')
+    with pytest.raises(FloatingPointError, match='minimum loss scale 1'):
+        strict.update(True)
+    assert strict.skipped_steps == 1
+    fixed = LossScaler(init_scale=3.0, dynamic=False)
+    fixed.update(True)
+    fixed.update(False)
+    assert fixed.loss_scale == 3.0 and fixed.skipped_steps == 1
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(init_scale=-1.0), 'loss_scale must be a positive finite number'),
+    (dict(init_scale=float('inf')), 'loss_scale must be a positive finite number'),
+    (dict(growth_factor=1.0), 'growth_factor must be > 1'),
+    (dict(backoff_factor=1.5), 'backoff_factor must be < 1'),
+    (dict(growth_interval=0), 'growth_interval must be an integer >= 1'),
+    (dict(min_scale=4.0, max_scale=2.0), 'must not exceed max_scale'),
+    (dict(init_scale=2.0 ** 30), r'within \[min_scale, max_scale\]'),
+    (dict(at_min_scale='stop'), "at_min_scale must be 'warn', 'raise' or 'ignore'"),
+])
+def test_scaler_argument_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LossScaler(**kwargs)
+
+
+@pytest.mark.parametrize('loss_scale, message', [
+    (-2.0, 'loss_scale must be a positive finite number'),
+    (0, 'loss_scale must be a positive finite number'),
+    ('huge', "loss_scale must be 'auto', 'dynamic'"),
+    (True, 'not a bool'),
+])
+def test_trainer_loss_scale_errors(loss_scale, message):
+    net = make_net('float16')
+    with pytest.raises(ValueError, match=message):
+        Trainer(net.collect_params(), 'sgd', loss_scale=loss_scale)
+
+
+# ---------------------------------------------------------------------------------
+# Defaults
+# ---------------------------------------------------------------------------------
+def test_defaults_by_parameter_dtype():
+    fp16 = Trainer(make_net('float16').collect_params(), 'sgd')
+    assert fp16.loss_scaler is not None and fp16.loss_scale == 2.0 ** 16
+    assert fp16.loss_scaler.growth_interval == 2000 and fp16.loss_scaler.max_scale == 2 ** 24
+    assert isinstance(fp16.optimizer, mo.MultiPrecision) and fp16.optimizer.multi_precision
+    bf16 = Trainer(make_net('bfloat16').collect_params(), 'adam')
+    assert bf16.loss_scaler is None and bf16.loss_scale == 1.0
+    assert bf16.optimizer.multi_precision
+    fp32 = Trainer(make_net('float32').collect_params(), 'sgd')
+    assert fp32.loss_scaler is None and not fp32.optimizer.multi_precision
+    forced = Trainer(make_net('float32').collect_params(), 'sgd', loss_scale='dynamic',
+                     master_weights=True)
+    assert forced.loss_scale == 2.0 ** 16 and forced.optimizer.multi_precision
+    opt = mx.optimizer.SGD(learning_rate=0.3)
+    wrapped = Trainer(make_net('float16').collect_params(), opt)
+    assert wrapped.optimizer is opt and isinstance(opt, mo.MultiPrecision)
+
+
+def test_bfloat16_dense_network_trains_with_master_weights():
+    mx.random.seed(0)
+    net = gluon.nn.Dense(1, in_units=8)
+    net.initialize()
+    net.cast(numpy_dtype('bfloat16'))
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 1e-4})
+    x = cast(nd.ones((4, 8)), 'bfloat16')
+    start = to_float32_numpy(net.weight.data())
+    for _ in range(60):
+        with autograd.record():
+            loss = cast(net(x), 'float32')                  # d loss / d w = 1 per sample
+            with trainer.scale_loss(loss) as scaled:
+                autograd.backward(scaled)
+        assert trainer.step(4) is True                      # no scaling, no skipping
+    moved = start - to_float32_numpy(net.weight.data())
+    # 60 updates of 1e-4 are 6e-3; each alone is below bfloat16's resolution.
+    assert np.allclose(moved, 6e-3, atol=2e-3), moved
+
+
+# ---------------------------------------------------------------------------------
+# unscale, accumulation, several losses, misuse
+# ---------------------------------------------------------------------------------
+def test_unscale_for_gradient_clipping():
+    net_a, net_b = make_net('float32'), make_net('float32')
+    plain = gluon.Trainer(net_a.collect_params(), 'sgd', {'learning_rate': 0.1})
+    amp = Trainer(net_b.collect_params(), 'sgd', {'learning_rate': 0.1}, loss_scale=256.0)
+    forward_backward(net_a, None, [mx.cpu(0)], 'float32', scale=False)
+    forward_backward(net_b, amp, [mx.cpu(0)], 'float32')
+    amp.unscale()
+    assert np.array_equal(net_b.w.grad().asnumpy(), net_a.w.grad().asnumpy())
+    for net in (net_a, net_b):
+        gluon.utils.clip_global_norm([p.grad() for p in net.collect_params().values()], 0.1)
+    with pytest.raises(RuntimeError, match='unscale\\(\\) was already called'):
+        amp.unscale()
+    with pytest.raises(RuntimeError, match='scale_loss\\(\\) after unscale\\(\\)'):
+        with amp.scale_loss(nd.ones((1,))):
+            pass
+    plain.step(4)
+    assert amp.step(4) is True
+    assert amp.optimizer.rescale_grad == 0.25               # no second unscaling
+    assert net_a.w.data().asnumpy().tobytes() == net_b.w.data().asnumpy().tobytes()
+    amp.unscale()                                           # allowed again after a step
+
+
+def test_misuse_inside_scale_loss_block():
+    net = make_net('float16')
+    trainer = Trainer(net.collect_params(), 'sgd')
+    with autograd.record():
+        loss = nd.sum(net(make_data(mx.cpu(0))[0]).astype('float32'))
+        with trainer.scale_loss(loss) as scaled:
+            autograd.backward(scaled)
+            with pytest.raises(RuntimeError, match=r'step\(\) called inside a trainer.scale_loss'):
+                trainer.step(4)
+            with pytest.raises(RuntimeError, match=r'unscale\(\) called inside'):
+                trainer.unscale()
+    assert trainer._scale_loss_open == 0
+
+
+def test_gradient_accumulation_and_several_losses():
+    net_a, net_b = make_net('float32', grad_req='add'), make_net('float32', grad_req='add')
+    plain = gluon.Trainer(net_a.collect_params(), 'adam', {'learning_rate': 0.01})
+    amp = Trainer(net_b.collect_params(), 'adam', {'learning_rate': 0.01}, loss_scale=512.0)
+    for seed in (0, 1):                                     # two backward passes, one step
+        forward_backward(net_a, None, [mx.cpu(0)], 'float32', seed, scale=False)
+        forward_backward(net_b, amp, [mx.cpu(0)], 'float32', seed)
+    with autograd.record():                                 # and two losses at once
+        x, y = make_data(mx.cpu(0), 'float32', 2)
+        l1, l2 = nd.sum(net_a(x)), nd.sum(nd.square(net_a(x) - y))
+    autograd.backward([l1, l2])
+    with autograd.record():
+        l1, l2 = nd.sum(net_b(x)), nd.sum(nd.square(net_b(x) - y))
+        with amp.scale_loss([l1, l2]) as scaled:
+            assert isinstance(scaled, list) and len(scaled) == 2
+            autograd.backward(scaled)
+    assert np.array_equal(net_b.w.grad().asnumpy(), 512 * net_a.w.grad().asnumpy())
+    plain.step(8)
+    assert amp.step(8) is True
+    assert net_a.w.data().asnumpy().tobytes() == net_b.w.data().asnumpy().tobytes()
+
+
+def test_allreduce_grads_and_update_split():
+    net = make_net('float16', CTXS)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=LossScaler(init_scale=64.0))
+    forward_backward(net, trainer, CTXS)
+    trainer.allreduce_grads()
+    net.w.list_grad()[0][0] = np.inf
+    weights = snapshot(net, trainer)[0]
+    assert trainer.update(8) is False
+    assert snapshot(net, trainer)[0] == weights and trainer.loss_scale == 32.0
+    forward_backward(net, trainer, CTXS)
+    trainer.allreduce_grads()
+    assert trainer.update(8) is True
+
+
+# ---------------------------------------------------------------------------------
+# State
+# ---------------------------------------------------------------------------------
+@pytest.mark.parametrize('update_on_kvstore', [False, True])
+def test_save_and_load_states_resume_exactly(tmp_path, update_on_kvstore):
+    ctxs = CTXS if update_on_kvstore else [mx.cpu(0)]
+
+    def build():
+        net = make_net('float16', ctxs)
+        return net, Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.05, 'momentum': 0.9},
+                            update_on_kvstore=update_on_kvstore if len(ctxs) > 1 else None,
+                            loss_scale=LossScaler(init_scale=2.0 ** 8, growth_interval=4))
+    net, trainer = build()
+    for step in range(6):
+        forward_backward(net, trainer, ctxs, seed=step)
+        if step == 2:
+            net.w.list_grad()[-1][0] = np.inf
+        trainer.step(4)
+    assert (trainer.loss_scale, trainer.skipped_steps) == (2.0 ** 7, 1)
+    assert trainer.loss_scaler.clean_steps == 3
+    path = str(tmp_path / 'trainer.states')
+    trainer.save_states(path)
+    net.save_parameters(str(tmp_path / 'net.params'))
+
+    net2, trainer2 = build()
+    net2.load_parameters(str(tmp_path / 'net.params'), ctx=ctxs)
+    trainer2.load_states(path)
+    assert trainer2.state_dict() == trainer.state_dict()
+    assert isinstance(trainer2.optimizer, mo.MultiPrecision)
+    assert raw_bytes(updater_states(trainer2)) == raw_bytes(updater_states(trainer))
+    for n, t in ((net, trainer), (net2, trainer2)):             # the next step grows the scale
+        forward_backward(n, t, ctxs, seed=9)
+        assert t.step(4) is True
+    assert trainer2.loss_scale == trainer.loss_scale == 2.0 ** 8
+    assert snapshot(net2, trainer2) == snapshot(net, trainer)
+
+
+def test_plain_gluon_states_file_is_accepted_with_a_warning(tmp_path):
+    net = make_net('float16')
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    forward_backward(net, trainer, [mx.cpu(0)])
+    trainer.step(4)
+    path = str(tmp_path / 'plain.states')
+    gluon.Trainer.save_states(trainer, path)
+    with pytest.warns(UserWarning, match='plain gluon.Trainer states file'):
+        trainer.load_states(path)
+
+
+def test_state_dict_errors():
+    trainer = Trainer(make_net('float16').collect_params(), 'sgd')
+    with pytest.raises(KeyError, match="missing key 'loss_scaler'"):
+        trainer.load_state_dict({})
+    state = trainer.state_dict()
+    del state['loss_scaler']['clean_steps'], state['loss_scaler']['steps']
+    with pytest.raises(KeyError, match='missing keys clean_steps, steps'):
+        trainer.load_state_dict(state)
+    off = Trainer(make_net('float32').collect_params(), 'sgd')
+    with pytest.raises(ValueError, match='loss scaling off'):
+        off.load_state_dict(trainer.state_dict())
+    state = trainer.state_dict()
+    state['loss_scaler']['loss_scale'] = -4.0
+    with pytest.raises(ValueError, match='positive finite'):
+        trainer.load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------
+def _underflow_run(trainer_factory, steps=40):
+    """A float16 linear model with a float32 loss multiplied by 1e-8: the gradient
+    entering the float16 part is below float16's smallest subnormal (6e-8) unless
+    the loss is scaled."""
+    net = make_net('float16', seed=3)
+    trainer = trainer_factory(net)
+    rng = np.random.RandomState(0)
+    x = rng.uniform(-1, 1, (16, 8)).astype(np.float32)
+    y = x.dot(rng.uniform(-1, 1, 8)).astype(np.float32)
+    x16, y32 = nd.array(x, dtype='float16'), nd.array(y)
+
+    def loss_value():
+        return float(nd.mean(nd.square(net(x16).astype('float32') - y32)).asscalar())
+    first = loss_value()
+    for _ in range(steps):
+        with autograd.record():
+            loss = nd.sum(nd.square(net(x16).astype('float32') - y32)) * 1e-8
+            if isinstance(trainer, Trainer):
+                with trainer.scale_loss(loss) as scaled:
+                    autograd.backward(scaled)
+            else:
+                loss.backward()
+        trainer.step(1)
+    return first, loss_value(), net
+
+
+def test_float16_network_with_underflowing_gradients_trains_only_with_scaling():
+    first, last, net = _underflow_run(lambda n: gluon.Trainer(
+        n.collect_params(), 'adam', {'learning_rate': 0.05, 'multi_precision': True}))
+    assert last == first                      # every gradient was exactly zero
+    assert not np.any(net.w.grad().asnumpy())
+    first, last, _ = _underflow_run(lambda n: Trainer(n.collect_params(), 'adam',
+                                                      {'learning_rate': 0.05}))
+    assert last < 0.3 * first, (first, last)
+
+
+# ---------------------------------------------------------------------------------
+# Symbol API: mx.mod.Module
+# ---------------------------------------------------------------------------------
+def _module(optimizer, contexts):
+    data, label = mx.sym.var('data'), mx.sym.var('label')
+    out = mx.sym.FullyConnected(data, num_hidden=1, name='fc')
+    loss = mx.sym.square(mx.sym.reshape(out, (-1,)) - label)       # per-sample loss
+    mod = mx.mod.Module(loss, data_names=['data'], label_names=['label'], context=contexts)
+    mod.bind(data_shapes=[('data', (8, 4))], label_shapes=[('label', (8,))])
+    mx.random.seed(0)
+    mod.init_params(mx.init.Uniform(0.5))
+    mod.init_optimizer(kvstore='device', optimizer=optimizer)
+    return mod
+
+
+def test_module_update_applies_scaled_step_and_skips_overflow():
+    rng = np.random.RandomState(0)
+    batch = mx.io.DataBatch([nd.array(rng.randn(8, 4))], [nd.array(rng.randn(8))])
+    plain = _module(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / 8), CTXS)
+    amp = _module(mo.create('sgd', learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / 8), CTXS)
+    scaler = LossScaler(init_scale=2.0 ** 12)
+    for _ in range(2):
+        plain.forward(batch, is_train=True)
+        plain.backward([nd.ones((8,))])
+        plain.update()
+        amp.forward(batch, is_train=True)
+        amp.backward(scaler.out_grads(amp.get_outputs()))
+        assert scaler.update_module(amp) is True
+    weights = [a.asnumpy().tobytes() for a in amp.get_params()[0].values()]
+    assert weights == [a.asnumpy().tobytes() for a in plain.get_params()[0].values()]
+    amp.forward(batch, is_train=True)
+    amp.backward(scaler.out_grads(amp.get_outputs()))
+    amp._exec_group.grad_arrays[0][1][:] = np.inf        # fc_weight grad, second device
+    assert scaler.update_module(amp) is False
+    assert weights == [a.asnumpy().tobytes() for a in amp.get_params()[0].values()]
+    assert scaler.loss_scale == 2.0 ** 11 and scaler.skipped_steps == 1
+
+
+# ---------------------------------------------------------------------------------
+# Distributed: two workers, one server, on 127.0.0.1
+# ---------------------------------------------------------------------------------
+_WORKER = textwrap.dedent('''
+    import sys, numpy as np, mxnet as mx
+    from mxnet import autograd, gluon, nd
+    sys.path.insert(0, {root!r})
+    from mxamp.trainer import Trainer, LossScaler
+    kv = mx.kv.create('dist_sync')
+    rank = kv.rank
+    weight = gluon.Parameter('w', shape=(4,), init=mx.init.One())
+    weight.initialize()
+    weight.cast(np.float16)
+    tr = Trainer([weight], 'sgd', {{'learning_rate': 0.5}}, kvstore=kv,
+                 update_on_kvstore={uok}, loss_scale=LossScaler(init_scale=4.0))
+    results = []
+    for step in range(3):
+        x = nd.full((2, 4), rank + 1.0, dtype='float16')
+        with autograd.record():
+            loss = nd.sum(nd.broadcast_mul(x, weight.data())).astype('float32')
+            with tr.scale_loss(loss) as scaled:
+                autograd.backward(scaled)
+        if step == 1 and rank == 1:
+            weight.grad()[0] = np.inf              # only worker 1 overflows
+        results.append((tr.step(4), tr.loss_scale))
+    w = weight.data().astype('float32').asnumpy().ravel().tolist()
+    print('RESULT', rank, results, w, flush=True)
+''')
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('update_on_kvstore', [False, True])
+def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / 'worker.py'
+    script.write_text(_WORKER.format(root=root, uok=update_on_kvstore))
+    env = dict(os.environ, DMLC_PS_ROOT_URI='127.0.0.1', DMLC_PS_ROOT_PORT=str(_free_port()),
+               DMLC_NUM_SERVER='1', DMLC_NUM_WORKER='2', PYTHONPATH=root,
+               OMP_NUM_THREADS='1')
+    procs = []
+    try:
+        for role in ('scheduler', 'server'):
+            procs.append(subprocess.Popen(
+                [sys.executable, '-c', 'import mxnet'],
+                env=dict(env, DMLC_ROLE=role), stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
+        workers = [subprocess.Popen([sys.executable, str(script)], env=dict(env, DMLC_ROLE='worker'),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for _ in range(2)]
+        procs.extend(workers)
+        outputs = [w.communicate(timeout=120)[0] for w in workers]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+    results = {}
+    for out in outputs:
+        line = [l for l in out.splitlines() if l.startswith('RESULT')]
+        assert line, out
+        _, rank, rest = line[0].split(' ', 2)
+        results[int(rank)] = rest
+    # Both workers: applied, skipped (worker 1's inf), applied; identical weights.
+    assert results[0] == results[1]
+    assert results[0].startswith('[(True, 4.0), (False, 2.0), (True, 2.0)]')
+    # Two applied steps: gradient per worker = 2 * (rank + 1) * scale on each weight,
+    # summed over workers = 6 * scale, rescaled by 1 / (4 * scale): 1.5 each; lr 0.5.
+    weights = eval(results[0].split('] ', 1)[1])
+    assert np.allclose(weights, 1.0 - 2 * 0.5 * 1.5)
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float16', 'bfloat16'])
+@pytest.mark.parametrize('bad', [np.inf, -np.inf, np.nan, None])
+def test_has_overflow_every_dtype_mixed_groups_and_many_arrays(dtype, bad):
+    scaler = LossScaler()
+    # 250 arrays (more than multi_all_finite's 200) of two dtypes on two contexts.
+    arrays = [cast(nd.ones((3,), ctx=CTXS[i % 2]), dtype if i % 3 else 'float32')
+              for i in range(250)]
+    if bad is not None:
+        values = nd.array([1.0, bad, 2.0], ctx=CTXS[1])
+        arrays[-2] = cast(values, dtype)                    # the last chunk, second context
+    assert scaler.has_overflow(arrays) is (bad is not None)
