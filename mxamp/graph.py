@@ -67,8 +67,17 @@ def load_graph(source):
         raise GraphError('not an MXNet symbol: expected a JSON object with "nodes" and "heads"')
     registry = policy_mod.registered_ops()
     for index, node in enumerate(source['nodes']):
-        if not isinstance(node, dict) or 'op' not in node or 'name' not in node:
+        if not isinstance(node, dict) or not isinstance(node.get('op'), str) \
+                or not isinstance(node.get('name'), str):
             raise GraphError('node %d is not an MXNet node (needs "op" and "name")' % index)
+        # MXNet's loader trusts these indices (out-of-range ones crash the process).
+        for entry in node.get('inputs', []):
+            if not _valid_entry(entry, index):
+                raise GraphError("node '%s': input %r does not name an earlier node"
+                                 % (node['name'], entry))
+        attrs = node.get('attrs', node.get('attr', node.get('param', {})))
+        if not isinstance(attrs, dict) or not all(isinstance(v, str) for v in attrs.values()):
+            raise GraphError("node '%s': attributes must be a JSON object of strings" % node['name'])
         if node['op'] != 'null' and node['op'] not in registry:
             raise GraphError("node '%s': operator '%s' is not registered in MXNet %s"
                              % (node['name'], node['op'], mx.__version__))
@@ -76,6 +85,9 @@ def load_graph(source):
             raise GraphError("node '%s' (op %s) holds a fused subgraph: the graph was already "
                              "optimised or quantized; convert the original FP32 graph instead"
                              % (node['name'], node['op']))
+    if not isinstance(source['heads'], list) or not source['heads'] or not all(
+            _valid_entry(head, len(source['nodes'])) for head in source['heads']):
+        raise GraphError('"heads" must list outputs of existing nodes')
     if from_symbol:
         return source
     try:
@@ -83,6 +95,13 @@ def load_graph(source):
     except mx.base.MXNetError as err:
         raise GraphError('MXNet cannot load the graph: %s' % _first_line(err))
     return json.loads(symbol.tojson(remove_amp_cast=False))
+
+
+def _valid_entry(entry, limit):
+    """Whether `entry` is ``[node, output(, version)]`` naming a node before `limit`."""
+    return (isinstance(entry, list) and len(entry) in (2, 3)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in entry)
+            and entry[0] < limit)
 
 
 def _first_line(err):

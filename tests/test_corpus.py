@@ -103,6 +103,10 @@ def test_bfloat16_outputs_close_to_fp32(row):
     args, auxs = _random_params(symbol, shapes)
     inputs = _inputs(shapes)
     reference = _forward(symbol, inputs, args, auxs)
+    # Outputs the FP32 graph itself does not reproduce, or computes as inf/NaN (a
+    # CTC loss on dummy labels returns uninitialised memory), are not compared.
+    repeatable = [np.array_equal(a, b, equal_nan=True)
+                  for a, b in zip(reference, _forward(symbol, inputs, args, auxs))]
     converted, c_args, c_auxs, conversion = convert_model(
         symbol, args, auxs, 'bfloat16', return_conversion=True)
     stored_low = [n for n, v in dict(c_args, **c_auxs).items() if v.dtype != np.float32]
@@ -113,9 +117,9 @@ def test_bfloat16_outputs_close_to_fp32(row):
     reordered = _downstream_of_ranking(symbol)
     for index, (name, got, want) in enumerate(zip(converted.list_outputs(), outputs, reference)):
         assert got.shape == want.shape
-        assert np.isfinite(got).all() == np.isfinite(want).all(), name
-        if index in reordered:
+        if index in reordered or not repeatable[index] or not np.isfinite(want).all():
             continue
+        assert np.isfinite(got).all(), name
         # Floor on the norm: loss outputs of training graphs fed dummy labels are ~0.
         error = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-3)
         assert error < tolerance, '%s: relative error %.4f' % (name, error)

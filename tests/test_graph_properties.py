@@ -1,0 +1,147 @@
+"""Property-based tests of the rewrite on random graphs, and a fuzz pass of the
+``mxamp convert`` tool over mutated symbol JSON."""
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+import mxnet as mx
+
+from mxamp.dtypes import to_float32_numpy
+from mxamp.graph import check_graph, convert_graph
+from mxamp.symbol import make_policy
+
+SHAPE = (2, 4, 5, 5)  # every op below keeps this shape, so any DAG of them is valid
+
+UNARY = {
+    'conv': lambda x, i: mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=4, name='conv%d' % i),
+    'fc': lambda x, i: mx.sym.FullyConnected(x, num_hidden=5, flatten=False, name='fc%d' % i),
+    'bn': lambda x, i: mx.sym.BatchNorm(x, fix_gamma=False, name='bn%d' % i),
+    'relu': lambda x, i: mx.sym.Activation(x, act_type='relu', name='relu%d' % i),
+    'tanh': lambda x, i: mx.sym.Activation(x, act_type='tanh', name='tanh%d' % i),
+    'softrelu': lambda x, i: mx.sym.Activation(x, act_type='softrelu', name='softrelu%d' % i),
+    'softmax': lambda x, i: mx.sym.softmax(x, axis=1, name='softmax%d' % i),
+    'exp': lambda x, i: mx.sym.exp(mx.sym.clip(x, -3, 3, name='clip%d' % i), name='exp%d' % i),
+    'pool': lambda x, i: mx.sym.Pooling(x, kernel=(3, 3), pad=(1, 1), stride=(1, 1), pool_type='max',
+                                        name='pool%d' % i),
+    'sum': lambda x, i: mx.sym.broadcast_add(x, mx.sym.sum(x, axis=1, keepdims=True, name='sum%d' % i),
+                                             name='bsum%d' % i),
+    'scale': lambda x, i: x * 0.5,
+    'transpose': lambda x, i: mx.sym.transpose(x, axes=(0, 1, 3, 2), name='transpose%d' % i),
+}
+BINARY = {
+    'add': lambda a, b, i: mx.sym.elemwise_add(a, b, name='add%d' % i),
+    'mul': lambda a, b, i: mx.sym.elemwise_mul(a, b, name='mul%d' % i),
+    'concat': lambda a, b, i: mx.sym.Convolution(mx.sym.Concat(a, b, dim=1, name='concat%d' % i),
+                                                 kernel=(1, 1), num_filter=4, name='mix%d' % i),
+}
+
+step = st.one_of(
+    st.tuples(st.sampled_from(sorted(UNARY)), st.integers(0, 10**6)),
+    st.tuples(st.sampled_from(sorted(BINARY)), st.integers(0, 10**6), st.integers(0, 10**6)))
+
+
+def build(steps, outputs):
+    tensors = [mx.sym.var('data')]
+    for i, item in enumerate(steps):
+        if item[0] in UNARY:
+            tensors.append(UNARY[item[0]](tensors[item[1] % len(tensors)], i))
+        else:
+            tensors.append(BINARY[item[0]](tensors[item[1] % len(tensors)], tensors[item[2] % len(tensors)], i))
+    heads = sorted({len(tensors) - 1} | {1 + o % (len(tensors) - 1) for o in outputs})
+    return mx.sym.Group([tensors[h] for h in heads])
+
+
+def run(symbol, args, auxs, data):
+    executor = symbol.bind(mx.cpu(), args=dict(args, data=data), aux_states=auxs, grad_req='null')
+    return [to_float32_numpy(o) for o in executor.forward()]
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(step, min_size=1, max_size=10), outputs=st.lists(st.integers(0, 100), max_size=2),
+       dtype=st.sampled_from(['bfloat16', 'float16']))
+def test_random_graphs_keep_invariants_and_stay_close(steps, outputs, dtype):
+    symbol = build(steps, outputs)
+    params = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states() if n != 'data']
+    policy = make_policy(dtype, ctx=mx.cpu())
+    conversion = convert_graph(symbol, policy, params=params)
+    assert check_graph(conversion.symbol, policy) == []
+    rng = np.random.RandomState(len(steps))
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=SHAPE)
+    args = {n: mx.nd.array(rng.uniform(-0.5, 0.5, s)) for n, s in zip(symbol.list_arguments(), arg_shapes)
+            if n != 'data'}
+    auxs = {n: mx.nd.ones(s) if 'var' in n else mx.nd.zeros(s)
+            for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
+    data = mx.nd.array(rng.uniform(-1, 1, SHAPE))
+    from mxamp.dtypes import cast
+    low_args = {n: cast(v, dtype) if n in conversion.lp_params else v for n, v in args.items()}
+    want = run(symbol, args, auxs, data)
+    got = run(conversion.symbol, low_args, auxs, data)
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32
+        error = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-3)
+        assert error < 0.05, error
+
+
+_FUZZ = textwrap.dedent('''
+    import json, random, sys
+    from mxamp import cli
+    text = open(sys.argv[1]).read()
+    graph = json.loads(text)
+    rng = random.Random(int(sys.argv[2]))
+    outcomes = {0: 0, 2: 0}
+    def mutate():
+        kind = rng.randrange(8)
+        g = json.loads(text)
+        nodes = g['nodes']
+        node = rng.choice(nodes)
+        if kind == 0:
+            cut = rng.randrange(len(text))
+            return text[:cut] + text[cut + rng.randrange(1, 20):]
+        if kind == 1:
+            node['op'] = rng.choice(['Convolution', 'NoSuchOp', 'null', 'softmax', 'Concat', ''])
+        elif kind == 2 and node.get('inputs'):
+            node['inputs'][0] = rng.choice([[len(nodes) + 5, 0, 0], [-1, 0, 0], [0], 'x', [0, 7, 0]])
+        elif kind == 3:
+            node.pop(rng.choice(['op', 'name', 'inputs', 'attrs']), None)
+        elif kind == 4:
+            node.setdefault('attrs', {})[rng.choice(['kernel', 'num_filter', 'dtype', 'act_type'])] = \\
+                rng.choice(['(0,0)', '-3', 'banana', '', '(3,3,3,3,3)'])
+        elif kind == 5:
+            g['heads'] = rng.choice([[], [[len(nodes), 0, 0]], 'x', [[0, 0, 0]]])
+        elif kind == 6:
+            g.pop(rng.choice(['nodes', 'heads', 'arg_nodes']), None)
+        else:
+            rng.shuffle(nodes)
+        return json.dumps(g)
+    for i in range(int(sys.argv[3])):
+        path = sys.argv[4] + '/m-symbol.json'
+        open(path, 'w').write(mutate())
+        status = cli.main(['convert', path, '-o', sys.argv[4] + '/out', '--dtype', 'bfloat16'])
+        outcomes[status] += 1
+    print('OUTCOMES', json.dumps(outcomes))
+''')
+
+
+def test_fuzzed_symbol_files_never_crash_the_tool(tmp_path):
+    data = mx.sym.var('data')
+    x = mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, name='conv')
+    x = mx.sym.Activation(mx.sym.BatchNorm(x, name='bn'), act_type='relu', name='relu')
+    x = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=3, name='fc'), name='softmax')
+    source = str(tmp_path / 'net-symbol.json')
+    x.save(source)
+    result = subprocess.run([sys.executable, '-c', _FUZZ, source, str(random.randrange(10**6)), '60',
+                             str(tmp_path)], capture_output=True, text=True, timeout=300)
+    # A crash (signal) or an uncaught exception fails here; every run answered 0 or 2.
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcomes = json.loads(result.stdout.split('OUTCOMES')[1])
+    assert sum(outcomes.values()) == 60 and outcomes['2'] > 0
+    for line in result.stderr.splitlines():
+        assert 'Traceback' not in line
+    leftovers = [f for f in os.listdir(str(tmp_path)) if f.startswith('.mxamp-')]
+    assert leftovers == []
