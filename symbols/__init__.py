@@ -1,0 +1,99 @@
+"""Symbol-API network definitions, in the style of MXNet's image-classification examples.
+
+Each module has a ``get_symbol(num_classes, num_layers, image_shape,
+dtype='float32', **kwargs)`` returning an ``mx.sym.Symbol`` that ends in
+``SoftmaxOutput(name='softmax')``, so ``mx.mod.Module`` trains it with the
+inputs ``data`` and ``softmax_label``.  The networks are written once, in FP32;
+a low-precision `dtype` is produced by mxamp's graph rewrite
+(:func:`with_dtype`), never by casts placed by hand.  ``Module`` allocates the
+parameters in the dtypes the graph declares; MXNet's initializers cannot fill
+bfloat16 arrays, :class:`Float32Init` can.
+
+Modules
+-------
+resnet
+    ResNet v1 and v1.5, 18 to 152 layers.
+"""
+import numpy as np
+
+import mxnet as mx
+
+import mxamp
+from mxamp.dtypes import cast, name_of_array
+from mxamp.hardware import resolve_dtype
+
+__all__ = ['with_dtype', 'Float32Init']
+
+#: Inputs of every network here: fed by the data iterator, never parameters.
+INPUTS = ('data', 'softmax_label')
+
+
+def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS):
+    """`symbol` (an FP32 graph) in the precision `dtype`, through `mxamp.convert_symbol`.
+
+    Every variable except `inputs` is a parameter: those that feed only
+    low-precision operators (convolution and fully-connected weights and biases)
+    are declared in `dtype`, so ``Module`` allocates and updates them in `dtype`;
+    the others (BatchNorm's gamma, beta and moving statistics) stay FP32.
+
+    Parameters
+    ----------
+    symbol : mx.sym.Symbol
+        The FP32 network.
+    dtype : str
+        ``'float32'`` (returns `symbol` unchanged), ``'float16'``, ``'bfloat16'``
+        or ``'auto'`` (``'float16'`` on a GPU, ``'bfloat16'`` on a CPU; see
+        `mxamp.hardware.resolve_dtype`).
+    ctx : mx.Context or list of Context, optional
+        Where the network runs.  float16 with a CPU context computes convolutions
+        and fully-connected layers in FP32 between float16 casts (MXNet 1.9.1 has
+        no float16 GEMM on CPUs); without `ctx`, float16 targets a GPU.
+    inputs : tuple of str
+        Variables that are data, not parameters; they stay FP32 inputs.
+
+    Returns
+    -------
+    mx.sym.Symbol
+        Takes FP32 data and returns FP32 outputs.
+    """
+    dtype = resolve_dtype(dtype, ctx)
+    if dtype == 'float32':
+        return symbol
+    names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    params = [name for name in names if name not in inputs]
+    return mxamp.convert_symbol(symbol, dtype, params=params, ctx=ctx)
+
+
+class Float32Init(mx.init.Initializer):
+    """Run an initializer in FP32 and cast its values into low-precision arrays.
+
+    MXNet 1.9.1's random initializers reject bfloat16 outputs (``Module.init_params``
+    fails on the first bfloat16 weight).  Drawing in FP32 and rounding also makes
+    a mixed-precision network start from the FP32 network's weights for the same
+    seed.
+
+    Parameters
+    ----------
+    initializer : mx.init.Initializer
+        The initializer to run, e.g. ``mx.init.Xavier(magnitude=2)``.
+
+    Examples
+    --------
+    >>> mod.init_params(Float32Init(mx.init.Xavier(rnd_type='gaussian', magnitude=2)))
+    """
+
+    def __init__(self, initializer):
+        super(Float32Init, self).__init__()
+        self.initializer = initializer
+
+    def dumps(self):
+        return self.initializer.dumps()
+
+    def __call__(self, desc, arr):
+        precision = name_of_array(arr)
+        if precision in (None, 'float32'):
+            self.initializer(desc, arr)
+            return
+        staging = mx.nd.zeros(arr.shape, ctx=arr.context, dtype=np.float32)
+        self.initializer(desc, staging)
+        cast(staging, precision).copyto(arr)
