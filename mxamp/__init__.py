@@ -12,11 +12,12 @@ from . import hardware
 hardware.enable_amx()
 
 from . import optimizer  # noqa: E402
+from .gluon import convert, summary  # noqa: E402
 from .graph import GraphError  # noqa: E402
 from .optimizer import MultiPrecision  # noqa: E402
 from .symbol import convert_model, convert_symbol  # noqa: E402
 from .trainer import LossScaler, Trainer  # noqa: E402
 
 __version__ = '0.1.0'
-__all__ = ['convert_symbol', 'convert_model', 'Trainer', 'LossScaler', 'MultiPrecision',
+__all__ = ['convert', 'summary', 'convert_symbol', 'convert_model', 'Trainer', 'LossScaler', 'MultiPrecision',
            'GraphError', 'optimizer']

@@ -93,7 +93,7 @@ def load_graph(source):
     try:
         symbol = mx.sym.load_json(json.dumps(source))
     except mx.base.MXNetError as err:
-        raise GraphError('MXNet cannot load the graph: %s' % _first_line(err))
+        raise GraphError('MXNet cannot load the graph: %s' % error_line(err))
     return json.loads(symbol.tojson(remove_amp_cast=False))
 
 
@@ -104,7 +104,8 @@ def _valid_entry(entry, limit):
             and entry[0] < limit)
 
 
-def _first_line(err):
+def error_line(err):
+    """The informative line of an MXNetError (its message spans a C++ traceback)."""
     lines = [line for line in str(err).splitlines() if line.strip()]
     for line in lines:
         if 'Check failed' in line or 'Error' in line:
@@ -117,11 +118,9 @@ def _symbol_from_graph(graph):
 
 
 def _output_counts(graph):
-    rows = graph.get('node_row_ptr')
-    if rows:
-        return [rows[i + 1] - rows[i] for i in range(len(graph['nodes']))]
-    symbol = _symbol_from_graph(graph)
-    return json.loads(symbol.tojson(remove_amp_cast=False))['node_row_ptr']
+    # Graphs from load_graph come from MXNet's tojson, which always writes the row pointers.
+    rows = graph['node_row_ptr']
+    return [rows[i + 1] - rows[i] for i in range(len(graph['nodes']))]
 
 
 def infer_entry_types(graph, input_types=None):
@@ -156,7 +155,7 @@ def infer_entry_types(graph, input_types=None):
     try:
         _, out_types, _ = symbol.infer_type_partial(**known)
     except mx.base.MXNetError as err:
-        raise GraphError('type inference failed: %s' % _first_line(err))
+        raise GraphError('type inference failed: %s' % error_line(err))
     for (nid, k, _), out_type in zip(heads, out_types or [None] * len(heads)):
         types[(nid, k)] = _float_name(out_type)
     return types

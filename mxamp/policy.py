@@ -127,7 +127,7 @@ _WIDEST = _names('''
     broadcast_logical_xor _equal _not_equal _greater _greater_equal _lesser _lesser_equal
     _logical_and _logical_or _logical_xor
     Concat stack where _rnn_param_concat _identity_with_attr_like_rhs _scatter_elemwise_div
-    _slice_assign _scatter_set_nd scatter_nd
+    _slice_assign _scatter_set_nd scatter_nd amp_multicast
     _npi_add _npi_subtract _npi_multiply _npi_true_divide _npi_mod _npi_copysign _npi_lcm
     _npi_equal _npi_not_equal _npi_greater _npi_greater_equal _npi_less _npi_less_equal
     _npi_bitwise_and _npi_bitwise_or _npi_bitwise_xor _npi_concatenate _npi_stack _npi_vstack
@@ -158,7 +158,7 @@ _NEUTRAL = _names('''
     _scatter_minus_scalar _slice_assign_scalar _set_value fill_element_0index
     _zeros _zeros_without_dtype _ones _full _arange _eye _linspace zeros_like ones_like
     shape_array size_array _ravel_multi_index _unravel_index
-    Cast amp_cast amp_multicast cast_storage _copy _copyto _CrossDeviceCopy _NoGradient
+    Cast amp_cast cast_storage _copy _copyto _CrossDeviceCopy _NoGradient
     _broadcast_backward _sparse_retain _foreach _while_loop _cond
     sgd_update sgd_mom_update mp_sgd_update mp_sgd_mom_update nag_mom_update mp_nag_mom_update
     multi_sgd_update multi_sgd_mom_update multi_mp_sgd_update multi_mp_sgd_mom_update
@@ -254,8 +254,9 @@ FLOAT16_CPU_EMULATED = _names('''
     _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
 ''')
 
-# Ops whose output dtype is an attribute, not their input's: casts themselves.
-CAST_OPS = frozenset(('Cast', 'amp_cast', 'amp_multicast'))
+# Ops whose output dtype is an attribute, not their input's.  (amp_multicast is
+# not one: it outputs its widest input's dtype, so it is unified like 'widest'.)
+CAST_OPS = frozenset(('Cast', 'amp_cast'))
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ import tempfile
 import mxnet as mx
 
 from .dtypes import LOW_PRECISION, cast, dtype_name
-from .graph import GraphError, convert_graph, load_graph
+from .graph import GraphError, convert_graph, error_line, load_graph
 from .policy import Policy
 
 
@@ -129,7 +129,7 @@ def check_params(graph, arg_params, aux_params, input_shapes=None):
     except mx.base.MXNetError as err:
         if "nconsistent" not in str(err):
             return  # shapes of the inputs are needed to check this graph's parameters
-        raise GraphError("parameter shapes do not fit the graph: %s" % _error_line(err))
+        raise GraphError("parameter shapes do not fit the graph: %s" % error_line(err))
     for names, inferred, values in ((symbol.list_arguments(), arg_shapes, arg_params),
                                     (symbol.list_auxiliary_states(), aux_shapes, aux_params)):
         for name, shape in zip(names, inferred or []):
@@ -138,17 +138,12 @@ def check_params(graph, arg_params, aux_params, input_shapes=None):
                                  % (name, values[name].shape, tuple(shape)))
 
 
-def _error_line(err):
-    lines = [line.strip() for line in str(err).splitlines() if 'Check failed' in line or 'Error in' in line]
-    return lines[0] if lines else str(err).splitlines()[0]
-
-
 def load_params(path):
     """``(arg_params, aux_params)`` of an MXNet ``.params`` file; `GraphError` if unreadable."""
     try:
         loaded = mx.nd.load(path)
     except mx.base.MXNetError as err:
-        raise GraphError("cannot read parameters from '%s': %s" % (path, _error_line(err)))
+        raise GraphError("cannot read parameters from '%s': %s" % (path, error_line(err)))
     if not isinstance(loaded, dict):
         raise GraphError("'%s' holds unnamed arrays, not a parameter dictionary" % path)
     arg_params, aux_params = {}, {}

@@ -234,3 +234,16 @@ def test_bfloat16_values_never_leak_as_uint16():
     x = cast(mx.nd.array([1.5, -2.25]), 'bfloat16')
     assert x.dtype == BFLOAT16
     assert to_float32_numpy(x).tolist() == [1.5, -2.25]
+
+
+def test_amp_multicast_in_the_graph_unifies_like_widest():
+    data = mx.sym.var('data')
+    anchors = mx.sym.var('anchors')
+    boxes = mx.sym.FullyConnected(data, num_hidden=4, name='fc')
+    a, b = mx.sym.amp_multicast(boxes, anchors, num_outputs=2, name='multicast')
+    out = mx.sym.Concat(a, b, dim=1, name='concat')
+    conversion = convert_graph(out, Policy('float16'))
+    assert conversion.node_precision['multicast'] == 'float32'
+    _, out_types, _ = conversion.symbol.infer_type(data=np.float32, anchors=np.float32)
+    assert out_types == [np.float32]
+    assert check_graph(conversion.symbol, Policy('float16')) == []

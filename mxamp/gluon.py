@@ -1,0 +1,624 @@
+"""Mixed precision for Gluon: converting HybridBlocks in place, and their summary.
+
+This module owns :func:`convert` (the main entry point of mxamp) and
+:func:`summary`.  It has no precision rules of its own: every graph a converted
+block runs is the FP32 graph its ``hybrid_forward`` code builds, rewritten by
+:func:`mxamp.graph.convert_graph` under one :class:`mxamp.policy.Policy`, the
+same rewrite the Symbol path uses.
+
+How a block is converted
+------------------------
+``convert(net)`` keeps the Block object.  Every HybridBlock of the tree (the net
+and all its descendants) gets its class swapped for a generated subclass of
+its own class (same name, so ``isinstance`` and ``repr`` are unchanged) that
+adds mxamp's hooks; children, attribute paths and parameter names stay as
+they were.  The hooks:
+
+* graph building: the FP32 graph of ``hybrid_forward`` is built as usual, then
+  replaced by its mixed-precision rewrite before MXNet makes the CachedOp, so
+  the policy applies inside every block, users' own ``hybrid_forward`` code
+  included (a ``softmax`` or a ``sum`` runs in FP32);
+* imperative calls: a converted block always runs through its converted graph,
+  also when it is not hybridized or after ``hybridize(active=False)`` (the
+  policy only exists in graph form; running ``hybrid_forward`` on NDArrays
+  would silently compute everything in the parameters' dtype).  Python code in
+  ``hybrid_forward`` therefore runs once per graph build, as in hybridized
+  mode;
+* parameters: those consumed only by low-precision ops (``lp_params`` of the
+  rewrite) are stored in the target dtype, data and gradient; all others
+  (BatchNorm, LayerNorm, ... parameters and running statistics, anything
+  feeding an FP32 op or an excluded block) stay FP32.  Parameters whose shape
+  is still unknown (deferred initialisation) are initialised in FP32 by MXNet
+  at the first forward pass and cast right after;
+* checkpoints: ``save_parameters`` writes every parameter in FP32 (low
+  precision to FP32 is exact), so checkpoints are interchangeable with FP32
+  nets in both directions; ``load_parameters`` accepts FP32 checkpoints (FP32
+  parameters load bit-exactly, low-precision ones are rounded to nearest);
+* export: ``export`` writes the converted graph (its ``Cast`` nodes included)
+  with low-precision parameters in their dtype, loadable by
+  ``SymbolBlock.imports``;
+* ``cast()`` of a converted block raises (it would undo the conversion).
+
+float16 on a CPU
+----------------
+MXNet 1.9.1 has no float16 GEMM, convolution or fully-connected kernel on the
+CPU.  When a graph is built for a CPU context, those ops compute in FP32 between
+float16 casts (float16 storage, FP32 accumulation); mxamp warns once.  The
+decision is taken per graph build from the context of the inputs, and the
+graph is rebuilt when the block later runs on another device type.
+
+MXNet internals relied on (MXNet 1.9.1), each used in one place below:
+``HybridBlock._get_graph`` / ``_cached_graph`` (the hook that builds the graph),
+``_build_cache`` (deferred initialisation, then CachedOp), ``_call_cached_op``,
+``_cached_op``, ``_clear_cached_op``, ``_active``, ``_reg_params``,
+``_children``, ``Block._collect_params_with_prefix``, and ``Parameter._data`` /
+``_grad`` / ``_dtype`` / ``_var`` / ``_deferred_init``.
+"""
+import fnmatch
+import inspect
+import json
+import threading
+import warnings
+
+import numpy as np
+
+import mxnet as mx
+from mxnet import autograd
+from mxnet.gluon import Block, HybridBlock
+
+from . import graph as graph_mod
+from .dtypes import LOW_PRECISION, cast, dtype_name, numpy_dtype
+from .hardware import resolve_dtype
+from .policy import Policy
+
+__all__ = ['convert', 'summary', 'is_converted']
+
+_FLOAT32 = np.dtype(np.float32)
+_warned_float16_cpu = False
+_lock = threading.Lock()
+
+
+class _Settings(object):
+    """What one convert() call decided; shared by every block of the converted tree."""
+
+    def __init__(self, dtype, fp32_ops, lp_ops, exclude):
+        self.dtype = dtype
+        self.fp32_ops = tuple(fp32_ops)
+        self.lp_ops = tuple(lp_ops)
+        self.exclude = tuple(exclude)      # node-name patterns
+        self.lp_params = frozenset()       # parameter names stored in `dtype`
+
+    def policy(self, device_type):
+        return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
+                      exclude=self.exclude,
+                      emulate_float16=(self.dtype == 'float16' and device_type != 'gpu'))
+
+
+# --------------------------------------------------------------------------
+# Parameters
+
+def _param_dtype_name(param):
+    try:
+        return dtype_name(param.dtype)
+    except ValueError:
+        return None
+
+
+def _set_param_dtype(param, name):
+    """Store `param` (data and gradient, every context) in precision `name`.
+
+    MXNet's ``Parameter.cast`` goes through ``astype``; this goes through
+    ``mxamp.dtypes.cast`` (bfloat16-safe) and re-marks the arrays for autograd.
+    Relies on ``Parameter._dtype``, ``_data``, ``_grad`` (MXNet 1.9.1).
+    """
+    param._dtype = numpy_dtype(name)
+    if param._data is None:
+        return
+    with autograd.pause():
+        param._data = [_cast_plain(arr, name) for arr in param._data]
+        if param._grad is not None:
+            param._grad = [_cast_plain(arr, name) for arr in param._grad]
+            autograd.mark_variables(param._data, param._grad, param.grad_req)
+
+
+def _cast_plain(array, name):
+    """``cast`` that also works on arrays holding a oneDNN blocked layout.
+
+    MXNet 1.9.1 (oneDNN 2.4): after an FP32 inference pass, a grouped or
+    depthwise convolution weight keeps a blocked oneDNN layout, and ``amp_cast``
+    of it to bfloat16 fails later with "could not create a primitive descriptor
+    for a reorder primitive".  ``copy()`` returns the values in the default
+    layout first.
+    """
+    if array.dtype == numpy_dtype(name):
+        return array
+    return cast(array.copy(), name)
+
+
+def _ensure_fp32_var(param):
+    """Create (and cache) the parameter's graph variable as FP32.
+
+    ``Parameter.var()`` caches its Symbol on first use and declares the
+    parameter's *current* dtype in it.  Graph building must see the FP32 graph
+    (the rewrite declares the low-precision parameters itself), so the variable
+    is created while the parameter reads as FP32.  Relies on ``Parameter._var``
+    and ``_dtype``.
+    """
+    if param._var is None and _param_dtype_name(param) in LOW_PRECISION:
+        current = param._dtype
+        param._dtype = _FLOAT32
+        try:
+            param.var()
+        finally:
+            param._dtype = current
+
+
+def _sync_params(block):
+    """Give every initialised parameter of `block`'s tree its mxamp dtype."""
+    settings = block._mxamp_settings
+    for param in block.collect_params().values():
+        current = _param_dtype_name(param)
+        if current not in ('float32',) + LOW_PRECISION:
+            continue  # integer or otherwise special parameters are left alone
+        want = settings.dtype if param.name in settings.lp_params else 'float32'
+        if param._data is None:
+            continue  # deferred: MXNet creates it in FP32, cast after (see _build_cache)
+        if current != want:
+            _set_param_dtype(param, want)
+
+
+# --------------------------------------------------------------------------
+# The subclass every converted block gets
+
+class _Converted(object):
+    """Mixin placed first in the MRO of a converted block's class."""
+
+    _mxamp_converted = True
+
+    # MXNet 1.9.1: _get_graph(*args) builds (and caches in self._cached_graph)
+    # the tuple (input symbols, output Group) from hybrid_forward; _build_cache,
+    # infer_shape/infer_type and export all read the graph through it.
+    def _get_graph(self, *args):
+        if not self._cached_graph:
+            for param in self.collect_params().values():
+                _ensure_fp32_var(param)
+            inputs, fp32 = super(_Converted, self)._get_graph(*args)
+            device = _device_type(args) or _params_device_type(self)
+            try:
+                conversion = _rewrite(self, fp32, device)
+            except Exception:
+                self._cached_graph = ()
+                raise
+            self._mxamp_conversion = conversion
+            self._mxamp_device = device
+            self._cached_graph = inputs, conversion.symbol
+        return self._cached_graph
+
+    # MXNet 1.9.1: _build_cache finishes deferred initialisation (in the
+    # parameter's dtype, FP32 for a low-precision parameter not cast yet) and
+    # makes the CachedOp; arrays are fetched at call time, so casting after it
+    # is in time for the first call.
+    def _build_cache(self, *args):
+        super(_Converted, self)._build_cache(*args)
+        _sync_params(self)
+
+    # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
+    # None, then runs it.  A graph built for another device type (float16
+    # emulation on CPU vs GPU kernels) is rebuilt.
+    def _call_cached_op(self, *args):
+        device = _device_type(args)
+        if self._cached_graph and device and device != getattr(self, '_mxamp_device', device):
+            self._clear_cached_op()
+        return super(_Converted, self)._call_cached_op(*args)
+
+    def forward(self, x, *args):
+        # Not hybridized (or hybridize(active=False)): still run the converted
+        # graph.  MXNet's own forward runs hybrid_forward on NDArrays then,
+        # where no policy could apply.
+        if not self._active and isinstance(x, mx.nd.NDArray):
+            with x.context:
+                return self._call_cached_op(x, *args)
+        return super(_Converted, self).forward(x, *args)
+
+    def cast(self, dtype):
+        raise TypeError('%s was converted by mxamp to %s; cast() would override the '
+                        'precision policy (convert an FP32 copy of the net instead)'
+                        % (_describe(self), self._mxamp_settings.dtype))
+
+    def save_parameters(self, filename, deduplicate=False):
+        """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike."""
+        # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
+        # ('features.0.weight') that save_parameters/load_parameters use.
+        named = self._collect_params_with_prefix()
+        if deduplicate:
+            first = {}
+            for key in sorted(named):
+                first.setdefault(id(named[key]), key)
+            named = {key: named[key] for key in first.values()}
+        arrays = {}
+        for key, param in named.items():
+            value = param._reduce()
+            if param.name in self._mxamp_settings.lp_params:
+                value = cast(value, 'float32')
+            arrays[key] = value
+        mx.nd.save(filename, arrays)
+
+    def load_parameters(self, filename, ctx=None, allow_missing=False,
+                        ignore_extra=False, cast_dtype=False, dtype_source='current'):
+        """Load a checkpoint (FP32, as written by FP32 nets and by converted nets).
+
+        FP32 parameters load bit-exactly; low-precision ones are loaded in FP32
+        and rounded to the target dtype (round to nearest even).
+        """
+        low = [p for p in self.collect_params().values()
+               if _param_dtype_name(p) in LOW_PRECISION]
+        for param in low:
+            _set_param_dtype(param, 'float32')
+        try:
+            super(_Converted, self).load_parameters(
+                filename, ctx=ctx, allow_missing=allow_missing, ignore_extra=ignore_extra,
+                cast_dtype=cast_dtype, dtype_source=dtype_source)
+        finally:
+            for param in low:
+                _set_param_dtype(param, self._mxamp_settings.dtype)
+        _sync_params(self)
+
+
+_CLASSES = {}
+
+
+def _converted_class(cls):
+    """The generated subclass of `cls` (same name and module), created once per class."""
+    if issubclass(cls, _Converted):
+        return cls
+    with _lock:
+        klass = _CLASSES.get(cls)
+        if klass is None:
+            klass = type(cls.__name__, (_Converted, cls),
+                         {'__module__': cls.__module__,
+                          '__qualname__': getattr(cls, '__qualname__', cls.__name__),
+                          '__doc__': cls.__doc__})
+            _CLASSES[cls] = klass
+    return klass
+
+
+def is_converted(block):
+    """Whether `block` was converted by :func:`convert`."""
+    return isinstance(block, _Converted)
+
+
+# --------------------------------------------------------------------------
+# Graphs
+
+def _device_type(args):
+    for arg in _flat(args):
+        if isinstance(arg, mx.nd.NDArray):
+            return arg.context.device_type
+    return None
+
+
+def _flat(items):
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            for sub in _flat(item):
+                yield sub
+        else:
+            yield item
+
+
+def _params_device_type(block):
+    for param in block.collect_params().values():
+        ctxs = None
+        if param._data is not None:
+            ctxs = param.list_ctx()
+        elif param._deferred_init:
+            ctxs = param._deferred_init[1]
+        if ctxs:
+            return ctxs[0].device_type
+    return 'cpu'
+
+
+def _rewrite(block, fp32_symbol, device_type):
+    """Converted graph of `block`: mxamp.graph.convert_graph under the tree's policy."""
+    settings = block._mxamp_settings
+    policy = settings.policy(device_type)
+    if policy.emulate_float16:
+        _warn_float16_cpu()
+    names = set(fp32_symbol.list_inputs())
+    params = {p.name for p in block.collect_params().values()} & names
+    # Only parameters already chosen for low precision (by the whole tree, at
+    # convert time) may be declared in low precision: a child block called on
+    # its own must agree with its parents on each parameter's dtype.
+    candidates = params & settings.lp_params
+    # Every parameter variable declares its dtype (__dtype__): no input_types needed.
+    return graph_mod.convert_graph(fp32_symbol, policy, params=candidates)
+
+
+def _warn_float16_cpu():
+    global _warned_float16_cpu
+    if not _warned_float16_cpu:
+        _warned_float16_cpu = True
+        warnings.warn('mxamp: float16 on a CPU: MXNet 1.9.1 has no float16 convolution, '
+                      'fully-connected or GEMM kernels on CPU, so these ops compute in FP32 '
+                      'between float16 casts (float16 storage, FP32 accumulation, like '
+                      'tensor cores); other ops run in float16', RuntimeWarning, stacklevel=4)
+
+
+def _input_names(block):
+    """Graph input names for a symbolic build of `block`, from hybrid_forward's signature."""
+    try:
+        signature = inspect.signature(block.hybrid_forward)
+    except (TypeError, ValueError):
+        return ['data']
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.name not in block._reg_params]
+    required = [p for p in positional[1:] if p.default is p.empty]  # [0] is F
+    count = max(1, len(required))
+    return ['data'] if count == 1 else ['data%d' % i for i in range(count)]
+
+
+def _fp32_graph(block):
+    """The FP32 symbol of `block`, built symbolically (no shapes or data needed)."""
+    for param in block.collect_params().values():
+        _ensure_fp32_var(param)
+    inputs = [mx.sym.var(name) for name in _input_names(block)]
+    # Symbol inputs make HybridBlock.forward (ours too) call hybrid_forward
+    # with F=mx.sym, without touching any cached graph.
+    try:
+        out = HybridBlock.forward(block, *inputs)
+    except Exception as err:  # any failure means the block cannot be traced
+        raise TypeError('%s cannot be turned into a graph (its hybrid_forward must work with '
+                        'F=mx.sym, as for hybridize()), so mxamp cannot convert it: %s: %s'
+                        % (_describe(block), type(err).__name__, _first_line(err)))
+    outputs = list(_flat([out])) if isinstance(out, (list, tuple)) else [out]
+    if not all(isinstance(o, mx.sym.Symbol) for o in outputs):
+        raise TypeError('%s returns non-Symbol outputs when traced; mxamp cannot convert it'
+                        % _describe(block))
+    return mx.sym.Group(outputs)
+
+
+def _first_line(err):
+    text = str(err).strip().splitlines()
+    for line in text:
+        if 'Error' in line or 'Check failed' in line:
+            return line.strip()
+    return text[0].strip() if text else ''
+
+
+def _describe(block):
+    return "%s '%s'" % (type(block).__name__, block.name)
+
+
+# --------------------------------------------------------------------------
+# exclude=
+
+def _exclude_patterns(net, exclude, node_names):
+    """Node-name patterns for Policy(exclude=...) from blocks, block types and names."""
+    if exclude is None:
+        return []
+    if isinstance(exclude, (str, type, Block)):
+        exclude = [exclude]
+    blocks = list(_walk(net))
+    patterns = []
+    for item in exclude:
+        if isinstance(item, type):
+            if not issubclass(item, Block):
+                raise TypeError('exclude=%r: a type in exclude must be a Block subclass' % (item,))
+            found = [b for b in blocks if isinstance(b, item)]
+            if not found:
+                raise ValueError('exclude=%s: the net has no block of that type' % item.__name__)
+            patterns.extend(b.prefix + '*' for b in found)
+        elif isinstance(item, Block):
+            if not any(b is item for b in blocks):
+                raise ValueError('exclude: %s is not part of the net' % _describe(item))
+            patterns.append(item.prefix + '*')
+        elif isinstance(item, str):
+            block = _find_block(net, blocks, item)
+            if block is not None:
+                patterns.append(block.prefix + '*')
+            else:
+                pattern = item
+                if not any(name == pattern or fnmatch.fnmatchcase(name, pattern)
+                           for name in node_names):
+                    raise ValueError("exclude=%r matches no block (by name, prefix or child "
+                                     "path such as 'features.3') and no graph node" % item)
+                patterns.append(pattern)
+        else:
+            raise TypeError('exclude=%r: expected blocks, block types or names' % (item,))
+    return patterns
+
+
+def _walk(block):
+    yield block
+    for child in block._children.values():
+        for sub in _walk(child):
+            yield sub
+
+
+def _find_block(net, blocks, text):
+    for block in blocks:
+        if text in (block.name, block.prefix):
+            return block
+    node = net
+    for part in text.split('.'):
+        children = node._children
+        if part in children:
+            node = children[part]
+        else:
+            return None
+    return node if node is not net else None
+
+
+# --------------------------------------------------------------------------
+# Public API
+
+def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
+    """Convert a Gluon HybridBlock to mixed precision, in place; returns `net`.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.HybridBlock
+        An FP32 network, initialised or not (deferred initialisation is fine).
+    dtype : str
+        ``'auto'`` (float16 on a GPU, bfloat16 on a CPU; decided from the
+        context of the net's parameters, else from the machine), ``'float16'``
+        or ``'bfloat16'`` (aliases ``'fp16'``, ``'bf16'``...).  ``'float32'``
+        leaves `net` untouched.
+    exclude : block, block type, str, or a list of them
+        Blocks kept entirely in FP32 (their ops and parameters): Block objects,
+        Block subclasses (every block of that type), block names or prefixes
+        (``'resnetv1b0_layer4'``), child paths (``'features.3'``), or
+        ``fnmatch`` patterns on graph node names.
+    fp32_ops, lp_ops : list of str
+        MXNet operator names forced to FP32 / to low precision.
+
+    Returns
+    -------
+    net, converted: the same object, its class swapped for a generated
+    subclass of the same name; see the module documentation.
+
+    Raises
+    ------
+    TypeError
+        `net` is not a HybridBlock, or its ``hybrid_forward`` cannot be traced
+        symbolically.
+    ValueError
+        Unknown dtype or operator name, an `exclude` entry that matches nothing,
+        a net that is already converted.
+    """
+    if not isinstance(net, HybridBlock):
+        raise TypeError('mxamp.convert needs a gluon HybridBlock (the precision policy works on '
+                        'its graph); got %s. Use HybridSequential/HybridBlock, or convert its '
+                        'HybridBlock children one by one' % (
+                            _describe(net) if isinstance(net, Block) else type(net).__name__))
+    if isinstance(net, mx.gluon.SymbolBlock):
+        raise TypeError('mxamp.convert does not convert a SymbolBlock; convert its symbol '
+                        'with mxamp.graph.convert_graph instead')
+    if is_converted(net):
+        raise ValueError('%s is already converted by mxamp (to %s)'
+                         % (_describe(net), net._mxamp_settings.dtype))
+    ctxs = _net_contexts(net)
+    name = resolve_dtype(dtype, ctxs[0] if ctxs else None)
+    if name == 'float32':
+        return net
+    fp32 = _fp32_graph(net)
+    node_names = [n['name'] for n in json.loads(fp32.tojson())['nodes'] if n['op'] != 'null']
+    patterns = _exclude_patterns(net, exclude, node_names)
+    settings = _Settings(name, fp32_ops or (), lp_ops or (), patterns)
+    policy = settings.policy(ctxs[0].device_type if ctxs else 'cpu')  # validates op names
+    # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
+    params = {p.name for p in net.collect_params().values()
+              if _param_dtype_name(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
+    conversion = graph_mod.convert_graph(fp32, policy, params=params & set(fp32.list_inputs()))
+    settings.lp_params = conversion.lp_params
+    for block in _walk(net):
+        if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
+            block.__class__ = _converted_class(type(block))
+            block._mxamp_settings = settings
+            block._mxamp_conversion = None
+        block._clear_cached_op()
+    _sync_params(net)
+    return net
+
+
+def _net_contexts(net):
+    for param in net.collect_params().values():
+        if param._data is not None:
+            return param.list_ctx()
+        if param._deferred_init:
+            return list(param._deferred_init[1])
+    return []
+
+
+def _conversion_of(net):
+    if not is_converted(net):
+        raise TypeError('%s is not converted by mxamp: call mxamp.convert(net) first'
+                        % (_describe(net) if isinstance(net, Block) else type(net).__name__))
+    if getattr(net, '_mxamp_conversion', None) is not None and net._cached_graph:
+        return net._mxamp_conversion, net._mxamp_device
+    device = _params_device_type(net)
+    return _rewrite(net, _fp32_graph(net), device), device
+
+
+def summary(net, print_fn=print):
+    """Print, and return, which ops of a converted net run in which dtype and where casts sit.
+
+    One row per operator of the converted graph (the graph the net last ran,
+    or a symbolic build of it): node name, operator, precision it computes in,
+    and the casts on its inputs.  Totals follow: ops per precision, casts per
+    direction, parameters per storage dtype.
+
+    Parameters
+    ----------
+    net : HybridBlock
+        A net returned by :func:`convert`.
+    print_fn : callable or None
+        Called with the text; None prints nothing.
+
+    Returns
+    -------
+    str
+    """
+    conversion, device = _conversion_of(net)
+    settings = net._mxamp_settings
+    policy = settings.policy(device)
+    graph = json.loads(conversion.symbol.tojson(remove_amp_cast=False))
+    nodes = graph['nodes']
+    suffix = graph_mod.CAST_SUFFIX
+    rows = []
+    counts = {}
+    for node in nodes:
+        if node['op'] == 'null' or suffix in node['name']:
+            continue
+        name = node['name']
+        precision = conversion.node_precision.get(name, 'float32')
+        if precision != 'float32' and policy.computes_in_float32(node['op']):
+            shown = 'float32 (%s storage)' % precision
+            counts['float32 (emulated %s)' % precision] = counts.get(
+                'float32 (emulated %s)' % precision, 0) + 1
+        else:
+            shown = precision
+            counts[precision] = counts.get(precision, 0) + 1
+        casts = []
+        for src, _, _ in node['inputs']:
+            source = nodes[src]
+            if suffix in source['name']:
+                origin = nodes[source['inputs'][0][0]]['name']
+                casts.append('%s->%s' % (origin, source['attrs']['dtype']))
+        rows.append((name, node['op'], shown, ', '.join(casts)))
+    heads = []
+    for nid, _, _ in graph['heads']:
+        if suffix in nodes[nid]['name']:
+            heads.append('%s->%s' % (nodes[nodes[nid]['inputs'][0][0]]['name'],
+                                     nodes[nid]['attrs']['dtype']))
+    widths = [max([len(r[i]) for r in rows] + [len(h)])
+              for i, h in enumerate(('node', 'op', 'computes in', 'casts on inputs'))]
+    widths[3] = 0
+    fmt = '  '.join('%%-%ds' % w for w in widths[:3]) + '  %s'
+    lines = ['mxamp summary: %s converted to %s (graph built for %s%s)'
+             % (_describe(net), settings.dtype, device or 'cpu',
+                ', float16 GEMMs emulated in FP32' if policy.emulate_float16 else ''),
+             fmt % ('node', 'op', 'computes in', 'casts on inputs'),
+             fmt % (tuple('-' * w for w in widths[:3]) + ('-' * 15,))]
+    lines.extend((fmt % row).rstrip() for row in rows)
+    if heads:
+        lines.append('outputs cast back: %s' % ', '.join(heads))
+    lines.append('ops: ' + ', '.join('%d %s' % (n, k) for k, n in sorted(counts.items())))
+    lines.append('casts: ' + (', '.join('%d %s->%s' % (n, a, b)
+                                        for (a, b), n in sorted(conversion.casts.items()))
+                              or 'none'))
+    by_dtype = {}
+    for param in net.collect_params().values():
+        key = _param_dtype_name(param) or str(param.dtype)
+        count, size = by_dtype.get(key, (0, 0))
+        shape = param.shape or ()
+        known = all(d > 0 for d in shape)
+        elems = int(np.prod(shape)) if known else 0
+        by_dtype[key] = (count + 1, size + elems)
+    lines.append('parameters: ' + ', '.join(
+        '%d in %s (%s values)' % (n, k, format(v, ',')) for k, (n, v) in sorted(by_dtype.items())))
+    text = '\n'.join(lines)
+    if print_fn is not None:
+        print_fn(text)
+    return text

@@ -1,0 +1,430 @@
+"""Tests of mxamp.gluon: converting Gluon HybridBlocks in place, and summary().
+
+Closeness to FP32: outputs are compared as max|converted - fp32| / max|fp32|
+(error normalised by the output scale), against 32 units of roundoff of the
+target dtype (bfloat16: 32 * 2**-8 = 0.125, float16: 32 * 2**-11 = 0.0156).  A
+deep net rounds once per layer; errors of 1-30 units are what we measure on
+random-weight nets.  Where a test needs exact equality (checkpoints, export) it
+says so.
+"""
+import warnings
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+from mxnet.gluon import nn
+
+import mxamp.gluon as mg
+import mxamp.optimizer as mo
+from mxamp.dtypes import BFLOAT16, cast, dtype_name, to_float32_numpy
+
+DTYPES = ['bfloat16', 'float16']
+UNIT_ROUNDOFF = {'bfloat16': 2.0 ** -8, 'float16': 2.0 ** -11}
+
+
+def tolerance(dtype):
+    return 32 * UNIT_ROUNDOFF[dtype]
+
+
+def rel_err(got, ref):
+    got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def dname(param):
+    """Precision name of a Parameter ('bfloat16', not the raw struct)."""
+    return dtype_name(param.dtype)
+
+
+@pytest.fixture(autouse=True)
+def quiet_float16_warning():
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='mxamp: float16 on a CPU')
+        yield
+
+
+def small_cnn(in_channels=0):
+    """Conv/BN/Dense net; in_channels=0 gives deferred initialisation."""
+    net = nn.HybridSequential()
+    with net.name_scope():
+        net.add(nn.Conv2D(8, 3, padding=1, in_channels=in_channels),
+                nn.BatchNorm(in_channels=8 if in_channels else 0),
+                nn.Activation('relu'),
+                nn.Conv2D(8, 3, padding=1, in_channels=8 if in_channels else 0),
+                nn.BatchNorm(in_channels=8 if in_channels else 0), nn.Activation('relu'),
+                nn.GlobalAvgPool2D(),
+                nn.Dense(5, in_units=8 if in_channels else 0))
+    return net
+
+
+def make(seed=0, in_channels=3):
+    mx.random.seed(seed)
+    net = small_cnn(in_channels)
+    net.initialize(mx.init.Xavier(rnd_type='gaussian', factor_type='in', magnitude=2))
+    return net
+
+
+def data(shape=(2, 3, 16, 16), seed=1):
+    return mx.nd.array(np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32))
+
+
+def trainer_for(net, lr=0.1):
+    return gluon.Trainer(net.collect_params(), mo.create('sgd', learning_rate=lr, momentum=0.9))
+
+
+def train_step(net, x, trainer):
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    # Workaround (see report): mxamp.optimizer writes bfloat16 weights with
+    # amp_cast(out=weight), which races with oneDNN's weight reorders of the
+    # pending forward/backward ("could not create a primitive descriptor for a
+    # reorder primitive").  Synchronising first avoids it.
+    mx.nd.waitall()
+    trainer.step(x.shape[0])
+    mx.nd.waitall()
+    return loss
+
+
+# ---------------------------------------------------------------------------
+# Structure, dtypes, outputs
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_convert_in_place_keeps_structure_and_names(dtype):
+    net = make()
+    x = data()
+    ref = net(x).asnumpy()
+    names = list(net.collect_params().keys())
+    children = list(net._children.values())
+    klass = type(net)
+    out = mg.convert(net, dtype)
+    assert out is net and mg.is_converted(net)
+    assert isinstance(net, klass) and type(net).__name__ == klass.__name__
+    assert list(net._children.values()) == children and net[3] is children[3]
+    assert list(net.collect_params().keys()) == names
+    got = net(x)
+    assert got.dtype == np.float32
+    assert rel_err(got.asnumpy(), ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_parameter_dtypes(dtype):
+    net = make()
+    mg.convert(net, dtype)
+    net(data())
+    conv, bn, dense = net[0], net[1], net[7]
+    assert dname(conv.weight) == dtype and dname(conv.bias) == dtype
+    assert dname(dense.weight) == dtype
+    for p in (bn.gamma, bn.beta, bn.running_mean, bn.running_var):
+        assert dname(p) == 'float32', p.name
+    # gradients are stored like their parameters
+    assert dtype_name(conv.weight.grad().dtype) == dtype
+    assert dtype_name(bn.gamma.grad().dtype) == 'float32'
+
+
+def test_bfloat16_never_shows_raw_uint16():
+    net = make()
+    mg.convert(net, 'bf16')  # alias accepted
+    assert net[0].weight.dtype == BFLOAT16
+    assert dtype_name(net[0].weight.dtype) == 'bfloat16'
+    assert 'bfloat16' in mg.summary(net, print_fn=None)
+    out = net(data())
+    assert out.dtype == np.float32  # outputs come back in FP32
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_deferred_initialisation(dtype):
+    """Shapes unknown at convert time: params are created FP32 then cast."""
+    mx.random.seed(0)
+    net = small_cnn(in_channels=0)
+    net.initialize()
+    mg.convert(net, dtype)
+    assert net[0].weight._data is None  # still deferred
+    out = net(data())
+    assert out.dtype == np.float32
+    assert dname(net[0].weight) == dtype and dname(net[1].gamma) == 'float32'
+    assert net[0].weight.shape == (8, 3, 3, 3)
+
+
+def test_convert_before_initialize():
+    net = small_cnn(in_channels=3)
+    mg.convert(net, 'bfloat16')
+    net.initialize()
+    net(data())
+    assert dname(net[0].weight) == 'bfloat16' and dname(net[1].gamma) == 'float32'
+
+
+# ---------------------------------------------------------------------------
+# Policy inside users' own blocks
+
+class Custom(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super(Custom, self).__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(6, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        p = F.softmax(h, axis=-1)
+        s = F.sum(F.exp(h), axis=-1, keepdims=True)
+        return F.broadcast_mul(p, s) + F.relu(h)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_custom_block_softmax_sum_exp_run_in_fp32(dtype):
+    mx.random.seed(0)
+    net = Custom()
+    net.initialize()
+    x = data((3, 4))
+    ref = net(x).asnumpy()
+    mg.convert(net, dtype)
+    got = net(x)
+    assert got.dtype == np.float32
+    assert rel_err(got.asnumpy(), ref) < tolerance(dtype)
+    conversion = net._mxamp_conversion
+    by_op = {}
+    for node, op in conversion.node_op.items():
+        by_op.setdefault(op, set()).add(conversion.node_precision[node])
+    assert by_op['softmax'] == {'float32'}
+    assert by_op['sum'] == {'float32'}
+    assert by_op['exp'] == {'float32'}
+    assert by_op['FullyConnected'] == {dtype}
+    assert dname(net.dense.weight) == dtype
+    text = mg.summary(net, print_fn=None)
+    assert 'softmax' in text and 'float32' in text
+
+
+def test_child_called_directly_uses_the_policy():
+    net = make()
+    mg.convert(net, 'bfloat16')
+    net(data())
+    inner = net[7]  # the Dense layer, called on its own
+    out = inner(mx.nd.ones((2, 8)))
+    assert out.dtype == np.float32
+    assert mg.is_converted(inner)
+
+
+# ---------------------------------------------------------------------------
+# Training
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('hybridize', [True, False])
+def test_training_step_changes_weights(dtype, hybridize):
+    net = make()
+    mg.convert(net, dtype)
+    if hybridize:
+        net.hybridize(static_alloc=True)
+    x = data()
+    trainer = trainer_for(net)
+    before = {k: to_float32_numpy(p.data()).copy() for k, p in net.collect_params().items()}
+    loss = train_step(net, x, trainer)
+    assert np.isfinite(loss.asnumpy()).all()
+    changed = [k for k, p in net.collect_params().items()
+               if p.grad_req != 'null' and (to_float32_numpy(p.data()) != before[k]).any()]
+    trainable = [k for k, p in net.collect_params().items() if p.grad_req != 'null']
+    assert sorted(changed) == sorted(trainable)
+    assert dname(net[0].weight) == dtype  # still stored in low precision
+
+
+def test_loss_decreases_float16_on_cpu():
+    """float16 pipeline (emulated GEMMs, float16 storage) trains on CPU."""
+    net = make()
+    mg.convert(net, 'float16')
+    net.hybridize()
+    x = data((8, 3, 16, 16))
+    y = mx.nd.array(np.arange(8) % 5)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    trainer = trainer_for(net, lr=0.05)
+    losses = []
+    for _ in range(8):
+        with autograd.record():
+            loss = loss_fn(net(x), y).mean()
+        loss.backward()
+        mx.nd.waitall()
+        trainer.step(1)
+        losses.append(float(loss.asscalar()))
+    assert losses[-1] < losses[0]
+
+
+def test_hybridize_after_convert_and_inactive_keep_policy():
+    net = make()
+    x = data()
+    mg.convert(net, 'bfloat16')
+    plain = net(x).asnumpy()                      # not hybridized: graph path
+    net.hybridize(static_alloc=True, static_shape=True)
+    hybrid = net(x).asnumpy()
+    net.hybridize(active=False)
+    inactive = net(x).asnumpy()
+    np.testing.assert_array_equal(plain, hybrid)
+    np.testing.assert_array_equal(plain, inactive)
+    assert net._mxamp_conversion.node_precision  # the converted graph ran
+    assert dname(net[0].weight) == 'bfloat16'
+
+
+def test_float16_on_cpu_warns_once(monkeypatch):
+    monkeypatch.setattr(mg, '_warned_float16_cpu', False)
+    net = make()
+    mg.convert(net, 'float16')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        net(data())
+        net.hybridize()
+        net(data())
+    messages = [str(w.message) for w in caught if 'float16 on a CPU' in str(w.message)]
+    assert len(messages) == 1
+    assert 'FP32' in messages[0]
+    text = mg.summary(net, print_fn=None)
+    assert 'float32 (float16 storage)' in text  # convolutions computed in FP32
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints and export
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_checkpoint_round_trip_fp32_and_converted(tmp_path, dtype):
+    fp32 = make(seed=0)
+    fp32(data())
+    path = str(tmp_path / 'fp32.params')
+    fp32.save_parameters(path)
+
+    converted = make(seed=5)          # other weights, overwritten by the load
+    mg.convert(converted, dtype)
+    converted(data())
+    converted.load_parameters(path)
+    src = fp32.collect_params()
+    for (name, p), (_, q) in zip(converted.collect_params().items(), src.items()):
+        if dname(p) == 'float32':     # FP32 parameters: bit-exact
+            np.testing.assert_array_equal(p.data().asnumpy(), q.data().asnumpy(), err_msg=name)
+        else:                         # low precision: the rounded FP32 value
+            assert dname(p) == dtype
+            expected = to_float32_numpy(cast(q.data(), dtype))
+            np.testing.assert_array_equal(to_float32_numpy(p.data()), expected, err_msg=name)
+
+    # converted -> FP32 checkpoint, loaded by a plain FP32 net
+    train_step(converted, data(), trainer_for(converted))
+    back = str(tmp_path / 'converted.params')
+    converted.save_parameters(back)
+    assert all(v.dtype == np.float32 for v in mx.nd.load(back).values())
+    plain = make(seed=7)
+    plain.load_parameters(back)
+    for (name, p), (_, q) in zip(plain.collect_params().items(),
+                                 converted.collect_params().items()):
+        np.testing.assert_array_equal(p.data().asnumpy(), to_float32_numpy(q.data()),
+                                      err_msg=name)
+    # and loaded back into a converted net: identical values again
+    again = make(seed=9)
+    mg.convert(again, dtype)
+    again.load_parameters(back)
+    for (name, p), (_, q) in zip(again.collect_params().items(),
+                                 converted.collect_params().items()):
+        assert p.dtype == q.dtype
+        np.testing.assert_array_equal(to_float32_numpy(p.data()), to_float32_numpy(q.data()),
+                                      err_msg=name)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_export_imports_same_outputs(tmp_path, dtype):
+    net = make()
+    mg.convert(net, dtype)
+    net.hybridize()
+    x = data()
+    out = net(x).asnumpy()
+    prefix = str(tmp_path / 'model')
+    net.export(prefix)
+    symbol_text = open(prefix + '-symbol.json').read()
+    assert '_mxamp_cast_' in symbol_text  # Cast nodes survive export
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        loaded = gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'],
+                                           prefix + '-0000.params')
+    again = loaded(x)
+    assert again.dtype == np.float32
+    np.testing.assert_allclose(again.asnumpy(), out, rtol=1e-6, atol=1e-6)
+    params = loaded.collect_params()
+    assert dtype_name(params[net[0].weight.name].dtype) == dtype
+    assert dtype_name(params[net[1].gamma.name].dtype) == 'float32'
+
+
+# ---------------------------------------------------------------------------
+# exclude=
+
+@pytest.mark.parametrize('how', ['object', 'type', 'name', 'path'])
+def test_exclude_keeps_blocks_in_fp32(how):
+    net = make()
+    dense = net[7]
+    target = {'object': dense, 'type': nn.Dense, 'name': dense.name, 'path': '7'}[how]
+    mg.convert(net, 'bfloat16', exclude=target)
+    net(data())
+    assert dname(dense.weight) == 'float32' and dname(dense.bias) == 'float32'
+    assert dname(net[0].weight) == 'bfloat16'
+    precision = net._mxamp_conversion.node_precision
+    assert [v for k, v in precision.items() if k.startswith(dense.prefix)] == ['float32']
+    assert precision[net[0].prefix + 'fwd'] == 'bfloat16'
+
+
+def test_exclude_unknown_raises():
+    with pytest.raises(ValueError, match='matches no block'):
+        mg.convert(make(), 'bfloat16', exclude='no_such_block')
+    with pytest.raises(ValueError, match='no block of that type'):
+        mg.convert(make(), 'bfloat16', exclude=nn.LayerNorm)
+
+
+def test_fp32_ops_and_lp_ops_options():
+    net = make()
+    mg.convert(net, 'bfloat16', fp32_ops=['FullyConnected'])
+    net(data())
+    assert dname(net[7].weight) == 'float32' and dname(net[0].weight) == 'bfloat16'
+    with pytest.raises(ValueError, match='not registered'):
+        mg.convert(make(), 'bfloat16', fp32_ops=['NoSuchOp'])
+
+
+# ---------------------------------------------------------------------------
+# Errors and corner cases
+
+class NotTraceable(gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        return x * float(x.asnumpy().sum())
+
+
+class Imperative(gluon.Block):
+    def forward(self, x):
+        return x
+
+
+def test_errors():
+    with pytest.raises(TypeError, match='HybridBlock'):
+        mg.convert(Imperative(), 'bfloat16')
+    with pytest.raises(TypeError, match='cannot be turned into a graph'):
+        mg.convert(NotTraceable(), 'bfloat16')
+    with pytest.raises(ValueError, match='unknown dtype'):
+        mg.convert(make(), 'int8')
+    net = mg.convert(make(), 'bfloat16')
+    with pytest.raises(ValueError, match='already converted'):
+        mg.convert(net, 'float16')
+    with pytest.raises(TypeError, match='cast'):
+        net.cast('float16')
+    with pytest.raises(TypeError, match='not converted'):
+        mg.summary(make())
+
+
+def test_float32_is_a_no_op():
+    net = make()
+    klass = type(net)
+    assert mg.convert(net, 'float32') is net and type(net) is klass
+
+
+def test_auto_on_cpu_is_bfloat16():
+    net = mg.convert(make(), 'auto')
+    assert net._mxamp_settings.dtype == 'bfloat16'
+
+
+def test_summary_lists_ops_dtypes_and_casts(capsys):
+    net = mg.convert(make(), 'bfloat16')
+    text = mg.summary(net)                     # before any forward: symbolic build
+    assert text == capsys.readouterr().out.rstrip('\n')
+    assert 'Convolution' in text and 'BatchNorm' in text
+    assert 'data->bfloat16' in text            # the input cast
+    assert 'outputs cast back' in text
+    assert 'casts: ' in text and 'float32->bfloat16' in text
+    assert 'parameters: ' in text
