@@ -5,6 +5,12 @@ import os
 import re
 
 import pytest
+from hypothesis import settings
+
+# CI must be reproducible: the same examples on every run (a developer's run explores).
+settings.register_profile('ci', derandomize=True, deadline=None, print_blob=True)
+if os.environ.get('CI'):
+    settings.load_profile('ci')
 
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', 'shared'))
 CORPUS = os.path.join(SHARED, 'corpus', 'symbols')
