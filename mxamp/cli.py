@@ -11,6 +11,7 @@ import os
 import sys
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL_ERROR = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +112,10 @@ def main(argv=None):
     except (GraphError, ValueError, OSError) as err:
         sys.stderr.write('mxamp: error: %s\n' % str(err).splitlines()[0])
         return EXIT_BAD_INPUT
+    except Exception as err:  # a bug of mxamp's: still one line, never a traceback
+        lines = str(err).splitlines() or ['']
+        sys.stderr.write('mxamp: internal error (please report): %s: %s\n' % (type(err).__name__, lines[0]))
+        return EXIT_INTERNAL_ERROR
     return 0
 
 

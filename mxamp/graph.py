@@ -30,6 +30,14 @@ from .policy import FLOAT32, LOW
 # Tag on every Cast node mxamp inserts: how an already-converted graph is recognised.
 CAST_SUFFIX = '_mxamp_cast_'
 
+# Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a slow generic
+# one, while ``Activation`` with the same act_type runs through oneDNN.  Measured
+# on a (16, 256, 56, 56) bfloat16 tensor, forward (this project's CPU, avx512_bf16):
+# relu 99 ms vs 2.7 ms, sigmoid 369 vs 5.8, tanh 629 vs 6.5 (FP32 op: 33, 89, 262).
+# The rewrite runs them as ``Activation`` nodes (same name, same math) when they
+# compute in bfloat16.
+ONEDNN_ACTIVATIONS = {'relu': 'relu', 'sigmoid': 'sigmoid', 'tanh': 'tanh'}
+
 
 class GraphError(ValueError):
     """A graph mxamp cannot convert; the message names the node or operator."""
@@ -94,7 +102,15 @@ def load_graph(source):
         symbol = mx.sym.load_json(json.dumps(source))
     except mx.base.MXNetError as err:
         raise GraphError('MXNet cannot load the graph: %s' % error_line(err))
-    return json.loads(symbol.tojson(remove_amp_cast=False))
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    # MXNet's loader does not check output indices against the producer's outputs.
+    counts = _output_counts(graph)
+    for node in graph['nodes']:
+        for src, k, _ in node['inputs']:
+            if k >= counts[src]:
+                raise GraphError("node '%s': input %d of node '%s' does not exist (it has %d)"
+                                 % (node['name'], k, graph['nodes'][src]['name'], counts[src]))
+    return graph
 
 
 def _valid_entry(entry, limit):
@@ -106,11 +122,12 @@ def _valid_entry(entry, limit):
 
 def error_line(err):
     """The informative line of an MXNetError (its message spans a C++ traceback)."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
+    lines = [line.strip() for line in str(err).splitlines()
+             if line.strip() and not line.strip().startswith(('Traceback', 'File ', '[bt]', 'Stack trace'))]
     for line in lines:
         if 'Check failed' in line or 'Error' in line:
-            return line.strip()
-    return lines[0].strip() if lines else type(err).__name__
+            return line
+    return lines[-1] if lines else type(err).__name__
 
 
 def _symbol_from_graph(graph):
@@ -325,6 +342,11 @@ def convert_graph(source, policy, params=(), input_types=None):
             else:
                 states.append(run_in)
         new_node = dict(node, inputs=[[e[0], e[1], 0] for e in inputs])
+        act_type = ONEDNN_ACTIVATIONS.get(policy_mod.canonical(op))
+        if act_type is not None and run_in == 'bfloat16':
+            hidden = {k: v for k, v in attrs.items() if k.startswith('__')}
+            new_node['op'] = op = 'Activation'
+            new_node['attrs'] = dict(hidden, act_type=act_type)
         new_id = out.add(new_node, states)
         node_precision[node['name']] = run_in or 'float32'
         node_op[node['name']] = op
