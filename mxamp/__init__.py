@@ -11,7 +11,7 @@ from . import hardware
 # Before any oneDNN primitive exists: oneDNN reads its ISA limit once, at the first one.
 hardware.enable_amx()
 
-from . import optimizer  # noqa: E402
+from . import diagnose, optimizer  # noqa: E402
 from .gluon import convert, summary  # noqa: E402
 from .graph import GraphError  # noqa: E402
 from .optimizer import MultiPrecision  # noqa: E402
@@ -20,4 +20,4 @@ from .trainer import LossScaler, Trainer  # noqa: E402
 
 __version__ = '0.1.0'
 __all__ = ['convert', 'summary', 'convert_symbol', 'convert_model', 'Trainer', 'LossScaler', 'MultiPrecision',
-           'GraphError', 'optimizer']
+           'GraphError', 'diagnose', 'optimizer']

@@ -1,0 +1,150 @@
+"""Locating non-finite values: which gradients, which layer's output first.
+
+When dynamic loss scaling keeps skipping steps down to its floor, the cause is
+usually one layer whose low-precision output overflows.  These functions name
+it:
+
+- `nonfinite_gradients` lists the parameters whose gradients hold inf or NaN
+  (one host sync per parameter: for error paths, not for every step);
+- `first_nonfinite_output` re-runs a forward pass op by op, keeping every
+  intermediate tensor, and returns the first node (in execution order) whose
+  output is not finite.  It works on converted Gluon networks and on symbols.
+
+Example
+-------
+>>> try:
+...     trainer.step(batch_size)
+... except FloatingPointError:
+...     print(mxamp.diagnose.first_nonfinite_output(net, x))
+{'node': 'resnetv1b0_layer4_conv2_fwd', 'op': 'Convolution', 'dtype': 'float16', ...}
+"""
+import contextlib
+import json
+import os
+
+import numpy as np
+
+import mxnet as mx
+
+from .dtypes import dtype_name, to_float32_numpy
+from .graph import CAST_SUFFIX
+
+__all__ = ['nonfinite_gradients', 'first_nonfinite_output']
+
+
+def nonfinite_gradients(params):
+    """Names of the parameters whose gradient (on any context) holds inf or NaN.
+
+    Parameters
+    ----------
+    params : ParameterDict, dict or iterable of gluon.Parameter
+        Parameters with ``grad_req != 'null'`` are checked.
+
+    Returns
+    -------
+    list of str
+        In the order of `params`.  Forces one host sync per parameter.
+    """
+    if hasattr(params, 'values'):
+        params = params.values()
+    names = []
+    for param in params:
+        if param.grad_req == 'null' or param._data is None:
+            continue
+        if any(not np.isfinite(to_float32_numpy(grad)).all() for grad in param.list_grad()):
+            names.append(param.name)
+    return names
+
+
+def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
+    """The first node of a forward pass whose output holds inf or NaN, or None.
+
+    Parameters
+    ----------
+    net : HybridBlock or mx.sym.Symbol
+        A Gluon network (converted by mxamp or not; it is run once, so its graph
+        exists) or a symbol.
+    *inputs : NDArray
+        The forward pass's inputs, in the order of the network's inputs (for a
+        symbol: the order of its non-parameter arguments).
+    arg_params, aux_params : dict of str to NDArray, optional
+        For a symbol: its parameters.
+
+    Returns
+    -------
+    dict or None
+        ``{'node', 'op', 'dtype', 'output', 'cast_to', 'inputs'}``: the node's
+        name, its operator, the dtype of the offending output, the output's
+        index, the low-precision dtype it overflowed when mxamp cast it to (None
+        when the node itself produced the inf/NaN), and the names of the nodes
+        feeding it.  None when every output is finite.
+    """
+    symbol, args, auxs = _graph_and_arrays(net, inputs, arg_params or {}, aux_params or {})
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    nodes = graph['nodes']
+    rows = graph['node_row_ptr']
+    heads = [[nid, k, 0] for nid, node in enumerate(nodes) if node['op'] != 'null'
+             for k in range(rows[nid + 1] - rows[nid])]
+    probe = mx.sym.load_json(json.dumps(dict(graph, heads=heads)))
+    with _unfused():
+        executor = probe.bind(mx.cpu(), args={k: v.as_in_context(mx.cpu()) for k, v in args.items()
+                                              if k in probe.list_arguments()},
+                              aux_states={k: v.as_in_context(mx.cpu()) for k, v in auxs.items()},
+                              grad_req='null')
+    outputs = executor.forward(is_train=False)
+    for (nid, k, _), value in zip(heads, outputs):
+        if np.dtype(value.dtype).kind not in 'fV':  # integer and boolean tensors cannot overflow
+            continue
+        if not np.isfinite(to_float32_numpy(value)).all():
+            node, stored = nodes[nid], None
+            if CAST_SUFFIX in node['name']:
+                # Finite in FP32, overflowed when mxamp stored it in low precision:
+                # the layer to blame is the cast's producer.
+                stored = _name(value.dtype)
+                nid, k = node['inputs'][0][:2]
+                node = nodes[nid]
+            return {'node': node['name'], 'op': node['op'], 'dtype': _name(value.dtype), 'output': k,
+                    'cast_to': stored, 'inputs': [nodes[src]['name'] for src, _, _ in node['inputs']]}
+    return None
+
+
+def _name(dtype):
+    try:
+        return dtype_name(dtype)
+    except ValueError:
+        return str(np.dtype(dtype))
+
+
+@contextlib.contextmanager
+def _unfused():
+    # MXNet 1.9.1 reads MXNET_SUBGRAPH_BACKEND at every bind; its oneDNN fusion
+    # cannot bind a graph whose outputs include a convolution feeding a
+    # BatchNorm, which a graph exposing every tensor always has.
+    previous = os.environ.get('MXNET_SUBGRAPH_BACKEND')
+    os.environ['MXNET_SUBGRAPH_BACKEND'] = 'NONE'
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ['MXNET_SUBGRAPH_BACKEND']
+        else:
+            os.environ['MXNET_SUBGRAPH_BACKEND'] = previous
+
+
+def _graph_and_arrays(net, inputs, arg_params, aux_params):
+    if isinstance(net, mx.sym.Symbol):
+        params = set(arg_params) | set(aux_params)
+        names = [n for n in net.list_arguments() if n not in params]
+        if len(names) != len(inputs):
+            raise ValueError('the symbol has %d inputs (%s), %d given'
+                             % (len(names), ', '.join(names), len(inputs)))
+        return net, dict(arg_params, **dict(zip(names, inputs))), aux_params
+    net(*inputs)  # finishes deferred initialisation
+    # MXNet 1.9.1: HybridBlock._get_graph builds (or returns the cached) pair of
+    # input symbols and output symbol; for a converted net, the rewritten graph.
+    input_symbols, symbol = net._get_graph(*inputs)
+    arrays = {p.name: p.data(inputs[0].context) for p in net.collect_params().values()}
+    arrays.update({s.name: x for s, x in zip(input_symbols, inputs)})
+    auxs = set(symbol.list_auxiliary_states())
+    return (symbol, {k: v for k, v in arrays.items() if k not in auxs},
+            {k: v for k, v in arrays.items() if k in auxs})
