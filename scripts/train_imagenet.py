@@ -1,0 +1,1102 @@
+"""Train ResNet-50 (or any GluonCV classifier) on ImageNet with mixed precision.
+
+float16 on NVIDIA GPUs, bfloat16 on CPUs (``--dtype auto``), through mxamp:
+the Gluon path converts a GluonCV model with ``mxamp.convert`` and trains it
+with ``mxamp.Trainer``; the Symbol path (``--symbol resnet``) builds the
+ResNet of ``symbols/`` and trains it with ``mx.mod.Module``, mxamp's FP32
+master weights and its loss scaler.  Data is ImageNet in MXNet RecordIO (made
+by ``im2rec``), read by ``ImageRecordIter``; ``--dataset digits`` packs
+scikit-learn's handwritten digits into the same format for a run of a few
+seconds, and ``--synthetic`` measures throughput without a data set.
+
+Examples
+--------
+NVIDIA's published ResNet-50 v1.5 mixed-precision recipe on 8 GPUs (per-device
+batch 256: SGD momentum 0.875, lr 0.256 per 256 images, 5 warm-up epochs,
+cosine decay, label smoothing 0.1, weight decay 1/32768 but none on
+BatchNorm and biases)::
+
+    python scripts/train_imagenet.py --data-train train.rec --data-val val.rec \\
+        --model resnet50_v1b --dtype float16 --gpus 0,1,2,3,4,5,6,7 --batch-size 256 \\
+        --num-epochs 90 --lr-mode cosine --warmup-epochs 5 --label-smoothing 0.1 \\
+        --momentum 0.875 --wd 3.0517578125e-05 --no-wd --save-dir runs/r50_fp16
+
+The same with the Symbol API: ``--symbol resnet --num-layers 50`` instead of
+``--model``.  On a CPU: ``--dtype bfloat16`` (or ``auto``).  Continue after an
+interruption, bit-exactly: add ``--resume``.
+
+Seconds-long runs on built-in data (what ``make demo`` and the tests use)::
+
+    python scripts/train_imagenet.py --dataset digits --model cifar_resnet20_v1 \\
+        --dtype bfloat16 --num-epochs 15 --batch-size 64 --lr 0.1 --warmup-epochs 1 \\
+        --save-dir runs/digits_bf16 --plot runs/digits_bf16/curves.png
+    python scripts/train_imagenet.py --synthetic --model resnet50_v1b --dtype auto \\
+        --batch-size 32 --max-batches 20 --num-epochs 1
+
+Several processes with MXNet's distributed kvstore (``dist_sync``, ps-lite):
+each worker reads its own part of the data and the gradients are summed
+across workers (float16 gradients travel in float16).  On one machine,
+``scripts/launch_local.py`` starts the scheduler, a server and N workers on
+127.0.0.1 (MXNet's bundled ``tools/launch.py`` fails on Python 3.11)::
+
+    python scripts/launch_local.py -n 2 -- python scripts/train_imagenet.py \\
+        --kv-store dist_sync --dataset digits --model cifar_resnet20_v1 --save-dir runs/dist
+
+On a cluster, start the same processes by hand on the nodes (or through your
+job scheduler).  Every process gets ``DMLC_PS_ROOT_URI=<scheduler host>
+DMLC_PS_ROOT_PORT=9000 DMLC_NUM_SERVER=<S> DMLC_NUM_WORKER=<W>``, and
+``DMLC_NODE_HOST=<its own address>`` on multi-homed hosts, then::
+
+    node0$ DMLC_ROLE=scheduler python -c 'import mxnet'
+    nodeK$ DMLC_ROLE=server    python -c 'import mxnet'         # S of them
+    nodeK$ DMLC_ROLE=worker    python scripts/train_imagenet.py --kv-store dist_sync \\
+               --data-train /data/train.rec --data-val /data/val.rec --gpus 0,1,2,3 ...
+
+All workers must see the data at the same paths and run with the same
+arguments.  Worker 0 writes its checkpoints to ``--save-dir``, worker r > 0 to
+``--save-dir/rank<r>`` (the copies are identical; keeping them apart avoids
+concurrent writes to one file on shared storage).
+
+Outputs in ``--save-dir`` (``<prefix>`` is ``--save-prefix``, by default the
+model name): ``<prefix>-<epoch>.params`` (FP32 values, loadable by an FP32
+network), ``<prefix>-<epoch>.states`` (optimizer state, FP32 master weights,
+loss scaler), ``<prefix>-<epoch>.json`` (epoch, step, seeds, metrics),
+``<prefix>-metrics.csv`` (one row per epoch), ``<prefix>-summary.json`` and
+``train.log``.  Bad input (missing data, unknown model or dtype, nothing to
+resume) prints one line and exits with status 2.
+"""
+import argparse
+import csv
+import hashlib
+import json
+import logging
+import math
+import os
+import pickle
+import random
+import resource
+import sys
+import time
+import warnings
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (_HERE, os.path.dirname(_HERE)):   # digits_rec; the repository's symbols/
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# mxamp before any MXNet operator runs: it selects oneDNN's AMX kernels at import.
+import mxamp  # noqa: E402
+import mxnet as mx  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
+from mxamp.dtypes import cast, name_of_array  # noqa: E402
+from mxamp.hardware import resolve_dtype  # noqa: E402
+
+_LOG = logging.getLogger('train_imagenet')
+PROG = 'train_imagenet.py'
+DTYPES = ('float32', 'float16', 'bfloat16', 'auto')
+OPTIMIZERS = ('sgd', 'nag')
+LR_MODES = ('cosine', 'step', 'linear')
+IMAGENET_MEAN = (123.68, 116.779, 103.939)
+IMAGENET_STD = (58.393, 57.12, 57.375)
+CSV_FIELDS = ('epoch', 'lr', 'train_loss', 'val_top1', 'val_top5', 'img_per_sec', 'epoch_time',
+              'loss_scale', 'skipped_steps', 'peak_rss_mb')
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser():
+    """The command-line parser (argument names follow GluonCV's train_imagenet.py)."""
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = p.add_argument_group('data')
+    data.add_argument('--data-train', help='training RecordIO file (its .idx beside it)')
+    data.add_argument('--data-val', help='validation RecordIO file (its .idx beside it)')
+    data.add_argument('--dataset', choices=('imagenet', 'digits'), default='imagenet',
+                      help='digits: scikit-learn\'s digits packed as RecordIO in --data-dir')
+    data.add_argument('--data-dir', default=None,
+                      help='cache directory of the digits RecordIO (default ~/.mxamp/digits)')
+    data.add_argument('--synthetic', action='store_true',
+                      help='random data on the device, for throughput; no validation')
+    data.add_argument('--num-classes', type=int, default=None, help='default: 1000 (digits: 10)')
+    data.add_argument('--image-shape', default=None,
+                      help="'channels,height,width' (default 3,224,224; digits 1,8,8)")
+    data.add_argument('--num-examples', type=int, default=1281167,
+                      help='images per epoch with --synthetic')
+    data.add_argument('--data-nthreads', type=int, default=4,
+                      help='decoding threads per iterator (part of what --resume needs to be '
+                           'bit-exact)')
+    model = p.add_argument_group('model')
+    model.add_argument('--model', default='resnet50_v1b', help='GluonCV model zoo name')
+    model.add_argument('--symbol', choices=('resnet',), default=None,
+                       help='train the Symbol-API network of symbols/ with mx.mod.Module')
+    model.add_argument('--num-layers', type=int, default=50, help='--symbol resnet depth')
+    model.add_argument('--resnet-version', default='1.5', choices=('1', '1.5'),
+                       help='--symbol resnet version')
+    model.add_argument('--dtype', default='auto',
+                       help='float32, float16, bfloat16 or auto (float16 on GPUs, bfloat16 on '
+                            'CPUs)')
+    model.add_argument('--loss-scale', default='auto',
+                       help="'auto' (dynamic for float16, none otherwise), 'dynamic', 'none' "
+                            "or a fixed number")
+    train = p.add_argument_group('training')
+    train.add_argument('--batch-size', type=int, default=32, help='images per device')
+    train.add_argument('--num-epochs', type=int, default=90)
+    train.add_argument('--max-batches', type=int, default=None,
+                       help='stop each epoch (training and validation) after this many batches')
+    train.add_argument('--optimizer', default='sgd', help='sgd or nag (momentum)')
+    train.add_argument('--lr', type=float, default=None,
+                       help='learning rate; default 0.256 per 256 images of the global batch')
+    train.add_argument('--momentum', type=float, default=0.875)
+    train.add_argument('--wd', type=float, default=1.0 / 32768)
+    train.add_argument('--no-wd', action='store_true',
+                       help='no weight decay on BatchNorm gamma/beta and on biases')
+    train.add_argument('--lr-mode', default='cosine', help='cosine, step or linear')
+    train.add_argument('--lr-decay', type=float, default=0.1, help='factor of --lr-mode step')
+    train.add_argument('--lr-decay-epoch', default='30,60,80', help='epochs of --lr-mode step')
+    train.add_argument('--warmup-epochs', type=float, default=5,
+                       help='linear warm-up from 0 (fractions allowed)')
+    train.add_argument('--label-smoothing', type=float, default=0.1,
+                       help='epsilon of label smoothing (0 disables it)')
+    train.add_argument('--seed', type=int, default=0)
+    dev = p.add_argument_group('devices')
+    dev.add_argument('--gpus', default='', help="GPU ids, e.g. '0,1'; none: CPU")
+    dev.add_argument('--num-gpus', type=int, default=0, help='use GPUs 0..N-1 (if no --gpus)')
+    dev.add_argument('--kv-store', default='device',
+                     help='device, local, dist_sync, dist_device_sync')
+    out = p.add_argument_group('output')
+    out.add_argument('--save-dir', default='params', help='checkpoints, metrics and log')
+    out.add_argument('--save-prefix', default=None, help='default: the model name')
+    out.add_argument('--save-frequency', type=int, default=1, help='checkpoint every N epochs')
+    out.add_argument('--keep-checkpoints', type=int, default=0,
+                     help='keep only the newest N checkpoints (0: all)')
+    out.add_argument('--resume', action='store_true',
+                     help='continue from the newest checkpoint in --save-dir')
+    out.add_argument('--resume-epoch', type=int, default=None,
+                     help='continue from the checkpoint of this epoch (implies --resume)')
+    out.add_argument('--stop-at-epoch', type=int, default=None, metavar='N',
+                     help='end this run after epoch N (its checkpoint written); the schedule '
+                          'still spans --num-epochs: split a run into jobs, then --resume')
+    out.add_argument('--log-interval', type=int, default=10,
+                     help='batches between progress-bar updates (each one syncs the host)')
+    out.add_argument('--no-progress', action='store_true', help='no progress bar')
+    out.add_argument('--plot', default=None, metavar='PNG',
+                     help='write loss/accuracy curves and throughput to this PNG')
+    out.add_argument('--compare', nargs='*', default=[], metavar='CSV',
+                     help='other runs\' *-metrics.csv to draw in the --plot')
+    return p
+
+
+def _parse_shape(text):
+    try:
+        shape = tuple(int(v) for v in text.split(','))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise UsageError("--image-shape %r: expected 'channels,height,width', e.g. 3,224,224"
+                         % text)
+    return shape
+
+
+def _contexts(args):
+    ids = [int(i) for i in args.gpus.split(',') if i.strip()] if args.gpus else \
+        list(range(args.num_gpus))
+    return [mx.gpu(i) for i in ids] or [mx.cpu()]
+
+
+def check_args(args):
+    """Validate what argparse cannot; raise `UsageError` with one line."""
+    if args.dtype.lower() not in DTYPES:
+        raise UsageError('unknown dtype %r: expected one of %s' % (args.dtype, ', '.join(DTYPES)))
+    if args.optimizer.lower() not in OPTIMIZERS:
+        raise UsageError('unknown optimizer %r: expected one of %s'
+                         % (args.optimizer, ', '.join(OPTIMIZERS)))
+    if args.lr_mode not in LR_MODES:
+        raise UsageError('unknown --lr-mode %r: expected one of %s'
+                         % (args.lr_mode, ', '.join(LR_MODES)))
+    for name in ('batch_size', 'num_epochs', 'data_nthreads', 'log_interval', 'save_frequency'):
+        if getattr(args, name) < 1:
+            raise UsageError('--%s must be at least 1' % name.replace('_', '-'))
+    for name in ('max_batches', 'stop_at_epoch', 'resume_epoch'):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError('--%s must be at least 1' % name.replace('_', '-'))
+    if not 0 <= args.label_smoothing < 1:
+        raise UsageError('--label-smoothing must lie in [0, 1)')
+    if args.loss_scale not in ('auto', 'dynamic', 'none'):
+        try:
+            value = float(args.loss_scale)
+        except ValueError:
+            value = float('nan')
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError("--loss-scale %r: expected 'auto', 'dynamic', 'none' or a positive "
+                             "number" % args.loss_scale)
+    if args.symbol is None:
+        from gluoncv.model_zoo import get_model_list
+        if args.model.lower() not in get_model_list():
+            raise UsageError('unknown model %r: not in the GluonCV model zoo (e.g. '
+                             'resnet50_v1b, resnet18_v1b, cifar_resnet20_v1)' % args.model)
+    elif args.num_layers not in (18, 34, 50, 101, 152):
+        raise UsageError('--num-layers %d: ResNet is defined for 18, 34, 50, 101, 152 layers'
+                         % args.num_layers)
+    if args.resume_epoch is not None:
+        args.resume = True
+    try:
+        [int(e) for e in args.lr_decay_epoch.split(',') if e.strip()]
+    except ValueError:
+        raise UsageError('--lr-decay-epoch %r: expected comma-separated epochs'
+                         % args.lr_decay_epoch)
+
+
+# ---------------------------------------------------------------------------------------
+# Data
+
+class DataSpec(object):
+    """What the data iterators and the network need to know about the data set."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _index_of(rec, flag):
+    idx = os.path.splitext(rec)[0] + '.idx'
+    if not os.path.isfile(rec):
+        raise UsageError('%s %s: no such file' % (flag, rec))
+    if not os.path.isfile(idx):
+        raise UsageError('%s %s: its index %s is missing (im2rec writes both)' % (flag, rec, idx))
+    with open(idx) as handle:
+        count = sum(1 for line in handle if line.strip())
+    return idx, count
+
+
+def resolve_data(args):
+    """A `DataSpec` for the arguments; packs the digits when needed."""
+    spec = DataSpec(synthetic=args.synthetic, train_rec=None, val_rec=None, num_val=0,
+                    num_classes=1000, image_shape=(3, 224, 224), mean=IMAGENET_MEAN,
+                    std=IMAGENET_STD, augment='imagenet', num_train=args.num_examples)
+    if args.dataset == 'digits' and not args.synthetic:
+        import digits_rec
+        info = digits_rec.prepare(args.data_dir)
+        spec.train_rec = args.data_train or info['train_rec']
+        spec.val_rec = args.data_val or info['val_rec']
+        spec.num_classes, spec.image_shape = info['num_classes'], tuple(info['image_shape'])
+        spec.mean, spec.std, spec.augment = (info['mean'],), (info['std'],), 'digits'
+    elif args.dataset == 'digits':
+        spec.num_classes, spec.image_shape = 10, (1, 8, 8)
+    elif not args.synthetic:
+        if not args.data_train:
+            raise UsageError('--data-train is required (or --dataset digits, or --synthetic)')
+        spec.train_rec, spec.val_rec = args.data_train, args.data_val
+    if args.num_classes is not None:
+        spec.num_classes = args.num_classes
+    if args.image_shape is not None:
+        spec.image_shape = _parse_shape(args.image_shape)
+    if spec.train_rec:
+        spec.train_idx, spec.num_train = _index_of(spec.train_rec, '--data-train')
+    if spec.val_rec:
+        spec.val_idx, spec.num_val = _index_of(spec.val_rec, '--data-val')
+    channels = spec.image_shape[0]
+    if channels not in (1, 3):
+        raise UsageError('--image-shape: 1 or 3 channels, got %d' % channels)
+    spec.mean, spec.std = (spec.mean * 3)[:channels], (spec.std * 3)[:channels]
+    return spec
+
+
+def _normalisation(spec):
+    keys = ('r', 'g', 'b')[:len(spec.mean)]
+    out = {'mean_' + k: m for k, m in zip(keys, spec.mean)}
+    out.update({'std_' + k: s for k, s in zip(keys, spec.std)})
+    return out
+
+
+def train_iter(spec, args, batch_size, epoch, rank, num_workers):
+    """A fresh training ``ImageRecordIter`` for `epoch`.
+
+    One iterator per epoch, seeded from (seed, epoch, rank): its shuffle and
+    augmentations depend on nothing else, which is what makes ``--resume``
+    bit-exact (given the same ``--data-nthreads``: each decoding thread has its
+    own augmentation RNG).
+    """
+    seed = _derived_seed(args.seed, epoch, rank, 'data')
+    common = dict(path_imgrec=spec.train_rec, path_imgidx=spec.train_idx, shuffle=True,
+                  seed=seed, seed_aug=seed, batch_size=batch_size, data_shape=spec.image_shape,
+                  preprocess_threads=args.data_nthreads, num_parts=num_workers,
+                  part_index=rank, round_batch=True, **_normalisation(spec))
+    if spec.augment == 'digits':
+        # Shifts of up to one pixel; mirroring or rescaling would turn digits into others.
+        return mx.io.ImageRecordIter(rand_crop=True, pad=1, fill_value=0, **common)
+    return mx.io.ImageRecordIter(random_resized_crop=True, min_random_area=0.08,
+                                 max_random_area=1.0, min_aspect_ratio=3.0 / 4,
+                                 max_aspect_ratio=4.0 / 3, rand_mirror=True, **common)
+
+
+def val_iter(spec, args, batch_size):
+    """Validation iterator: resize (256 for 224) and centre crop; None without val data.
+
+    Make a new one for every pass: with ``round_batch`` a reset iterator starts
+    after the images it wrapped around to fill its last batch.
+    """
+    if not spec.val_rec:
+        return None
+    extra = {}
+    if spec.augment == 'imagenet':
+        extra['resize'] = int(math.ceil(spec.image_shape[1] * 256.0 / 224))
+    return mx.io.ImageRecordIter(path_imgrec=spec.val_rec, path_imgidx=spec.val_idx,
+                                 shuffle=False, batch_size=batch_size,
+                                 data_shape=spec.image_shape,
+                                 preprocess_threads=args.data_nthreads, round_batch=True,
+                                 **dict(extra, **_normalisation(spec)))
+
+
+class SyntheticIter(object):
+    """`num_batches` copies of one random batch, already on the first device."""
+
+    def __init__(self, spec, batch_size, num_batches, ctx):
+        self.data = mx.nd.random.uniform(-1, 1, shape=(batch_size,) + spec.image_shape, ctx=ctx)
+        self.label = mx.nd.array(np.random.randint(0, spec.num_classes, batch_size), ctx=ctx)
+        self.num_batches = num_batches
+
+    def __iter__(self):
+        for _ in range(self.num_batches):
+            yield mx.io.DataBatch(data=[self.data], label=[self.label], pad=0)
+
+
+def _derived_seed(seed, epoch, rank, what):
+    # Distinct, reproducible 31-bit seeds per (run seed, epoch, worker, purpose).
+    key = '%d/%d/%d/%s' % (seed, epoch, rank, what)
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], 'little') >> 1
+
+
+def seed_everything(seed):
+    """Seed MXNet (every device), numpy and Python's `random`."""
+    mx.random.seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+# ---------------------------------------------------------------------------------------
+# Learning rate, loss scale
+
+def lr_scheduler(args, base_lr, steps_per_epoch):
+    """MXNet's own scheduler for --lr-mode, with linear warm-up from 0.
+
+    Counted in optimizer updates: skipped (overflowing) float16 steps do not
+    advance the schedule.  MXNet's schedulers pickle with the optimizer, so the
+    schedule is part of the checkpoint.
+    """
+    warmup = int(round(args.warmup_epochs * steps_per_epoch))
+    total = max(args.num_epochs * steps_per_epoch, warmup + 1)
+    if args.lr_mode == 'cosine':
+        return mx.lr_scheduler.CosineScheduler(total, base_lr=base_lr, final_lr=0,
+                                               warmup_steps=warmup, warmup_begin_lr=0)
+    if args.lr_mode == 'linear':
+        return mx.lr_scheduler.PolyScheduler(total, base_lr=base_lr, pwr=1, final_lr=0,
+                                             warmup_steps=warmup, warmup_begin_lr=0)
+    steps = sorted({int(e) * steps_per_epoch for e in args.lr_decay_epoch.split(',')
+                    if e.strip() and int(e) * steps_per_epoch > warmup})
+    if not steps:   # MultiFactorScheduler needs at least one step
+        steps = [total + 1]
+    return mx.lr_scheduler.MultiFactorScheduler(steps, factor=args.lr_decay, base_lr=base_lr,
+                                                warmup_steps=warmup, warmup_begin_lr=0)
+
+
+def _loss_scale_arg(text):
+    """The ``loss_scale`` argument of mxamp.Trainer for --loss-scale (already checked)."""
+    if text in ('auto', 'dynamic'):
+        return text
+    return None if text == 'none' else float(text)
+
+
+def _current_lr(optimizer):
+    if optimizer.lr_scheduler is None:
+        return optimizer.lr
+    return optimizer.lr_scheduler(optimizer.num_update)
+
+
+def _no_wd(name):
+    return name.endswith(('_gamma', '_beta', '_bias'))
+
+
+# ---------------------------------------------------------------------------------------
+# Gradient reduction for bfloat16 across workers
+
+def _pushpull(kvstore, key, arrays):
+    """Sum `arrays` (one per device) over devices and workers in place; bfloat16 via FP32.
+
+    MXNet 1.9.1's kvstore servers abort on bfloat16 ("Unknown type enum 12"), so
+    bfloat16 arrays travel as FP32 copies and are rounded back; float16 and
+    float32 travel in their own dtype.  No host sync.
+    """
+    wire = [cast(a, 'float32') if name_of_array(a) == 'bfloat16' else a for a in arrays]
+    kvstore.pushpull(key, wire, out=wire, priority=-key)
+    for value, target in zip(wire, arrays):
+        if value is not target:
+            mx.nd.amp_cast(value, dtype=target.dtype, out=target)
+
+
+class Fp32Allreduce(object):
+    """Gradient reduction across devices and workers that also works for bfloat16.
+
+    Used where MXNet's own reduction would send bfloat16 to the kvstore (the
+    Gluon path with bfloat16 and a dist kvstore) and by the Symbol path (whose
+    Module then updates locally, so that checkpoints hold the optimizer state).
+    Broadcasts worker 0's initial weights, as ``gluon.Trainer`` does.
+
+    Parameters
+    ----------
+    kvstore : mx.kv.KVStore
+    weights : list of list of NDArray
+        Per parameter, its weight on every device.
+    """
+
+    def __init__(self, kvstore, weights):
+        self.kvstore = kvstore
+        for key, per_device in enumerate(weights):
+            fp32 = [cast(w, 'float32') for w in per_device]
+            kvstore.init(key, fp32[0])
+            kvstore.pull(key, out=fp32, priority=-key)
+            for value, target in zip(fp32, per_device):
+                if value is not target:
+                    mx.nd.amp_cast(value, dtype=target.dtype, out=target)
+
+    def allreduce(self, grads):
+        """Sum `grads` (per parameter, a list over devices) in place.  No host sync."""
+        for key, per_device in enumerate(grads):
+            _pushpull(self.kvstore, key, per_device)
+
+
+# Keys for BatchNorm statistics, clear of the parameter keys and of mxamp's overflow key.
+_STATS_KEY = 2 ** 29
+
+
+def average_statistics(kvstore, stats, initialized):
+    """Replace running statistics by their mean over devices and workers.
+
+    Data-parallel workers see different images, so their BatchNorm running
+    means and variances drift apart (the weights do not).  Averaging them at the
+    end of each epoch makes every worker validate and checkpoint the same model.
+
+    Parameters
+    ----------
+    kvstore : mx.kv.KVStore
+    stats : list of list of NDArray
+        Per statistic, its array on every device.
+    initialized : set
+        Keys already initialised in `kvstore` (updated here).
+    """
+    for index, per_device in enumerate(stats):
+        key = _STATS_KEY + index
+        if key not in initialized:
+            kvstore.init(key, cast(per_device[0], 'float32').zeros_like())
+            initialized.add(key)
+        _pushpull(kvstore, key, per_device)
+        for array in per_device:
+            array *= 1.0 / (kvstore.num_workers * len(per_device))
+
+
+# ---------------------------------------------------------------------------------------
+# The two training paths
+
+def _optimizer_params(args, base_lr, steps_per_epoch):
+    params = {'learning_rate': base_lr, 'wd': args.wd,
+              'lr_scheduler': lr_scheduler(args, base_lr, steps_per_epoch)}
+    if args.momentum:
+        params['momentum'] = args.momentum
+    return params
+
+
+def _adapt_stem(net, image_shape):
+    """GluonCV ResNetV1b on tiny images: 3x3 stride-1 stem, no downsampling max-pool.
+
+    ImageNet's 7x7 stride-2 convolution and 3x3 stride-2 pooling would shrink an
+    8x8 digit to 2x2 before the first stage.  Gluon forbids changing a child's
+    type, so the pooling becomes a 1x1 identity pooling.
+    """
+    from gluoncv.model_zoo.resnetv1b import ResNetV1b
+    if image_shape[1] > 32 or not isinstance(net, ResNetV1b):
+        return False
+    with net.name_scope():
+        net.conv1 = gluon.nn.Conv2D(net.conv1._channels, 3, 1, 1, use_bias=False)
+        net.maxpool = gluon.nn.MaxPool2D(1, 1)
+    return True
+
+
+class GluonRunner(object):
+    """GluonCV model, ``mxamp.convert``, ``mxamp.Trainer``."""
+
+    def __init__(self, args, spec, contexts, dtype, kvstore, batch_size, global_batch,
+                 base_lr, steps_per_epoch):
+        from gluoncv.model_zoo import get_model
+        from mxamp import convert
+        self.contexts, self.global_batch = contexts, global_batch
+        self.num_classes, self.smoothing = spec.num_classes, args.label_smoothing
+        net = get_model(args.model, classes=spec.num_classes)
+        if _adapt_stem(net, spec.image_shape):
+            _LOG.info('small input %s: %s gets a 3x3 stride-1 stem without max-pooling',
+                      spec.image_shape, args.model)
+        net.initialize(mx.init.MSRAPrelu(), ctx=contexts)
+        if dtype != 'float32':
+            convert(net, dtype)
+        net.hybridize(static_alloc=True, static_shape=True)
+        # Materialise deferred parameters (shapes) before the trainer and a resume see them.
+        with autograd.pause():
+            net(mx.nd.zeros((batch_size,) + spec.image_shape, ctx=contexts[0]))
+        if args.no_wd:
+            for name, param in net.collect_params().items():
+                if _no_wd(name):
+                    param.wd_mult = 0.0
+        self.net = net
+        params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+        distributed = kvstore is not None and 'dist' in kvstore.type
+        self.reducer = None
+        if distributed and dtype == 'bfloat16':
+            self.reducer = Fp32Allreduce(kvstore, [p.list_data() for p in params])
+            kvstore = None
+        # Local updates: the schedule, the states and the scaler stay in this process,
+        # where checkpoints can save them.
+        self.trainer = mxamp.Trainer(net.collect_params(), args.optimizer.lower(),
+                                     _optimizer_params(args, base_lr, steps_per_epoch),
+                                     kvstore=kvstore, update_on_kvstore=False,
+                                     loss_scale=_loss_scale_arg(args.loss_scale))
+        self.params = params
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+
+    @property
+    def optimizer(self):
+        return self.trainer.optimizer
+
+    @property
+    def loss_scale(self):
+        return self.trainer.loss_scale
+
+    @property
+    def skipped_steps(self):
+        return self.trainer.skipped_steps
+
+    def statistics(self):
+        """Per running statistic (BatchNorm mean/variance), its array on every device."""
+        return [p.list_data() for p in self.net.collect_params().values()
+                if p.grad_req == 'null']
+
+    def _targets(self, label):
+        k, eps = self.num_classes, self.smoothing
+        return mx.nd.one_hot(label, k, on_value=1.0 - eps + eps / k, off_value=eps / k)
+
+    def train_batch(self, batch):
+        """One step; returns the summed per-sample loss (NDArray) and whether it applied."""
+        xs = gluon.utils.split_and_load(batch.data[0], self.contexts, even_split=False)
+        ys = gluon.utils.split_and_load(batch.label[0], self.contexts, even_split=False)
+        with autograd.record():
+            losses = [self.loss_fn(self.net(x), self._targets(y)) for x, y in zip(xs, ys)]
+            with self.trainer.scale_loss(losses) as scaled:
+                autograd.backward(scaled)
+        if self.reducer is not None:
+            self.reducer.allreduce([p.list_grad() for p in self.params])
+        applied = self.trainer.step(self.global_batch)
+        total = sum(loss.sum().as_in_context(mx.cpu()) for loss in losses)
+        return total, applied
+
+    def predict(self, batch):
+        xs = gluon.utils.split_and_load(batch.data[0], self.contexts, even_split=False)
+        return [self.net(x) for x in xs], \
+            gluon.utils.split_and_load(batch.label[0], self.contexts, even_split=False)
+
+    def save(self, params_file, states_file):
+        self.net.save_parameters(params_file)
+        self.trainer.save_states(states_file)
+
+    def load(self, params_file, states_file):
+        self.net.load_parameters(params_file, ctx=self.contexts)
+        self.trainer.load_states(states_file)
+
+
+def symbol_loss_head(logits, label, smoothing, num_classes):
+    """Per-sample cross-entropy with label smoothing, as a plain output.
+
+    ``SoftmaxOutput`` (and ``MakeLoss``) compute their own gradient and ignore
+    the head gradient ``Module.backward`` passes, so a loss scale given there
+    would be lost.  With the loss itself as the output, ``backward`` takes
+    ``LossScaler.out_grads`` (the loss scale per sample) and scales every
+    gradient, for float16 exactly as the Gluon path does.  log_softmax, pick
+    and mean run in FP32 under mxamp's policy.
+    """
+    logp = mx.sym.log_softmax(logits, axis=-1, name='log_softmax')
+    nll = -mx.sym.pick(logp, label, axis=-1)
+    if smoothing:
+        nll = (1.0 - smoothing) * nll - smoothing * mx.sym.mean(logp, axis=-1)
+    return mx.sym.identity(nll, name='loss')
+
+
+class ModuleRunner(object):
+    """symbols.resnet, ``mx.mod.Module``, mxamp master weights and `LossScaler`."""
+
+    def __init__(self, args, spec, contexts, dtype, kvstore, batch_size, global_batch,
+                 base_lr, steps_per_epoch):
+        import symbols
+        from symbols import resnet
+        fp32 = resnet.get_symbol(spec.num_classes, args.num_layers, spec.image_shape,
+                                 version=args.resnet_version)
+        logits = fp32.get_internals()['fc1_output']
+        loss = symbol_loss_head(logits, mx.sym.var('softmax_label'), args.label_smoothing,
+                                spec.num_classes)
+        graph = mx.sym.Group([loss, mx.sym.BlockGrad(logits, name='logits')])
+        self.symbol = symbols.with_dtype(graph, dtype, ctx=contexts)
+        local_batch = batch_size * len(contexts)
+        mod = mx.mod.Module(self.symbol, data_names=['data'], label_names=['softmax_label'],
+                            context=contexts, logger=_LOG)
+        mod.bind(data_shapes=[('data', (local_batch,) + spec.image_shape)],
+                 label_shapes=[('softmax_label', (local_batch,))])
+        mod.init_params(symbols.Float32Init(mx.init.Xavier(rnd_type='gaussian',
+                                                           factor_type='in', magnitude=2)))
+        opt = mxamp.optimizer.create(args.optimizer.lower(), rescale_grad=1.0 / global_batch,
+                                     **_optimizer_params(args, base_lr, steps_per_epoch))
+        # Explicit per name: MXNet's default (no decay unless *_weight) is not the recipe's.
+        opt.wd_mult = {name: 0.0 if args.no_wd and _no_wd(name) else 1.0
+                       for name in mod._exec_group.param_names}   # Module internal
+        with warnings.catch_warnings():
+            # rescale_grad covers all workers' images; Module expects its own batch only.
+            warnings.filterwarnings('ignore', message='Optimizer created manually')
+            mod.init_optimizer(kvstore=None, optimizer=opt)
+        self.mod, self.opt = mod, opt
+        # Module internals: the executor group's per-parameter arrays, one per device.
+        group = mod._exec_group
+        self.reducer = None
+        if kvstore is not None:
+            self.reducer = Fp32Allreduce(kvstore, group.param_arrays)
+        scale = _loss_scale_arg(args.loss_scale)
+        if scale == 'auto':
+            scale = 'dynamic' if dtype == 'float16' else None
+        self.scaler = None if scale is None else mxamp.LossScaler() if scale == 'dynamic' \
+            else mxamp.LossScaler(init_scale=scale, dynamic=False)
+        self._zeros = None
+        self._ones = None
+
+    @property
+    def optimizer(self):
+        return self.opt
+
+    @property
+    def loss_scale(self):
+        return 1.0 if self.scaler is None else self.scaler.loss_scale
+
+    @property
+    def skipped_steps(self):
+        return 0 if self.scaler is None else self.scaler.skipped_steps
+
+    def train_batch(self, batch):
+        mod = self.mod
+        mod.forward(batch, is_train=True)
+        loss, logits = mod.get_outputs()
+        if self._zeros is None:
+            self._zeros = mx.nd.zeros(logits.shape, ctx=logits.context)
+            self._ones = mx.nd.ones(loss.shape, ctx=loss.context)
+        head = self._ones if self.scaler is None else self.scaler.out_grads([loss])[0]
+        mod.backward(out_grads=[head, self._zeros])
+        if self.reducer is not None:
+            self.reducer.allreduce(mod._exec_group.grad_arrays)
+        if self.scaler is None:
+            mod.update()
+            applied = True
+        else:
+            applied = self.scaler.update_module(mod)
+        return loss.sum(), applied
+
+    def statistics(self):
+        """Per auxiliary state (BatchNorm mean/variance), its array on every device."""
+        return self.mod._exec_group.aux_arrays   # Module internal
+
+    def predict(self, batch):
+        self.mod.forward(batch, is_train=False)
+        return [self.mod.get_outputs()[1]], [batch.label[0]]
+
+    def save(self, params_file, states_file):
+        # Module internal: get_params() returns a cache refreshed only after update(),
+        # but forward passes move BatchNorm's statistics also when every step was skipped.
+        self.mod._sync_params_from_devices()
+        arg, aux = self.mod.get_params()
+        saved = {'arg:' + k: cast(v, 'float32') for k, v in arg.items()}
+        saved.update({'aux:' + k: cast(v, 'float32') for k, v in aux.items()})
+        mx.nd.save(params_file, saved)
+        opt = self.opt
+        state = {'updater': self.mod._updater.get_states(dump_optimizer=False),
+                 'num_update': opt.num_update,
+                 'all_index_update_counts': opt._all_index_update_counts,
+                 'loss_scaler': None if self.scaler is None else self.scaler.state_dict()}
+        with open(states_file, 'wb') as handle:
+            pickle.dump(state, handle)
+
+    def load(self, params_file, states_file):
+        arg, aux = self.mod.get_params()
+        loaded = mx.nd.load(params_file)
+        for kind, current in (('arg:', arg), ('aux:', aux)):
+            for name, value in current.items():
+                current[name] = cast(loaded[kind + name], name_of_array(value))
+        self.mod.set_params(arg, aux, force_init=True)
+        with open(states_file, 'rb') as handle:
+            state = pickle.load(handle)
+        self.mod._updater.set_states(state['updater'])
+        opt = self.opt
+        opt.num_update = state['num_update']
+        opt._all_index_update_counts = state['all_index_update_counts']
+        opt._index_update_count = opt._all_index_update_counts[0]
+        if state['loss_scaler'] is not None:
+            self.scaler.load_state_dict(state['loss_scaler'])
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints
+
+def _paths(directory, prefix, epoch):
+    stem = os.path.join(directory, '%s-%04d' % (prefix, epoch))
+    return stem + '.params', stem + '.states', stem + '.json'
+
+
+def save_checkpoint(runner, directory, prefix, epoch, meta):
+    """Write epoch `epoch`'s params, states and JSON, each atomically, JSON last.
+
+    The JSON is the commit: a checkpoint counts only once its JSON exists, and
+    the files of earlier epochs are never touched, so a kill at any moment
+    leaves the previous checkpoint loadable.
+    """
+    params_file, states_file, json_file = _paths(directory, prefix, epoch)
+    tmp = '.tmp-%d' % os.getpid()
+    try:
+        runner.save(params_file + tmp, states_file + tmp)
+        os.replace(params_file + tmp, params_file)
+        os.replace(states_file + tmp, states_file)
+        with open(json_file + tmp, 'w') as handle:
+            json.dump(dict(meta, epoch=epoch, params=os.path.basename(params_file),
+                           states=os.path.basename(states_file)), handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(json_file + tmp, json_file)
+    finally:
+        for path in (params_file + tmp, states_file + tmp, json_file + tmp):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def list_checkpoints(directory, prefix):
+    """Epochs with a complete checkpoint (JSON and the files it names), ascending."""
+    epochs = []
+    if not os.path.isdir(directory):
+        return epochs
+    head = prefix + '-'
+    for name in os.listdir(directory):
+        if not (name.startswith(head) and name.endswith('.json')):
+            continue
+        stem = name[len(head):-len('.json')]
+        if not stem.isdigit():
+            continue
+        try:
+            with open(os.path.join(directory, name)) as handle:
+                meta = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if all(os.path.isfile(os.path.join(directory, meta.get(k, '-'))) for k in
+               ('params', 'states')):
+            epochs.append(int(stem))
+    return sorted(epochs)
+
+
+def prune_checkpoints(directory, prefix, keep):
+    """Delete all but the newest `keep` checkpoints (JSON first: never a half one)."""
+    for epoch in list_checkpoints(directory, prefix)[:-keep] if keep else []:
+        params_file, states_file, json_file = _paths(directory, prefix, epoch)
+        for path in (json_file, params_file, states_file):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics, summary, plot
+
+def peak_rss_mb():
+    """Peak resident memory of this process so far, in MiB (Linux: ru_maxrss is KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def read_metrics(path):
+    """Rows of a ``*-metrics.csv`` as dicts of floats."""
+    with open(path, newline='') as handle:
+        rows = [{k: float(v) if v not in ('', None) else float('nan') for k, v in row.items()}
+                for row in csv.DictReader(handle)]
+    for row in rows:
+        row['epoch'], row['skipped_steps'] = int(row['epoch']), int(row['skipped_steps'])
+    return rows
+
+
+def write_metrics(path, rows):
+    """Write the rows atomically (the file is rewritten each epoch: it is small)."""
+    tmp = path + '.tmp-%d' % os.getpid()
+    with open(tmp, 'w', newline='') as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, '') for k in CSV_FIELDS})
+    os.replace(tmp, path)
+
+
+def plot_runs(runs, path, title=None):
+    """PNG with training loss and validation top-1 per epoch, and throughput per run.
+
+    Parameters
+    ----------
+    runs : list of (str, list of dict)
+        A label and the metric rows (`read_metrics`) of each run.
+    path : str
+        Output PNG.
+    title : str, optional
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, (ax_loss, ax_acc, ax_speed) = plt.subplots(1, 3, figsize=(11, 3.3))
+    labels, speeds = [], []
+    for label, rows in runs:
+        epochs = [r['epoch'] for r in rows]
+        ax_loss.plot(epochs, [r['train_loss'] for r in rows], marker='.', label=label)
+        ax_acc.plot(epochs, [100 * r['val_top1'] for r in rows], marker='.', label=label)
+        speed = [r['img_per_sec'] for r in rows[1:]] or [r['img_per_sec'] for r in rows]
+        labels.append(label)
+        speeds.append(float(np.median(speed)) if speed else 0.0)
+    ax_loss.set(xlabel='epoch', ylabel='training loss', title='loss')
+    ax_acc.set(xlabel='epoch', ylabel='top-1 (%)', title='validation accuracy')
+    bars = ax_speed.bar(range(len(speeds)), speeds, color=['C%d' % i for i in range(len(speeds))])
+    ax_speed.set_xticks(range(len(labels)))
+    ax_speed.set_xticklabels(labels, fontsize=8)
+    ax_speed.set(ylabel='img/s', title='training throughput (median epoch)')
+    for bar, value in zip(bars, speeds):
+        ax_speed.annotate('%.0f' % value, (bar.get_x() + bar.get_width() / 2, value),
+                          ha='center', va='bottom', fontsize=8)
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _format_summary(summary):
+    def pct(value):
+        return '-' if value is None or not math.isfinite(value) else '%.2f%%' % (100 * value)
+    return ('%s %s (%s): top-1 %s, top-5 %s, %.1f img/s, %d skipped steps, loss scale %g, '
+            'peak RSS %.0f MiB, %.1f s'
+            % (summary['model'], summary['dtype'], summary['path'], pct(summary['val_top1']),
+               pct(summary['val_top5']), summary['img_per_sec'], summary['skipped_steps'],
+               summary['loss_scale'], summary['peak_rss_mb'], summary['train_time']))
+
+
+# ---------------------------------------------------------------------------------------
+# Main loop
+
+def _setup_logging(directory, rank, quiet):
+    handlers = [logging.FileHandler(os.path.join(directory, 'train.log'))]
+    if not quiet:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    fmt = '%(asctime)s ' + ('[worker %d] ' % rank if rank is not None else '') + '%(message)s'
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(fmt, datefmt='%H:%M:%S'))
+    _LOG.handlers[:] = handlers
+    _LOG.setLevel(logging.INFO)
+    _LOG.propagate = False
+
+
+def _validate(runner, data_iter, max_batches):
+    """Top-1 and top-5 accuracy over `data_iter` (a fresh iterator), or NaN without one."""
+    if data_iter is None:
+        return float('nan'), float('nan')
+    top1 = mx.metric.Accuracy()
+    top5 = mx.metric.TopKAccuracy(top_k=5)
+    for index, batch in enumerate(data_iter):
+        if max_batches is not None and index >= max_batches:
+            break
+        outputs, labels = runner.predict(batch)
+        keep = batch.data[0].shape[0] - batch.pad
+        # Padding (round_batch) fills the last batch with repeats: score real images only.
+        for out, label in zip(outputs, labels):
+            n = min(keep, out.shape[0])
+            keep -= n
+            if n:
+                top1.update([label[:n]], [out[:n]])
+                top5.update([label[:n]], [out[:n]])
+    return top1.get()[1], top5.get()[1]
+
+
+def train(args):
+    """Run training for parsed, checked `args`; returns the summary dict."""
+    spec = resolve_data(args)
+    contexts = _contexts(args)
+    dtype = resolve_dtype(args.dtype, contexts)
+    kvstore = None
+    rank, num_workers = 0, 1
+    if 'dist' in args.kv_store or len(contexts) > 1:
+        kvstore = mx.kv.create(args.kv_store)
+        rank, num_workers = kvstore.rank, kvstore.num_workers
+    distributed = kvstore is not None and 'dist' in kvstore.type
+    prefix = args.save_prefix or (('resnet%d_v%s' % (args.num_layers, args.resnet_version))
+                                  if args.symbol else args.model)
+    save_dir = args.save_dir if rank == 0 else os.path.join(args.save_dir, 'rank%d' % rank)
+    os.makedirs(save_dir, exist_ok=True)
+    _setup_logging(save_dir, rank if distributed else None, args.no_progress)
+
+    batch_size = args.batch_size
+    local_batch = batch_size * len(contexts)
+    global_batch = local_batch * num_workers
+    per_worker = spec.num_train // num_workers
+    steps_per_epoch = max(1, int(math.ceil(per_worker / float(local_batch))))
+    if args.max_batches is not None:
+        steps_per_epoch = min(steps_per_epoch, args.max_batches)
+    base_lr = args.lr if args.lr is not None else 0.256 * global_batch / 256
+    path = 'symbol' if args.symbol else 'gluon'
+    _LOG.info('%s %s, %s, dtype %s on %s, %d worker(s), global batch %d, lr %g, %d steps/epoch',
+              path, prefix, 'synthetic data' if spec.synthetic else spec.train_rec, dtype,
+              contexts, num_workers, global_batch, base_lr, steps_per_epoch)
+
+    csv_path = os.path.join(save_dir, '%s-metrics.csv' % prefix)
+    rows, start_epoch, global_step, resume = [], 0, 0, None
+    if args.resume:   # checked before the (slow) model build
+        available = list_checkpoints(save_dir, prefix)
+        epoch = args.resume_epoch if args.resume_epoch is not None else \
+            (available[-1] if available else None)
+        if epoch is None or epoch not in available:
+            raise UsageError('--resume: no %s in %s' % (
+                'checkpoint of epoch %d' % epoch if epoch else 'checkpoint', save_dir))
+        resume = _paths(save_dir, prefix, epoch)
+        with open(resume[2]) as handle:
+            meta = json.load(handle)
+        for key, value in (('dtype', dtype), ('path', path), ('model', prefix)):
+            if meta.get(key) != value:
+                raise UsageError('--resume: %s was trained with %s %s, not %s'
+                                 % (resume[2], key, meta.get(key), value))
+        start_epoch, global_step = epoch, meta['global_step']
+
+    seed_everything(args.seed)   # same on every worker: same initial weights
+    runner_cls = ModuleRunner if args.symbol else GluonRunner
+    runner = runner_cls(args, spec, contexts, dtype, kvstore, batch_size, global_batch,
+                        base_lr, steps_per_epoch)
+
+    if resume is not None:
+        runner.load(resume[0], resume[1])
+        # The schedule follows this run's arguments (e.g. a longer --num-epochs); it is
+        # a function of the restored update count, so unchanged arguments continue it.
+        runner.optimizer.lr_scheduler = lr_scheduler(args, base_lr, steps_per_epoch)
+        if os.path.isfile(csv_path):
+            rows = [r for r in read_metrics(csv_path) if r['epoch'] <= start_epoch]
+        _LOG.info('resumed from %s (epoch %d, step %d)', resume[2], start_epoch, global_step)
+
+    show_bar = not args.no_progress and rank == 0
+    from tqdm import tqdm
+    train_time = 0.0
+    stats_keys = set()
+    last_epoch = args.num_epochs if args.stop_at_epoch is None else \
+        min(args.num_epochs, args.stop_at_epoch)
+    for epoch in range(start_epoch, last_epoch):
+        seed_everything(_derived_seed(args.seed, epoch, rank, 'mxnet'))
+        if spec.synthetic:
+            data = SyntheticIter(spec, local_batch, steps_per_epoch, contexts[0])
+        else:
+            data = train_iter(spec, args, local_batch, epoch, rank, num_workers)
+        bar = tqdm(total=steps_per_epoch, desc='epoch %d/%d' % (epoch + 1, args.num_epochs),
+                   unit='batch', disable=not show_bar, leave=False, dynamic_ncols=True)
+        loss_sum, seen, window_loss, window_seen = 0.0, 0, mx.nd.zeros((1,)), 0
+        tic = time.time()
+        for index, batch in enumerate(data):
+            if index >= steps_per_epoch:
+                break
+            batch_loss, _ = runner.train_batch(batch)
+            window_loss += batch_loss
+            window_seen += batch.data[0].shape[0]
+            global_step += 1
+            if (index + 1) % args.log_interval == 0 or index + 1 == steps_per_epoch:
+                value = window_loss.asscalar()   # host sync, once per window
+                loss_sum, seen = loss_sum + value, seen + window_seen
+                bar.set_postfix({'img/s': '%.0f' % (seen * num_workers / (time.time() - tic)),
+                                 'loss': '%.3f' % (value / window_seen),
+                                 'scale': '%g' % runner.loss_scale}, refresh=False)
+                bar.update((index + 1) - bar.n)
+                window_loss, window_seen = mx.nd.zeros((1,)), 0
+        mx.nd.waitall()
+        elapsed = time.time() - tic
+        bar.close()
+        train_time += elapsed
+        if distributed:
+            average_statistics(kvstore, runner.statistics(), stats_keys)
+        top1, top5 = _validate(runner, None if spec.synthetic else
+                               val_iter(spec, args, local_batch), args.max_batches)
+        row = {'epoch': epoch + 1, 'lr': _current_lr(runner.optimizer),
+               'train_loss': loss_sum / max(seen, 1), 'val_top1': top1, 'val_top5': top5,
+               'img_per_sec': seen * num_workers / elapsed, 'epoch_time': elapsed,
+               'loss_scale': runner.loss_scale, 'skipped_steps': runner.skipped_steps,
+               'peak_rss_mb': peak_rss_mb()}
+        rows.append(row)
+        write_metrics(csv_path, rows)
+        _LOG.info('epoch %d: loss %.4f, top-1 %.4f, top-5 %.4f, %.1f img/s, loss scale %g, '
+                  '%d skipped', epoch + 1, row['train_loss'], top1, top5, row['img_per_sec'],
+                  row['loss_scale'], row['skipped_steps'])
+        if (epoch + 1) % args.save_frequency == 0 or epoch + 1 == last_epoch:
+            meta = {'global_step': global_step, 'seed': args.seed, 'dtype': dtype,
+                    'path': path, 'model': prefix, 'rank': rank, 'num_workers': num_workers,
+                    'data_nthreads': args.data_nthreads,
+                    'rng': 'per epoch e: mxnet/numpy/random and ImageRecordIter seeded from '
+                           'sha256(seed/e/rank/purpose)', 'metrics': row}
+            save_checkpoint(runner, save_dir, prefix, epoch + 1, meta)
+            prune_checkpoints(save_dir, prefix, args.keep_checkpoints)
+
+    speeds = [r['img_per_sec'] for r in rows]
+    # The first epoch pays for graph construction and memory planning.
+    steady = speeds[1:] if len(speeds) > 1 else speeds
+    last = rows[-1] if rows else {}
+    summary = {'model': prefix, 'path': path, 'dtype': dtype, 'epochs': len(rows),
+               'val_top1': last.get('val_top1'), 'val_top5': last.get('val_top5'),
+               'img_per_sec': float(np.median(steady)) if steady else 0.0,
+               'skipped_steps': runner.skipped_steps, 'loss_scale': runner.loss_scale,
+               'peak_rss_mb': peak_rss_mb(), 'train_time': train_time, 'rank': rank,
+               'num_workers': num_workers, 'global_batch': global_batch}
+    with open(os.path.join(save_dir, '%s-summary.json' % prefix), 'w') as handle:
+        json.dump(summary, handle, indent=1)
+    if args.plot and rank == 0:
+        runs = [('%s %s' % (prefix, dtype), rows)]
+        runs += [(os.path.basename(c).replace('-metrics.csv', ''), read_metrics(c))
+                 for c in args.compare]
+        plot_runs(runs, args.plot)
+    return summary
+
+
+def main(argv=None):
+    """Command-line entry point; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        check_args(args)
+        if args.plot:
+            for other in args.compare:
+                if not os.path.isfile(other):
+                    raise UsageError('--compare %s: no such file' % other)
+        summary = train(args)
+    except UsageError as err:
+        print('%s: error: %s' % (PROG, err), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print('%s: interrupted; the checkpoints already written are intact (continue with '
+              '--resume)' % PROG, file=sys.stderr)
+        return 130
+    print(_format_summary(summary))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

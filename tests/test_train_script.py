@@ -1,0 +1,286 @@
+"""End-to-end tests of scripts/train_imagenet.py, scripts/launch_local.py and scripts/digits_rec.py.
+
+Training runs use the digits RecordIO (packed once per session into a temporary
+directory), tiny networks and ``--max-batches``; most run in this process
+through ``train_imagenet.main`` (one MXNet start-up for all of them), the
+command-line contract (exit status 2, one line) and the distributed run in
+subprocesses.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, 'scripts')
+TRAIN = os.path.join(SCRIPTS, 'train_imagenet.py')
+LAUNCH = os.path.join(SCRIPTS, 'launch_local.py')
+sys.path.insert(0, SCRIPTS)
+
+import digits_rec  # noqa: E402
+import launch_local  # noqa: E402
+import train_imagenet  # noqa: E402
+
+
+@pytest.fixture(scope='session')
+def digits_dir(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp('digits'))
+    digits_rec.prepare(directory)
+    return directory
+
+
+def _common(digits_dir, save_dir, *extra):
+    return ['--dataset', 'digits', '--data-dir', digits_dir, '--save-dir', str(save_dir),
+            '--batch-size', '32', '--lr', '0.1', '--warmup-epochs', '1', '--no-progress',
+            '--save-prefix', 'm'] + list(extra)
+
+
+def _summary(save_dir):
+    with open(os.path.join(str(save_dir), 'm-summary.json')) as handle:
+        return json.load(handle)
+
+
+def _params_equal(first, second):
+    with open(first, 'rb') as a, open(second, 'rb') as b:
+        return a.read() == b.read()
+
+
+# --------------------------------------------------------------------------------------
+# Data
+
+def test_digits_recordio(digits_dir):
+    import mxnet as mx
+    info = digits_rec.prepare(digits_dir)      # cached: returns without packing again
+    assert (info['num_train'], info['num_val'], info['num_classes']) == (1500, 297, 10)
+    record = mx.recordio.MXIndexedRecordIO(info['val_idx'], info['val_rec'], 'r')
+    header, image = mx.recordio.unpack_img(record.read_idx(0), -1)
+    record.close()
+    assert image.shape == (8, 8) and 0 <= header.label < 10
+    assert len(record.keys) == 297
+
+
+def test_data_is_reproducible_per_epoch(digits_dir):
+    """Fresh iterators with the same (seed, epoch) give the same batches; others do not."""
+    args = train_imagenet.build_parser().parse_args(['--dataset', 'digits', '--data-dir',
+                                                     digits_dir])
+    spec = train_imagenet.resolve_data(args)
+
+    def first(epoch):
+        batch = next(iter(train_imagenet.train_iter(spec, args, 32, epoch, 0, 1)))
+        return batch.data[0].asnumpy(), batch.label[0].asnumpy()
+    a, b, c = first(0), first(0), first(1)
+    assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+    assert not (a[1] == c[1]).all()
+
+
+# --------------------------------------------------------------------------------------
+# Training, in process
+
+@pytest.mark.slow
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'float16'])
+@pytest.mark.parametrize('network', [['--model', 'cifar_resnet20_v1'],
+                                     ['--symbol', 'resnet', '--num-layers', '18']],
+                         ids=['gluon', 'symbol'])
+def test_train_digits(digits_dir, tmp_path, network, dtype):
+    batches = '2' if dtype == 'float16' else '3'   # float16 is emulated (slow) on a CPU
+    status = train_imagenet.main(_common(digits_dir, tmp_path, '--dtype', dtype, '--num-epochs',
+                                         '1', '--max-batches', batches, *network))
+    assert status == 0
+    summary = _summary(tmp_path)
+    assert summary['dtype'] == dtype
+    assert summary['path'] == ('symbol' if '--symbol' in network else 'gluon')
+    assert 0.0 <= summary['val_top1'] <= summary['val_top5'] <= 1.0
+    if dtype == 'float16':
+        assert summary['loss_scale'] <= 2.0 ** 16      # dynamic scaling ran
+    else:
+        assert summary['loss_scale'] == 1.0 and summary['skipped_steps'] == 0
+    rows = train_imagenet.read_metrics(str(tmp_path / 'm-metrics.csv'))
+    assert [r['epoch'] for r in rows] == [1]
+    assert os.path.isfile(tmp_path / 'm-0001.params')
+    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [1]
+
+
+@pytest.mark.slow
+def test_training_learns(digits_dir, tmp_path):
+    """A few epochs in bfloat16 bring the digits far above chance (10%)."""
+    status = train_imagenet.main(_common(digits_dir, tmp_path, '--model', 'cifar_resnet20_v1',
+                                         '--dtype', 'bfloat16', '--num-epochs', '3',
+                                         '--batch-size', '64'))
+    assert status == 0
+    assert _summary(tmp_path)['val_top1'] > 0.8
+
+
+@pytest.mark.slow
+def test_synthetic_and_plot(tmp_path):
+    png = tmp_path / 'curves.png'
+    status = train_imagenet.main(['--synthetic', '--dataset', 'digits', '--model',
+                                  'cifar_resnet20_v1', '--dtype', 'auto', '--batch-size', '16',
+                                  '--max-batches', '3', '--num-epochs', '2', '--no-progress',
+                                  '--save-dir', str(tmp_path), '--save-prefix', 'm',
+                                  '--plot', str(png)])
+    assert status == 0
+    summary = _summary(tmp_path)
+    assert summary['dtype'] == 'bfloat16' and summary['img_per_sec'] > 0
+    assert summary['val_top1'] is None or summary['val_top1'] != summary['val_top1']  # NaN
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('network', [['--model', 'resnet18_v1b', '--dtype', 'bfloat16'],
+                                     ['--symbol', 'resnet', '--num-layers', '18',
+                                      '--dtype', 'float16']],
+                         ids=['gluon-bf16', 'symbol-fp16'])
+def test_resume_is_bit_exact(digits_dir, tmp_path, network):
+    """2 epochs == 1 epoch, stop, --resume, 1 more: same bytes in params and states."""
+    args = network + ['--num-epochs', '2', '--max-batches', '3']
+    whole, split = tmp_path / 'whole', tmp_path / 'split'
+    assert train_imagenet.main(_common(digits_dir, whole, *args)) == 0
+    assert train_imagenet.main(_common(digits_dir, split, '--stop-at-epoch', '1', *args)) == 0
+    assert train_imagenet.list_checkpoints(str(split), 'm') == [1]
+    assert train_imagenet.main(_common(digits_dir, split, '--resume', *args)) == 0
+    for suffix in ('params', 'states'):
+        assert _params_equal(whole / ('m-0002.' + suffix), split / ('m-0002.' + suffix))
+    whole_rows = train_imagenet.read_metrics(str(whole / 'm-metrics.csv'))
+    split_rows = train_imagenet.read_metrics(str(split / 'm-metrics.csv'))
+    assert [(r['epoch'], r['train_loss'], r['val_top1']) for r in whole_rows] == \
+        [(r['epoch'], r['train_loss'], r['val_top1']) for r in split_rows]
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
+    """A save that dies midway leaves no half checkpoint and the previous one intact."""
+    class Runner(object):
+        def __init__(self, fail):
+            self.fail = fail
+
+        def save(self, params_file, states_file):
+            with open(params_file, 'w') as handle:
+                handle.write('params')
+            if self.fail:
+                raise KeyboardInterrupt
+            with open(states_file, 'w') as handle:
+                handle.write('states')
+
+    directory = str(tmp_path)
+    train_imagenet.save_checkpoint(Runner(False), directory, 'm', 1, {'global_step': 3})
+    with pytest.raises(KeyboardInterrupt):
+        train_imagenet.save_checkpoint(Runner(True), directory, 'm', 2, {'global_step': 6})
+    assert train_imagenet.list_checkpoints(directory, 'm') == [1]
+    assert sorted(os.listdir(directory)) == ['m-0001.json', 'm-0001.params', 'm-0001.states']
+    with open(os.path.join(directory, 'm-0001.json')) as handle:
+        assert json.load(handle)['global_step'] == 3
+
+
+def test_prune_checkpoints(tmp_path):
+    class Runner(object):
+        def save(self, params_file, states_file):
+            for path in (params_file, states_file):
+                with open(path, 'w') as handle:
+                    handle.write('x')
+    for epoch in (1, 2, 3):
+        train_imagenet.save_checkpoint(Runner(), str(tmp_path), 'm', epoch, {})
+    train_imagenet.prune_checkpoints(str(tmp_path), 'm', 2)
+    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [2, 3]
+
+
+def test_symbol_loss_head_matches_smoothed_cross_entropy():
+    import mxnet as mx
+    import numpy as np
+    logits = np.random.RandomState(0).randn(4, 5).astype(np.float32)
+    label = np.array([0, 3, 4, 1], dtype=np.float32)
+    head = train_imagenet.symbol_loss_head(mx.sym.var('x'), mx.sym.var('y'), 0.1, 5)
+    out = head.eval(x=mx.nd.array(logits), y=mx.nd.array(label))[0].asnumpy()
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    target = np.full((4, 5), 0.1 / 5)
+    target[np.arange(4), label.astype(int)] += 0.9
+    np.testing.assert_allclose(out, -(target * logp).sum(axis=1), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------
+# Command line: one line and exit status 2 on bad input
+
+def _run(args, timeout=120, **kwargs):
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('argv, message', [
+    (['--data-train', '/nonexistent/train.rec'], '--data-train /nonexistent/train.rec: no such'),
+    (['--dataset', 'digits', '--model', 'resnet_nope'], "unknown model 'resnet_nope'"),
+    (['--dataset', 'digits', '--dtype', 'float8'], "unknown dtype 'float8'"),
+    (['--dataset', 'digits', '--resume'], '--resume: no checkpoint'),
+])
+def test_bad_input_exits_2_with_one_line(digits_dir, tmp_path, argv, message):
+    result = _run([TRAIN, '--data-dir', digits_dir, '--save-dir', str(tmp_path),
+                   '--no-progress'] + argv)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if 'error' in line]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert 'Traceback' not in result.stderr
+
+
+def test_missing_index_is_reported(tmp_path):
+    rec = tmp_path / 'train.rec'
+    rec.write_bytes(b'')
+    with pytest.raises(train_imagenet.UsageError, match='train.idx is missing'):
+        args = train_imagenet.build_parser().parse_args(['--data-train', str(rec)])
+        train_imagenet.resolve_data(args)
+
+
+# --------------------------------------------------------------------------------------
+# Distributed: 2 workers on 127.0.0.1
+
+@pytest.mark.slow
+def test_dist_sync_two_workers_end_identical(digits_dir, tmp_path):
+    save = tmp_path / 'run'
+    command = [sys.executable, TRAIN, '--kv-store', 'dist_sync', '--model', 'cifar_resnet20_v1',
+               '--dtype', 'bfloat16', '--num-epochs', '2', '--max-batches', '4']
+    command += _common(digits_dir, save)
+    result = _run([LAUNCH, '-n', '2', '--timeout', '150', '--log-dir', str(tmp_path / 'logs'),
+                   '--'] + command, timeout=200)
+    logs = ''.join(open(tmp_path / 'logs' / name).read()
+                   for name in ('worker0.log', 'worker1.log'))
+    assert result.returncode == 0, result.stderr + logs
+    for epoch in ('0001', '0002'):
+        assert _params_equal(save / ('m-%s.params' % epoch),
+                             save / 'rank1' / ('m-%s.params' % epoch))
+    first, second = _summary(save), _summary(save / 'rank1')
+    assert (first['rank'], second['rank'], first['num_workers']) == (0, 1, 2)
+    assert first['global_batch'] == 64
+    assert first['val_top1'] == second['val_top1']
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_launcher_propagates_failure_and_cleans_up(tmp_path):
+    """One worker exits 3 at once, the other would sleep: status 3, nobody left running."""
+    script = ('import os, sys, time\n'
+              'open(os.path.join(%r, str(os.getpid())), "w").close()\n'
+              'try:\n'
+              '    os.open(os.path.join(%r, "first"), os.O_CREAT | os.O_EXCL)\n'
+              'except FileExistsError:\n'
+              '    sys.exit(3)\n'
+              'time.sleep(60)\n') % (str(tmp_path), str(tmp_path))
+    started = time.time()
+    status = launch_local.launch([sys.executable, '-c', script], num_workers=2, timeout=50)
+    assert status == 3
+    assert time.time() - started < 40
+    pids = [int(name) for name in os.listdir(str(tmp_path)) if name.isdigit()]
+    assert len(pids) == 2
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_launcher_timeout(tmp_path):
+    started = time.time()
+    status = launch_local.launch([sys.executable, '-c', 'import time; time.sleep(60)'],
+                                 num_workers=1, timeout=2)
+    assert status == 124 and time.time() - started < 20
