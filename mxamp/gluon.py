@@ -67,7 +67,7 @@ from mxnet import autograd
 from mxnet.gluon import Block, HybridBlock
 
 from . import graph as graph_mod
-from .dtypes import LOW_PRECISION, cast, dtype_name, numpy_dtype
+from .dtypes import LOW_PRECISION, cast, dtype_name, name_of_array, numpy_dtype
 from .hardware import resolve_dtype
 from .policy import Policy
 
@@ -96,13 +96,6 @@ class _Settings(object):
 
 # --------------------------------------------------------------------------
 # Parameters
-
-def _param_dtype_name(param):
-    try:
-        return dtype_name(param.dtype)
-    except ValueError:
-        return None
-
 
 def _set_param_dtype(param, name):
     """Store `param` (data and gradient, every context) in precision `name`.
@@ -144,7 +137,7 @@ def _ensure_fp32_var(param):
     is created while the parameter reads as FP32.  Relies on ``Parameter._var``
     and ``_dtype``.
     """
-    if param._var is None and _param_dtype_name(param) in LOW_PRECISION:
+    if param._var is None and name_of_array(param) in LOW_PRECISION:
         current = param._dtype
         param._dtype = _FLOAT32
         try:
@@ -157,7 +150,7 @@ def _sync_params(block):
     """Give every initialised parameter of `block`'s tree its mxamp dtype."""
     settings = block._mxamp_settings
     for param in block.collect_params().values():
-        current = _param_dtype_name(param)
+        current = name_of_array(param)
         if current not in ('float32',) + LOW_PRECISION:
             continue  # integer or otherwise special parameters are left alone
         want = settings.dtype if param.name in settings.lp_params else 'float32'
@@ -251,7 +244,7 @@ class _Converted(object):
         and rounded to the target dtype (round to nearest even).
         """
         low = [p for p in self.collect_params().values()
-               if _param_dtype_name(p) in LOW_PRECISION]
+               if name_of_array(p) in LOW_PRECISION]
         for param in low:
             _set_param_dtype(param, 'float32')
         try:
@@ -509,7 +502,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     policy = settings.policy(ctxs[0].device_type if ctxs else 'cpu')  # validates op names
     # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
     params = {p.name for p in net.collect_params().values()
-              if _param_dtype_name(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
+              if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
     conversion = graph_mod.convert_graph(fp32, policy, params=params & set(fp32.list_inputs()))
     settings.lp_params = conversion.lp_params
     for block in _walk(net):
@@ -610,7 +603,7 @@ def summary(net, print_fn=print):
                               or 'none'))
     by_dtype = {}
     for param in net.collect_params().values():
-        key = _param_dtype_name(param) or str(param.dtype)
+        key = name_of_array(param) or str(param.dtype)
         count, size = by_dtype.get(key, (0, 0))
         shape = param.shape or ()
         known = all(d > 0 for d in shape)
