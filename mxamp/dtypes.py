@@ -67,7 +67,7 @@ def type_flag(name):
 
 
 def name_of_array(array):
-    """Precision name of an NDArray, or None for non-floating types (int, bool...)."""
+    """Precision name of an NDArray (or a Parameter), or None for non-floating types."""
     try:
         return dtype_name(array.dtype)
     except ValueError:

@@ -67,7 +67,7 @@ from mxnet import autograd
 from mxnet.gluon import Block, HybridBlock
 
 from . import graph as graph_mod
-from .dtypes import LOW_PRECISION, cast, dtype_name, name_of_array, numpy_dtype
+from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
 from .hardware import resolve_dtype
 from .policy import Policy
 

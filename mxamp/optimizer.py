@@ -46,7 +46,7 @@ import numpy as np
 
 import mxnet as mx
 
-from .dtypes import BFLOAT16, cast
+from .dtypes import BFLOAT16
 
 __all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
 
@@ -59,9 +59,29 @@ _LOW = (_FLOAT16, BFLOAT16)
 #: into the store instead of treating it as a weight.
 OVERFLOW_FLAG_KEY = 2 ** 30 - 7
 
+#: Length of the value under :data:`OVERFLOW_FLAG_KEY`.  Each worker pushes
+#: ``[non-finite count, rescale_grad, 1, 0]``; the kvstore sums them.  A server
+#: running a mixed-in optimizer stores that sum with the last element set to 1
+#: (see :meth:`MultiPrecision._mxamp_overflow_flag`).  A server without one keeps
+#: the plain sum, last element 0: MXNet 1.9.1's server stores pushed sums as they
+#: are when it has no optimizer, weights included, so the workers must not go on.
+OVERFLOW_FLAG_SIZE = 4
+
 
 def _is_low(array):
     return array.dtype in _LOW
+
+
+def _float32(array):
+    """`array` in float32 (itself when it already is).
+
+    ``amp_cast`` is the cast whose front end accepts bfloat16 in MXNet 1.9.1
+    (as in :func:`mxamp.dtypes.cast`); reached through ``mx.ndarray`` because
+    ``mx.nd`` does not exist on a kvstore server (see :class:`MultiPrecision`).
+    """
+    if array.dtype == np.float32:
+        return array
+    return mx.ndarray.amp_cast(array, dtype=np.float32)
 
 
 class MultiPrecision(object):
@@ -89,7 +109,16 @@ class MultiPrecision(object):
     -----
     A mixed-in optimizer pickles (``Trainer.save_states``, dist kvstore servers)
     as long as its base class can be pickled by reference and mxamp is
-    importable where it is unpickled.
+    importable where it is unpickled.  On a dist kvstore server that is while
+    ``import mxnet`` is still running: MXNet 1.9.1 starts the server loop from
+    inside ``mxnet/__init__.py`` (line 33, through ``mxnet.contrib`` ->
+    ``mxnet.model`` -> ``mxnet.kvstore.kvstore_server``) and never returns, so
+    ``mxnet.gluon``, ``mx.nd`` and ``mx.sym`` do not exist there.  This module
+    uses only ``mx.optimizer`` and ``mx.ndarray`` for that reason, and importing
+    the ``mxamp`` package on a server must not import ``mxnet.gluon``.  A server
+    that fails to unpickle the optimizer only logs "Exception ignored on calling
+    ctypes callback function"; :class:`mxamp.Trainer` detects it (see
+    :data:`OVERFLOW_FLAG_SIZE`) and raises.
     """
 
     def __init__(self, *args, **kwargs):
@@ -133,7 +162,7 @@ class MultiPrecision(object):
         if index == OVERFLOW_FLAG_KEY:
             return None
         if self._mxamp_generic(weight):
-            master = cast(weight, 'float32')
+            master = _float32(weight)
             return (master, self.create_state(index, master))
         if weight.dtype == BFLOAT16 and not self.multi_precision:
             warnings.warn('bfloat16 weight %r without master weights: MXNet 1.9.1 update '
@@ -168,28 +197,32 @@ class MultiPrecision(object):
         if isinstance(index, (list, tuple)):
             masters = [s[0] for s in state]
             inner = [s[1] for s in state]
-            grads32 = [cast(g, 'float32') for g in grad]
+            grads32 = [_float32(g) for g in grad]
             self.update(list(index), masters, grads32, inner)
             for master, low in zip(masters, weight):
-                mx.nd.amp_cast(master, dtype=low.dtype, out=low)
+                mx.ndarray.amp_cast(master, dtype=low.dtype, out=low)
         else:
             master, inner = state
-            self.update(index, master, cast(grad, 'float32'), inner)
-            mx.nd.amp_cast(master, dtype=weight.dtype, out=weight)
+            self.update(index, master, _float32(grad), inner)
+            mx.ndarray.amp_cast(master, dtype=weight.dtype, out=weight)
 
     def _mxamp_overflow_flag(self, stored, merged):
         """Server side of mxamp.Trainer's overflow agreement (see OVERFLOW_FLAG_KEY).
 
         `merged` is the sum over workers of ``[non-finite count, rescale_grad,
-        1]``.  Keep it as the stored value, so that the workers pull the sum, and
-        adopt the workers' mean ``rescale_grad`` (loss scale and batch size
-        folded in), which the server's copy of the optimizer cannot otherwise
-        learn.  Synchronises the server with its engine.
+        1, 0]``.  Keep it as the stored value, so that the workers pull the sum,
+        with the last element set to 1 to tell them that this server runs a
+        mixed-in optimizer, and adopt the workers' mean ``rescale_grad`` (loss
+        scale and batch size folded in), which the server's copy of the
+        optimizer cannot otherwise learn.  Synchronises the server with its
+        engine.
         """
-        merged.copyto(stored)
         values = merged.asnumpy()
-        if values.shape == (3,) and values[2] > 0:
-            self.rescale_grad = float(values[1] / values[2])
+        if values.shape == (OVERFLOW_FLAG_SIZE,):
+            if values[2] > 0:
+                self.rescale_grad = float(values[1] / values[2])
+            values[-1] = 1.0
+        stored[:] = values
 
     # -- pickling of classes made by mixed_class() --------------------------
     def __reduce_ex__(self, protocol):
@@ -234,8 +267,8 @@ class AdamW(mx.optimizer.Optimizer):
         self.epsilon = epsilon
 
     def create_state(self, index, weight):
-        return (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
-                mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
+        return (mx.ndarray.zeros(weight.shape, weight.context, dtype=weight.dtype),
+                mx.ndarray.zeros(weight.shape, weight.context, dtype=weight.dtype))
 
     def _kwargs(self, index):
         self._update_count(index)
@@ -250,13 +283,14 @@ class AdamW(mx.optimizer.Optimizer):
 
     def update(self, index, weight, grad, state):
         mean, var = state
-        mx.nd.contrib.adamw_update(weight, grad, mean, var, out=weight, **self._kwargs(index))
+        mx.ndarray.contrib.adamw_update(weight, grad, mean, var, out=weight,
+                                        **self._kwargs(index))
 
     def update_multi_precision(self, index, weight, grad, state):
         if self.multi_precision and weight.dtype == _FLOAT16:
             master, (mean, var) = state
-            mx.nd.contrib.mp_adamw_update(weight, grad, mean, var, master, out=weight,
-                                          **self._kwargs(index))
+            mx.ndarray.contrib.mp_adamw_update(weight, grad, mean, var, master, out=weight,
+                                               **self._kwargs(index))
         else:
             self.update(index, weight, grad, state)
 

@@ -314,7 +314,15 @@ class LossScaler(object):
         rescale_grad : float, optional
             Sent along with the flag so that kvstore servers that run the
             optimizer (``update_on_kvstore=True``) apply it; see
-            :data:`mxamp.optimizer.OVERFLOW_FLAG_KEY`.
+            :data:`mxamp.optimizer.OVERFLOW_FLAG_KEY`.  Give it only when the
+            servers run the optimizer: they must then run an mxamp (mixed-in)
+            optimizer, or ``RuntimeError`` is raised before anything is pushed.
+
+        Raises
+        ------
+        RuntimeError
+            With a distributed kvstore and `rescale_grad`, when the server does
+            not run an mxamp optimizer (typically: it failed to unpickle it).
         """
         flags = _finite_flags(_flat_grads(arrays))
         if kvstore is not None and 'dist' in kvstore.type:
@@ -327,19 +335,38 @@ class LossScaler(object):
         return bool((gathered.asnumpy() != 1.0).any())
 
     def _agree(self, kvstore, flags, rescale_grad):
-        """Sum [non-finite count, rescale_grad, 1] over workers; one host sync."""
+        """Sum [non-finite count, rescale_grad, 1, 0] over workers; one host sync.
+
+        The server's mixed-in optimizer sets the last element to 1
+        (:data:`mxamp.optimizer.OVERFLOW_FLAG_SIZE`).  When the workers rely on it
+        (`rescale_grad` given: ``update_on_kvstore=True``) and it is 0, the server
+        runs no mxamp optimizer.  The usual cause: it could not unpickle it,
+        which MXNet's server only logs; it then stores the pushed gradient sums
+        as the weights.  Every worker pulls the same value, so every worker
+        raises, before pushing any gradient.
+        """
         key = _mp_optimizer.OVERFLOW_FLAG_KEY
         cpu = mx.cpu()
         bad = mx.nd.zeros((1,), ctx=cpu)
         for flag in flags:
             bad += 1.0 - flag.as_in_context(cpu)
         payload = mx.nd.concat(bad, mx.nd.array(
-            [1.0 if rescale_grad is None else rescale_grad, 1.0], ctx=cpu), dim=0)
+            [1.0 if rescale_grad is None else rescale_grad, 1.0, 0.0], ctx=cpu), dim=0)
         if kvstore not in self._flag_kvstores:
-            kvstore.init(key, mx.nd.zeros((3,), ctx=cpu))
+            kvstore.init(key, mx.nd.zeros((_mp_optimizer.OVERFLOW_FLAG_SIZE,), ctx=cpu))
             self._flag_kvstores[kvstore] = True
         kvstore.pushpull(key, payload, out=payload)
-        return payload.asnumpy()[0] > 0
+        summed = payload.asnumpy()
+        if rescale_grad is not None and summed[-1] != 1.0:
+            raise RuntimeError(
+                'mxamp: the kvstore server does not run the mxamp optimizer that '
+                'update_on_kvstore=True sends it, so it would store summed gradients as '
+                'weights.  Most likely it failed to unpickle it: MXNet 1.9.1 runs the server '
+                'inside `import mxnet`, where importing a module that needs mxnet.gluon '
+                'fails; see the server log ("Exception ignored on calling ctypes callback '
+                'function").  Use update_on_kvstore=False (the default for distributed '
+                'kvstores) or make mxamp importable on the server.')
+        return bool(summed[0] > 0)
 
     def update(self, overflow):
         """Record the outcome of a step and adjust the scale.  No host sync.
@@ -414,7 +441,9 @@ class LossScaler(object):
             base = optimizer.rescale_grad
             self._base_rescale[optimizer] = base
         rescale = base / self._scale
-        overflow = self.has_overflow(grads, kvstore=kvstore, rescale_grad=rescale)
+        # The servers learn rescale_grad from the flag only when they run the optimizer.
+        overflow = self.has_overflow(grads, kvstore=kvstore, rescale_grad=rescale
+                                     if module._update_on_kvstore else None)
         if not overflow:
             optimizer.rescale_grad = rescale
             module.update()

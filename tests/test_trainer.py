@@ -548,16 +548,16 @@ def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                    for _ in range(2)]
         procs.extend(workers)
-        outputs = [w.communicate(timeout=120)[0] for w in workers]
+        outputs = [w.communicate(timeout=120) for w in workers]
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
     results = {}
-    for out in outputs:
+    for out, err in outputs:
         line = [l for l in out.splitlines() if l.startswith('RESULT')]
-        assert line, out
+        assert line, out + err[-3000:]
         _, rank, rest = line[0].split(' ', 2)
         results[int(rank)] = rest
     # Both workers: applied, skipped (worker 1's inf), applied; identical weights.
@@ -567,6 +567,48 @@ def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
     # summed over workers = 6 * scale, rescaled by 1 / (4 * scale): 1.5 each; lr 0.5.
     weights = eval(results[0].split('] ', 1)[1])
     assert np.allclose(weights, 1.0 - 2 * 0.5 * 1.5)
+
+
+class _OneWorkerDistKVStore(object):
+    """The overflow-flag traffic of a dist_sync kvstore with one worker, in process:
+    the server runs `optimizer`'s updater, or none (then, like MXNet's server, it
+    stores what is pushed)."""
+    type = 'dist_sync'
+
+    def __init__(self, optimizer=None):
+        self._updater = None if optimizer is None else mx.optimizer.get_updater(optimizer)
+        self._store = {}
+
+    def init(self, key, value):
+        self._store[key] = value.copy()
+
+    def pushpull(self, key, value, out):
+        stored = self._store[key]
+        if self._updater is None:
+            value.copyto(stored)
+        else:
+            self._updater(key, value, stored)
+        stored.copyto(out)
+
+
+def test_dist_agreement_detects_a_server_without_the_mxamp_optimizer():
+    grads = [nd.ones((3,)), cast(nd.ones((2,)), 'float16')]
+    scaler = LossScaler()
+    # update_on_kvstore=True (rescale_grad sent): the server must run an mxamp optimizer.
+    with pytest.raises(RuntimeError, match='does not run the mxamp optimizer'):
+        scaler.has_overflow(grads, kvstore=_OneWorkerDistKVStore(), rescale_grad=0.25)
+    with pytest.raises(RuntimeError, match='does not run the mxamp optimizer'):
+        scaler.has_overflow(grads, kvstore=_OneWorkerDistKVStore(mx.optimizer.SGD()),
+                            rescale_grad=0.25)
+    # update_on_kvstore=False: the plain sum is all the workers need.
+    assert scaler.has_overflow(grads, kvstore=_OneWorkerDistKVStore()) is False
+    server = mo.create('sgd', learning_rate=0.1)
+    kv = _OneWorkerDistKVStore(server)
+    assert scaler.has_overflow(grads, kvstore=kv, rescale_grad=0.25) is False
+    assert server.rescale_grad == 0.25
+    grads[1][0] = np.inf
+    assert scaler.has_overflow(grads, kvstore=kv, rescale_grad=0.125) is True
+    assert server.rescale_grad == 0.125
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16', 'bfloat16'])
