@@ -55,7 +55,11 @@ DMLC_PS_ROOT_PORT=9000 DMLC_NUM_SERVER=<S> DMLC_NUM_WORKER=<W>``, and
 All workers must see the data at the same paths and run with the same
 arguments.  Worker 0 writes its checkpoints to ``--save-dir``, worker r > 0 to
 ``--save-dir/rank<r>`` (the copies are identical; keeping them apart avoids
-concurrent writes to one file on shared storage).
+concurrent writes to one file on shared storage).  If a worker dies, the
+launcher stops the others (they would wait for it for ever); the same launch
+with ``--resume`` continues every worker from the newest epoch that all of
+them hold (a worker killed during a save lacks that epoch's copy; then it reads
+rank 0's copy if it sees ``--save-dir``, else all go back one epoch).
 
 Outputs in ``--save-dir`` (``<prefix>`` is ``--save-prefix``, by default the
 model name): ``<prefix>-<epoch>.params`` (FP32 values, loadable by an FP32
@@ -74,6 +78,7 @@ import math
 import os
 import pickle
 import random
+import re
 import resource
 import sys
 import time
@@ -504,6 +509,29 @@ def average_statistics(kvstore, stats, initialized):
             array *= 1.0 / (kvstore.num_workers * len(per_device))
 
 
+# Key of the resume agreement, clear of the parameter and statistics keys.
+_RESUME_KEY = 2 ** 28
+_RESUME_SLOTS = 4096
+
+
+def common_epochs(kvstore, epochs):
+    """Of `epochs` (this worker's complete checkpoints), those every worker has.
+
+    A worker killed during a save has one checkpoint fewer than the others;
+    resuming workers from different epochs would train different models and
+    hang at the end.  One push-pull of a vector with a 1 per epoch held;
+    epochs from 4096 on are ignored.  Every worker must call it.
+    """
+    held = np.zeros(_RESUME_SLOTS, dtype=np.float32)
+    for epoch in epochs:
+        if 0 <= epoch < _RESUME_SLOTS:
+            held[epoch] = 1.0
+    counts = mx.nd.array(held)
+    kvstore.init(_RESUME_KEY, mx.nd.zeros(_RESUME_SLOTS))
+    kvstore.pushpull(_RESUME_KEY, counts, out=counts)
+    return [int(e) for e in np.nonzero(counts.asnumpy() >= kvstore.num_workers)[0]]
+
+
 # ---------------------------------------------------------------------------------------
 # The two training paths
 
@@ -761,17 +789,33 @@ def _paths(directory, prefix, epoch):
     return stem + '.params', stem + '.states', stem + '.json'
 
 
+def _fsync(path):
+    """Flush a file's (or a directory's) contents to disk: a rename after it is durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(runner, directory, prefix, epoch, meta):
     """Write epoch `epoch`'s params, states and JSON, each atomically, JSON last.
 
     The JSON is the commit: a checkpoint counts only once its JSON exists, and
-    the files of earlier epochs are never touched, so a kill at any moment
-    leaves the previous checkpoint loadable.
+    the files of earlier epochs are never touched, so a kill (even ``kill -9``)
+    at any moment leaves the previous checkpoint loadable.  Each file is written
+    under a temporary name, flushed to disk and renamed; an older checkpoint of
+    the same epoch (a run resumed from an earlier epoch) loses its JSON before
+    any of its files is replaced, so a checkpoint never mixes two runs' files.
     """
     params_file, states_file, json_file = _paths(directory, prefix, epoch)
     tmp = '.tmp-%d' % os.getpid()
     try:
         runner.save(params_file + tmp, states_file + tmp)
+        _fsync(params_file + tmp)
+        _fsync(states_file + tmp)
+        if os.path.exists(json_file):
+            os.remove(json_file)
         os.replace(params_file + tmp, params_file)
         os.replace(states_file + tmp, states_file)
         with open(json_file + tmp, 'w') as handle:
@@ -780,10 +824,46 @@ def save_checkpoint(runner, directory, prefix, epoch, meta):
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(json_file + tmp, json_file)
+        _fsync(directory)
     finally:
         for path in (params_file + tmp, states_file + tmp, json_file + tmp):
             if os.path.exists(path):
                 os.remove(path)
+
+
+_TMP_NAME = re.compile(r'\.tmp-(\d+)(\.mxamp-\d+\.tmp)?$')
+
+
+def remove_stale_tmp(directory, prefix):
+    """Delete temporary files that a killed run of `prefix` left in `directory`.
+
+    A process killed during :func:`save_checkpoint` (or while rewriting the
+    metrics) leaves ``<name>.tmp-<pid>`` files; they never count as a
+    checkpoint.  Those of processes still alive are kept.  Returns the names
+    removed.
+    """
+    removed = []
+    if not os.path.isdir(directory):
+        return removed
+    for name in os.listdir(directory):
+        match = _TMP_NAME.search(name)
+        if not (name.startswith(prefix + '-') and match):
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid():
+            try:
+                os.kill(pid, 0)
+                continue            # its writer still runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        try:
+            os.remove(os.path.join(directory, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return sorted(removed)
 
 
 def list_checkpoints(directory, prefix):
@@ -953,6 +1033,10 @@ def train(args):
     save_dir = args.save_dir if rank == 0 else os.path.join(args.save_dir, 'rank%d' % rank)
     os.makedirs(save_dir, exist_ok=True)
     _setup_logging(save_dir, rank if distributed else None, args.no_progress)
+    stale = remove_stale_tmp(save_dir, prefix)
+    if stale:
+        _LOG.info('removed %d temporary file(s) of an interrupted run: %s', len(stale),
+                  ', '.join(stale))
 
     batch_size = args.batch_size
     local_batch = batch_size * len(contexts)
@@ -970,13 +1054,22 @@ def train(args):
     csv_path = os.path.join(save_dir, '%s-metrics.csv' % prefix)
     rows, start_epoch, global_step, resume = [], 0, 0, None
     if args.resume:   # checked before the (slow) model build
-        available = list_checkpoints(save_dir, prefix)
-        epoch = args.resume_epoch if args.resume_epoch is not None else \
-            (available[-1] if available else None)
-        if epoch is None or epoch not in available:
-            raise UsageError('--resume: no %s in %s' % (
-                'checkpoint of epoch %d' % epoch if epoch else 'checkpoint', save_dir))
-        resume = _paths(save_dir, prefix, epoch)
+        own = list_checkpoints(save_dir, prefix)
+        # Worker r > 0 may have been killed before its copy of a checkpoint was
+        # complete; rank 0's copy (the same bytes) serves when this machine sees it.
+        available = sorted(set(own) | set(list_checkpoints(args.save_dir, prefix)
+                                          if rank > 0 else ()))
+        if args.resume_epoch is not None:
+            available = [e for e in available if e == args.resume_epoch]
+        if distributed:   # every worker must continue from the same epoch
+            available = common_epochs(kvstore, available)
+        epoch = available[-1] if available else None
+        if epoch is None:
+            raise UsageError('--resume: no %s in %s%s' % (
+                'checkpoint of epoch %d' % args.resume_epoch if args.resume_epoch
+                else 'checkpoint', save_dir,
+                ' that every worker has' if distributed else ''))
+        resume = _paths(save_dir if epoch in own else args.save_dir, prefix, epoch)
         with open(resume[2]) as handle:
             meta = json.load(handle)
         for key, value in (('dtype', dtype), ('path', path), ('model', prefix)):
