@@ -6,17 +6,27 @@ front (`convert_symbol`, `convert_model`, the ``mxamp convert`` tool) and the
 Gluon front (`convert`); FP32 master weights (`MultiPrecision`) and the
 loss-scaling `Trainer` work with either.
 """
+import os
+
 from . import hardware
 
 # Before any oneDNN primitive exists: oneDNN reads its ISA limit once, at the first one.
 hardware.enable_amx()
 
-from . import diagnose, optimizer  # noqa: E402
-from .gluon import convert, summary  # noqa: E402
-from .graph import GraphError  # noqa: E402
+from . import optimizer  # noqa: E402
 from .optimizer import MultiPrecision  # noqa: E402
-from .symbol import convert_model, convert_symbol  # noqa: E402
-from .trainer import LossScaler, Trainer  # noqa: E402
+
+# A dist kvstore server (DMLC_ROLE=server) runs inside `import mxnet`: MXNet 1.9.1
+# starts its loop from mxnet/__init__.py, before mxnet.gluon can be imported, and
+# never returns.  There this package is imported only to unpickle the optimizer
+# (update_on_kvstore=True), which needs mxamp.optimizer alone; importing the
+# modules below would fail on mxnet.gluon and leave the server without optimizer.
+if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
+    from . import diagnose  # noqa: E402
+    from .gluon import convert, summary  # noqa: E402
+    from .graph import GraphError  # noqa: E402
+    from .symbol import convert_model, convert_symbol  # noqa: E402
+    from .trainer import LossScaler, Trainer  # noqa: E402
 
 __version__ = '0.1.0'
 __all__ = ['convert', 'summary', 'convert_symbol', 'convert_model', 'Trainer', 'LossScaler', 'MultiPrecision',
