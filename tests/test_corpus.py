@@ -133,3 +133,8 @@ def _downstream_of_ranking(symbol):
         if node['op'] in RANKING_OPS or any(src in tainted for src, _, _ in node['inputs']):
             tainted.add(nid)
     return {i for i, (nid, _, _) in enumerate(graph['heads']) if nid in tainted}
+
+
+def test_corpus_is_present_and_complete():
+    require_corpus()
+    assert len(ROWS) == 61 and len(CONVERTIBLE) == 56 and len(UNLOADABLE) == 3
