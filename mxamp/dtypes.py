@@ -74,21 +74,84 @@ def name_of_array(array):
         return None
 
 
+def amp_cast(array, dtype, out=None):
+    """``amp_cast`` that also works on arrays holding a oneDNN blocked layout.
+
+    MXNet 1.9.1 (oneDNN 2.4): after an inference pass, grouped and depthwise
+    convolution weights keep a 5-D blocked oneDNN layout (the next training
+    forward queues a reorder back to the default layout, but only when it
+    runs, so an ``amp_cast`` queued before that still sees the blocked layout).
+    ``amp_cast``'s oneDNN kernel reorders its input's memory into a plain memory
+    of the array's 4-D shape, and oneDNN cannot reorder 5-D into 4-D: "could not
+    create a primitive descriptor for a reorder primitive", raised
+    asynchronously, at the next sync.  Given a *view* whose shape differs from
+    its storage's, that kernel first brings the data back to the default
+    layout.  So the cast reads a 1-D view of `array` (a view costs no copy and
+    no engine operation) and writes a 1-D view of the result, which costs
+    nothing more when the layout is already the default one.
+
+    Gradients never need this: MXNet 1.9.1's oneDNN backward kernels always
+    commit weight gradients in the default layout (``CreateMKLDNNWeightGrad``
+    + ``CommitOutput``), so per-step gradient casts use plain ``amp_cast``.
+
+    Parameters
+    ----------
+    array : NDArray
+    dtype : numpy dtype or ``BFLOAT16``
+    out : NDArray, optional
+        A private array in the default layout with `array`'s shape.  To write
+        into an array that may hold a blocked layout (a weight), use
+        ``mx.nd.amp_cast(src, dtype=..., out=weight)`` with `src` in the default
+        layout instead: the kernel then rewrites `weight` in the default
+        layout, which is correct.
+
+    Returns
+    -------
+    NDArray
+        `out`, or a new array (never a view: oneDNN operators treat views
+        differently, so parameters must not be views).
+
+    Uses ``mx.ndarray``, never ``mx.nd``: :mod:`mxamp.optimizer` calls it, also
+    on kvstore servers.
+    """
+    if array.ndim <= 1:
+        return mx.ndarray.amp_cast(array, dtype=dtype, out=out)
+    if out is None:
+        # MXNet 1.9.1 internal: an NDArray whose memory is allocated when the cast
+        # runs, as for any operator's output.  mx.nd.empty allocates at once, in
+        # this thread: twice the time of the whole cast on a CPU (measured).
+        out = mx.ndarray.NDArray(mx.ndarray.ndarray._new_alloc_handle(
+            array.shape, array.context, True, dtype))
+    mx.ndarray.amp_cast(array.reshape((-1,)), dtype=dtype, out=out.reshape((-1,)))
+    return out
+
+
 def cast(array, name):
     """Cast an NDArray to a precision name; works for bfloat16, unlike ``astype``.
 
-    Returns `array` itself when it already has that dtype.
+    Returns `array` itself when it already has that dtype.  Works on arrays
+    holding a oneDNN blocked layout (see :func:`amp_cast`).  Differentiable
+    inside ``autograd.record()`` (the result is then a reshaped view).
     """
     target = numpy_dtype(name)
     if array.dtype == target:
         return array
     # amp_cast is the only cast operator whose Python front end accepts the
-    # bfloat16 struct dtype in MXNet 1.9.1.
-    return mx.nd.amp_cast(array, dtype=target)
+    # bfloat16 struct dtype in MXNet 1.9.1 and rounds to nearest (Cast truncates).
+    if mx.autograd.is_recording() and array.ndim > 1:
+        # out= is not recorded; a cast between recorded reshapes is.
+        return mx.nd.amp_cast(array.reshape((-1,)), dtype=target).reshape(array.shape)
+    return amp_cast(array, target)
 
 
 def to_float32_numpy(array):
-    """``array.asnumpy()`` in float32, also for bfloat16 arrays (never raw uint16)."""
+    """``array.asnumpy()`` in float32, also for bfloat16 arrays (never raw uint16).
+
+    bfloat16 values are widened on the host (a bfloat16 is the upper half of a
+    float32), so no MXNet operator runs: ``asnumpy`` itself handles every oneDNN
+    layout, whereas an ``amp_cast`` of a blocked array fails (see :func:`amp_cast`).
+    """
     if array.dtype == BFLOAT16:
-        array = mx.nd.amp_cast(array, dtype=np.float32)
+        bits = array.asnumpy().view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(array.shape)
     return array.asnumpy().astype(np.float32, copy=False)

@@ -35,7 +35,10 @@ How an update runs
   AdaGrad, ...): the generic path.  The gradient is cast to FP32, the base
   optimizer's FP32 ``update`` runs on the master copy and its FP32 states, and
   the master copy is cast back into the low-precision weight in place
-  (``amp_cast(..., out=weight)``: no extra allocation for the weight).
+  (``amp_cast(..., out=weight)``: no extra allocation for the weight, and
+  correct when the weight holds a oneDNN blocked layout, which it may after an
+  inference pass).  The master copy is made from the weight with
+  :func:`mxamp.dtypes.amp_cast`, which reads blocked layouts too.
 
 The state of a weight on the generic path is ``(master, inner_state)``, the
 layout of MXNet's own ``Optimizer.create_state_multi_precision``.
@@ -46,7 +49,7 @@ import numpy as np
 
 import mxnet as mx
 
-from .dtypes import BFLOAT16
+from .dtypes import BFLOAT16, amp_cast
 
 __all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
 
@@ -73,11 +76,13 @@ def _is_low(array):
 
 
 def _float32(array):
-    """`array` in float32 (itself when it already is).
+    """`array` in float32 (itself when it already is), for gradients.
 
     ``amp_cast`` is the cast whose front end accepts bfloat16 in MXNet 1.9.1
     (as in :func:`mxamp.dtypes.cast`); reached through ``mx.ndarray`` because
     ``mx.nd`` does not exist on a kvstore server (see :class:`MultiPrecision`).
+    Gradients are always in the default oneDNN layout; weights may not be, and
+    take :func:`mxamp.dtypes.amp_cast` (see :meth:`MultiPrecision.create_state_multi_precision`).
     """
     if array.dtype == np.float32:
         return array
@@ -157,12 +162,14 @@ class MultiPrecision(object):
         """State for `weight`: ``(fp32_master, fp32_state)`` for low-precision weights.
 
         Called once per weight by MXNet's ``Updater``; allocates the master copy
-        (no host sync).
+        (no host sync).  The weight may still hold a oneDNN blocked layout (a
+        depthwise convolution after an inference pass), hence
+        :func:`mxamp.dtypes.amp_cast`.
         """
         if index == OVERFLOW_FLAG_KEY:
             return None
         if self._mxamp_generic(weight):
-            master = _float32(weight)
+            master = amp_cast(weight, np.float32)
             return (master, self.create_state(index, master))
         if weight.dtype == BFLOAT16 and not self.multi_precision:
             warnings.warn('bfloat16 weight %r without master weights: MXNet 1.9.1 update '

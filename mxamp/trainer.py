@@ -30,6 +30,11 @@ What it does differently from ``mxnet.contrib.amp``
   agree through a one-element-per-worker allreduce before pushing).
 * The new scale is used from the very next step, and the scaler's state is part
   of ``save_states`` / ``load_states`` and ``state_dict``.
+* bfloat16 parameters train with distributed kvstores: MXNet 1.9.1's servers
+  abort on bfloat16, so their values and gradients cross the kvstore in FP32.
+* Overflow at the minimum loss scale raises (or warns) with the names of the
+  parameters whose gradients are inf/NaN, and, with ``diagnose_net=net``, the
+  first layer whose output is not finite.
 * Nothing is monkey-patched: MXNet is left exactly as it was.
 """
 import collections
@@ -46,8 +51,9 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from . import diagnose
 from . import optimizer as _mp_optimizer
-from .dtypes import BFLOAT16, LOW_PRECISION, dtype_name
+from .dtypes import BFLOAT16, LOW_PRECISION, amp_cast, dtype_name
 
 __all__ = ['LossScaler', 'OverflowInfo', 'Trainer']
 
@@ -368,13 +374,19 @@ class LossScaler(object):
                 'kvstores) or make mxamp importable on the server.')
         return bool(summed[0] > 0)
 
-    def update(self, overflow):
+    def update(self, overflow, details=None):
         """Record the outcome of a step and adjust the scale.  No host sync.
 
         Parameters
         ----------
         overflow : bool
             Whether the step was skipped because of inf/NaN gradients.
+        details : callable, optional
+            Called with no argument only when an overflow happens at
+            `min_scale` (and ``at_min_scale`` is not ``'ignore'``); the string
+            it returns is appended to the error or warning.  :class:`Trainer`
+            uses it to name the parameters with inf/NaN gradients (host syncs,
+            on that path only).
 
         Raises
         ------
@@ -406,6 +418,8 @@ class LossScaler(object):
             message = ('mxamp: gradients overflow at the minimum loss scale %g (step %d, %d '
                        'steps skipped): the model produces inf/NaN without loss scaling'
                        % (old, self._steps, self._skipped_steps))
+            if details is not None:
+                message += details()
             if self.at_min_scale == 'raise':
                 raise FloatingPointError(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
@@ -531,6 +545,17 @@ class Trainer(gluon.Trainer):
         before the update.  With False the check runs on the reduced
         gradients.  Passing True explicitly is supported: the gradients of
         every context are checked before they are pushed.
+
+        bfloat16 parameters with a distributed kvstore: always False (True
+        raises ``ValueError``, and so does ``dist_async``, which updates on
+        the servers).  MXNet 1.9.1's kvstore servers abort on bfloat16
+        ("Unknown type enum 12"), so the initial weights and the gradients of
+        bfloat16 parameters cross the kvstore as FP32 copies: each gradient is
+        cast into an FP32 buffer (one per parameter and context, allocated
+        once: twice the bfloat16 gradient memory), push-pulled, and the FP32
+        sum is rounded back into the gradient.  float16 and FP32 gradients
+        travel in their own dtype.  Local kvstores (``'device'``, ``'local'``)
+        sum bfloat16 correctly and are left alone.
     loss_scale : 'auto', 'dynamic', float, None or LossScaler, default 'auto'
         ``'auto'``: dynamic scaling when any trainable parameter is float16,
         none otherwise (bfloat16 has float32's range).  ``'dynamic'``: a
@@ -542,6 +567,26 @@ class Trainer(gluon.Trainer):
         FP32 master weights for float16/bfloat16 parameters.  Default: on when
         any parameter is float16 or bfloat16.  A ``multi_precision`` entry in
         `optimizer_params` takes precedence.
+    diagnose_net : Block, optional
+        Debug mode for overflow at the loss scale's floor.  The trainer keeps a
+        reference to the inputs of `diagnose_net`'s latest call (a forward
+        pre-hook: no copy, no sync), and when gradients overflow at
+        ``min_scale`` it re-runs that forward op by op
+        (:func:`mxamp.diagnose.first_nonfinite_output`, inference mode, on the
+        CPU) and names the first layer whose output is not finite in the
+        error or warning.  Costs one extra batch kept alive; the re-run only
+        happens on that path.
+
+    Overflow at the floor
+    ---------------------
+    When dynamic scaling overflows at ``min_scale``, the ``FloatingPointError``
+    (``at_min_scale='raise'``) or ``RuntimeWarning`` (``'warn'``) names the
+    parameters whose gradients hold inf/NaN
+    (:func:`mxamp.diagnose.nonfinite_gradients`: one host sync per parameter,
+    only then) and, with `diagnose_net`, the first layer whose output is not
+    finite; without it, the message says how to find that layer.  The layer
+    that overflows is usually upstream of the parameters named: an inf output
+    makes the gradients of the layers that consume it non-finite.
 
     Examples
     --------
@@ -563,7 +608,7 @@ class Trainer(gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
                  compression_params=None, update_on_kvstore=None, loss_scale='auto',
-                 master_weights=None):
+                 master_weights=None, diagnose_net=None):
         param_list = _as_param_list(params)
         low = any(_precision(p.dtype) in LOW_PRECISION for p in param_list)
         optimizer_params = dict(optimizer_params or {})
@@ -582,8 +627,27 @@ class Trainer(gluon.Trainer):
             raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %r'
                             % (optimizer,))
         self._loss_scaler = _make_scaler(loss_scale, param_list)
+        self._fp32_buffers = {}
+        kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
+        # MXNet 1.9.1's kvstore servers abort on bfloat16 ("Unknown type enum 12"):
+        # reduce bfloat16 gradients through FP32 copies, update on the workers.
+        self._fp32_reduce = 'dist' in kv_type and any(
+            _precision(p.dtype) == 'bfloat16' for p in param_list)
+        if self._fp32_reduce:
+            if 'async' in kv_type:
+                raise ValueError(
+                    'bfloat16 parameters cannot be trained with kvstore %r: MXNet 1.9.1\'s '
+                    'kvstore servers abort on bfloat16 arrays, and asynchronous training runs '
+                    'the updates on the servers.  Use dist_sync (mxamp then reduces bfloat16 '
+                    'gradients in FP32) or FP32 parameters.' % (kv_type,))
+            if update_on_kvstore:
+                raise ValueError(
+                    'update_on_kvstore=True is not supported with bfloat16 parameters and a '
+                    'distributed kvstore (%r): MXNet 1.9.1\'s kvstore servers abort on '
+                    'bfloat16 arrays.  Leave update_on_kvstore unset: mxamp reduces the '
+                    'bfloat16 gradients in FP32 and updates on the workers.' % (kv_type,))
+            update_on_kvstore = False
         if update_on_kvstore is None and self._loss_scaler is not None:
-            kv_type = kvstore if isinstance(kvstore, str) else getattr(kvstore, 'type', '')
             contexts = set()
             for param in param_list:
                 try:
@@ -597,6 +661,17 @@ class Trainer(gluon.Trainer):
                                       update_on_kvstore=update_on_kvstore)
         self._scale_loss_open = 0
         self._unscaled = False
+        self._diagnose_net = None
+        self._last_inputs = []
+        if diagnose_net is not None:
+            if not isinstance(diagnose_net, gluon.Block):
+                raise TypeError('diagnose_net must be a gluon Block, got %r' % (diagnose_net,))
+            self._diagnose_net = diagnose_net
+            last = self._last_inputs   # the hook holds this list, not the trainer
+
+            def keep_inputs(block, inputs):
+                last[:] = [inputs]
+            self._diagnose_hook = diagnose_net.register_forward_pre_hook(keep_inputs)
 
     # -- public state ------------------------------------------------------------
     @property
@@ -681,20 +756,84 @@ class Trainer(gluon.Trainer):
         if not self._kv_initialized:
             self._init_kvstore()
         if self._params_to_init:
-            pending = list(self._params_to_init)
             self._init_params()
-            if self._distributed:
-                # The initial weights are pulled from the servers under the keys the
-                # gradients are pushed to next.  The pull (writes the weights) and
-                # the push (reads the gradients) share no array, so MXNet's engine
-                # may send the push first; with update_on_kvstore=False the server
-                # then replaces the stored weight by the gradient sum before the
-                # pull is served (seen as one worker starting from the gradient).
-                # Wait for the pulls once.
-                for param in pending:
-                    if param._data is not None:
-                        for data in param.list_data():
-                            data.wait_to_read()
+
+    # -- kvstore: bfloat16 through FP32, initial pulls --------------------------------
+    def _is_fp32_reduced(self, param):
+        """Whether `param`'s values and gradients cross the kvstore as FP32 copies."""
+        return (self._fp32_reduce and param._stype == 'default'
+                and _precision(param.dtype) == 'bfloat16')
+
+    def _fp32_copies(self, index, arrays):
+        """FP32 buffers for kvstore key `index`, one per context (allocated once)."""
+        # dtypes.amp_cast: a weight may still hold a oneDNN blocked layout.
+        buffers = self._fp32_buffers.get(index)
+        if buffers is None:
+            buffers = [amp_cast(a, np.float32) for a in arrays]
+            self._fp32_buffers[index] = buffers
+        else:
+            for array, buf in zip(arrays, buffers):
+                amp_cast(array, np.float32, out=buf)
+        return buffers
+
+    def _init_params(self):
+        # gluon.Trainer internals: _params_to_init, _param2idx, Parameter._data,
+        # _deferred_init.  bfloat16 values are broadcast as FP32 copies.
+        pending = list(self._params_to_init)
+        if self._kvstore and self._fp32_reduce:
+            rest = []
+            for param in pending:
+                if param._deferred_init or not self._is_fp32_reduced(param):
+                    rest.append(param)
+                    continue
+                index = self._param2idx[param.name]
+                arrays = param._check_and_get(param._data, list)
+                buffers = self._fp32_copies(index, arrays)
+                self._kvstore.broadcast(index, buffers[0], buffers)
+                for buf, array in zip(buffers, arrays):
+                    mx.nd.amp_cast(buf, dtype=array.dtype, out=array)
+            self._params_to_init = rest
+        super(Trainer, self)._init_params()
+        if self._distributed:
+            # The initial weights are pulled from the servers under the keys the
+            # gradients are pushed to next.  The pull (writes the weights) and
+            # the push (reads the gradients) share no array, so MXNet's engine
+            # may send the push first; with update_on_kvstore=False the server
+            # then replaces the stored weight by the gradient sum before the
+            # pull is served (seen as one worker starting from the gradient).
+            # Wait for the pulls once.
+            for param in pending:
+                if param._data is not None and param not in self._params_to_init:
+                    for data in param.list_data():
+                        data.wait_to_read()
+
+    def _allreduce_grads(self):
+        """Sum the gradients over contexts and workers (gluon's, plus bfloat16 via FP32).
+
+        With a distributed kvstore, each bfloat16 gradient is cast into an FP32
+        buffer (allocated once per parameter and context), push-pulled, and the
+        FP32 sum is cast back into the gradient (rounded once).  Everything else
+        takes gluon's path: float16 gradients are summed in float16.  No host sync.
+        """
+        if not (self._kvstore and self._fp32_reduce):
+            super(Trainer, self)._allreduce_grads()
+            return
+        # gluon.Trainer._allreduce_grads, with update_on_kvstore=False (forced for
+        # this case in __init__; sparse gradients make gluon refuse that earlier).
+        for index, param in enumerate(self._params):
+            if param.grad_req == 'null':
+                continue
+            grads = param.list_grad()
+            if grads[0].stype != 'default':
+                self._kvstore.push(index, grads, priority=-index)
+                self._kvstore.pull(index, grads, priority=-index, ignore_sparse=True)
+            elif self._is_fp32_reduced(param):
+                buffers = self._fp32_copies(index, grads)
+                self._kvstore.pushpull(index, buffers, priority=-index)
+                for buf, grad in zip(buffers, grads):
+                    mx.nd.amp_cast(buf, dtype=grad.dtype, out=grad)
+            else:
+                self._kvstore.pushpull(index, grads, priority=-index)
 
     def _mark_consumed(self):
         # NDArray._fresh_grad: gluon's stale-gradient flag, reset as a real step would.
@@ -708,8 +847,35 @@ class Trainer(gluon.Trainer):
         if overflow:
             self._mark_consumed()
         if self._loss_scaler is not None:
-            self._loss_scaler.update(overflow)
+            self._loss_scaler.update(overflow, details=self._overflow_details)
         return not overflow
+
+    def _overflow_details(self):
+        """What overflowed, for the error at the loss scale's floor (host syncs)."""
+        try:
+            names = diagnose.nonfinite_gradients(self._params)
+        except Exception as err:   # never hide the overflow behind a diagnosis error
+            names, text = None, '.  Could not read the gradients (%s)' % (err,)
+        if names is not None:
+            shown = ', '.join(names[:10]) + (', ...' if len(names) > 10 else '')
+            text = ('.  Parameters with inf/NaN gradients (%d of %d): %s'
+                    % (len(names), len(self._params), shown or 'none'))
+        if self._diagnose_net is None or not self._last_inputs:
+            return text + ('.  To find the first layer whose output is not finite, call '
+                           'mxamp.diagnose.first_nonfinite_output(net, x) with an overflowing '
+                           'batch x, or create the Trainer with diagnose_net=net')
+        try:
+            found = diagnose.first_nonfinite_output(self._diagnose_net, *self._last_inputs[0])
+        except Exception as err:
+            return text + ('.  Re-running the last forward pass op by op failed: %s: %s'
+                           % (type(err).__name__, err))
+        if found is None:
+            return text + ('.  Re-running the last batch op by op (inference mode) gives '
+                           'finite outputs at every layer')
+        where = ('finite in FP32 but not once stored in %s' % found['cast_to']
+                 if found['cast_to'] else 'in %s' % found['dtype'])
+        return text + ('.  First layer whose output is not finite (last batch, inference '
+                       'mode): %s (%s), %s' % (found['node'], found['op'], where))
 
     # -- stepping --------------------------------------------------------------------
     def step(self, batch_size, ignore_stale_grad=False):

@@ -1,10 +1,12 @@
 """Tests of mxamp.trainer: LossScaler and the loss-scaled, master-weight Trainer."""
+import json
 import logging
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 from mxamp import optimizer as mo
-from mxamp.dtypes import cast, numpy_dtype, to_float32_numpy
+from mxamp.dtypes import cast, dtype_name, numpy_dtype, to_float32_numpy
 from mxamp.trainer import LossScaler, OverflowInfo, Trainer
 
 CTXS = [mx.cpu(0), mx.cpu(1)]
@@ -528,38 +530,68 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('update_on_kvstore', [False, True])
-def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
+def _run_dist(tmp_path, worker_source, timeout=120):
+    """Scheduler, server and two workers on 127.0.0.1: each worker's (stdout, stderr)
+    and the server's stderr.  Stops early when the server dies (the workers would
+    wait for it until `timeout`); every process is killed on the way out."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = tmp_path / 'worker.py'
-    script.write_text(_WORKER.format(root=root, uok=update_on_kvstore))
+    script.write_text(worker_source)
     env = dict(os.environ, DMLC_PS_ROOT_URI='127.0.0.1', DMLC_PS_ROOT_PORT=str(_free_port()),
                DMLC_NUM_SERVER='1', DMLC_NUM_WORKER='2', PYTHONPATH=root,
                OMP_NUM_THREADS='1')
+    logs = {name: tmp_path / ('%s.log' % name)
+            for name in ('server', 'worker0.out', 'worker0.err', 'worker1.out', 'worker1.err')}
     procs = []
     try:
         for role in ('scheduler', 'server'):
-            procs.append(subprocess.Popen(
-                [sys.executable, '-c', 'import mxnet'],
-                env=dict(env, DMLC_ROLE=role), stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL))
-        workers = [subprocess.Popen([sys.executable, str(script)], env=dict(env, DMLC_ROLE='worker'),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                   for _ in range(2)]
+            with open(logs['server'] if role == 'server' else os.devnull, 'w') as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, '-c', 'import mxnet'], env=dict(env, DMLC_ROLE=role),
+                    stdout=subprocess.DEVNULL, stderr=err))
+        server = procs[1]
+        workers = []
+        for i in range(2):
+            with open(logs['worker%d.out' % i], 'w') as out, \
+                    open(logs['worker%d.err' % i], 'w') as err:
+                workers.append(subprocess.Popen([sys.executable, str(script)],
+                                                env=dict(env, DMLC_ROLE='worker'),
+                                                stdout=out, stderr=err))
         procs.extend(workers)
-        outputs = [w.communicate(timeout=120) for w in workers]
+        deadline = time.monotonic() + timeout
+        while any(w.poll() is None for w in workers):
+            if time.monotonic() > deadline:
+                break
+            if server.poll() is not None:           # died (or done): give workers 5 s
+                deadline = min(deadline, time.monotonic() + 5)
+            time.sleep(0.1)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+    outputs = [(logs['worker%d.out' % i].read_text(), logs['worker%d.err' % i].read_text())
+               for i in range(2)]
+    return outputs, logs['server'].read_text()
+
+
+def _results(outputs, server_err=''):
+    """{rank: the rest of the worker's RESULT line}."""
     results = {}
     for out, err in outputs:
         line = [l for l in out.splitlines() if l.startswith('RESULT')]
-        assert line, out + err[-3000:]
+        assert line, out + err[-3000:] + '\nserver: ' + server_err[-2000:]
         _, rank, rest = line[0].split(' ', 2)
         results[int(rank)] = rest
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('update_on_kvstore', [False, True])
+def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs, _ = _run_dist(tmp_path, _WORKER.format(root=root, uok=update_on_kvstore))
+    results = _results(outputs)
     # Both workers: applied, skipped (worker 1's inf), applied; identical weights.
     assert results[0] == results[1]
     assert results[0].startswith('[(True, 4.0), (False, 2.0), (True, 2.0)]')
@@ -567,6 +599,186 @@ def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
     # summed over workers = 6 * scale, rescaled by 1 / (4 * scale): 1.5 each; lr 0.5.
     weights = eval(results[0].split('] ', 1)[1])
     assert np.allclose(weights, 1.0 - 2 * 0.5 * 1.5)
+
+
+# ---------------------------------------------------------------------------------
+# bfloat16 gradients and MXNet's kvstores
+# ---------------------------------------------------------------------------------
+def _bf16_round(values):
+    """float32 -> bfloat16 (round to nearest even) -> float32, in numpy."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _dense_run(dtype, ctxs, kvstore, steps=3, **trainer_kwargs):
+    """A Dense(4) layer on `ctxs`, SGD with momentum, one batch per context per step.
+
+    The FP32 run starts from the bfloat16 run's initial weights and data (rounded),
+    so that both compute the same thing up to bfloat16 rounding."""
+    mx.random.seed(0)
+    net = gluon.nn.Dense(4, in_units=8)
+    net.initialize(mx.init.Uniform(0.5), ctx=ctxs)
+    for param in net.collect_params().values():
+        param.set_data(nd.array(_bf16_round(param.data(ctxs[0]).asnumpy())))
+    if dtype != 'float32':
+        net.cast(numpy_dtype(dtype))
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                      kvstore=kvstore, **trainer_kwargs)
+    rng = np.random.RandomState(0)
+    for _ in range(steps):
+        with autograd.record():
+            losses = []
+            for ctx in ctxs:
+                x = nd.array(_bf16_round(rng.uniform(-1, 1, (2, 8))), ctx=ctx)
+                out = cast(net(cast(x, dtype)), 'float32')
+                losses.append(nd.sum(nd.square(out - 0.5)))
+        autograd.backward(losses)
+        trainer.step(2 * len(ctxs))
+    weights = [[to_float32_numpy(d) for d in p.list_data()] for p in net.collect_params().values()]
+    return weights, trainer
+
+
+@pytest.mark.parametrize('kvstore, update_on_kvstore', [
+    ('device', None), ('device', False), ('local', None), ('local', False)])
+def test_bfloat16_on_two_contexts_matches_float32(kvstore, update_on_kvstore):
+    """MXNet 1.9.1's local kvstores sum bfloat16 gradients correctly (each sum rounded
+    to bfloat16): bfloat16 keeps travelling as it is there."""
+    reference, _ = _dense_run('float32', CTXS, kvstore)
+    weights, trainer = _dense_run('bfloat16', CTXS, kvstore, update_on_kvstore=update_on_kvstore)
+    assert not getattr(trainer, '_fp32_reduce', False)          # bfloat16 travels as it is
+    for per_ctx, ref in zip(weights, reference):
+        assert np.array_equal(per_ctx[0], per_ctx[1])             # contexts agree bit for bit
+        ref = ref[0]
+        assert np.allclose(per_ctx[0], ref, rtol=2 ** -6, atol=2 ** -8), (per_ctx[0], ref)
+
+
+class _DistKVStoreWithoutBfloat16(mx.kvstore.KVStoreBase):
+    """A one-worker 'dist_sync' kvstore in process: MXNet's local 'device' kvstore
+    behind a server that, like MXNet 1.9.1's, cannot take bfloat16 arrays."""
+    type = 'dist_sync'
+    rank = 0
+    num_workers = 1
+
+    def __init__(self):
+        self._local = mx.kv.create('device')
+        self.dtypes = set()
+
+    def _check(self, *values):
+        for value in values:
+            for array in value if isinstance(value, (list, tuple)) else [value]:
+                name = dtype_name(array.dtype)
+                self.dtypes.add(name)
+                if name == 'bfloat16':
+                    raise mx.base.MXNetError('Unknown type enum 12 (the dist kvstore server '
+                                             'aborts on bfloat16)')
+
+    def broadcast(self, key, value, out, priority=0):
+        self._check(value, out)
+        self._local.broadcast(key, value, out, priority)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        self._check(value, out or [])
+        self._local.pushpull(key, value, out, priority)
+
+    def push(self, key, value, priority=0):
+        self._check(value)
+        self._local.push(key, value, priority)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        self._check(out)
+        self._local.pull(key, out, priority, ignore_sparse)
+
+    def init(self, key, value):
+        self._check(value)
+        self._local.init(key, value)
+
+    @staticmethod
+    def is_capable(capability):
+        return True
+
+    def set_optimizer(self, optimizer):
+        self._local.set_optimizer(optimizer)
+
+
+def test_bfloat16_crosses_a_dist_kvstore_in_float32_and_float16_stays_float16():
+    reference, _ = _dense_run('float32', CTXS, 'device')
+    kv = _DistKVStoreWithoutBfloat16()
+    weights, trainer = _dense_run('bfloat16', CTXS, kv)
+    assert trainer._update_on_kvstore is False and trainer._fp32_reduce
+    assert kv.dtypes == {'float32'}                                 # never bfloat16
+    for per_ctx, ref in zip(weights, reference):
+        assert np.array_equal(per_ctx[0], per_ctx[1])
+        # The FP32 sum is rounded once; the weight is its FP32 master copy rounded.
+        assert np.allclose(per_ctx[0], ref[0], rtol=2 ** -6, atol=2 ** -8), (per_ctx[0], ref[0])
+    # float16 gradients keep travelling in float16.
+    kv16 = _DistKVStoreWithoutBfloat16()
+    net = make_net('float16', CTXS)
+    fp16 = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1}, kvstore=kv16,
+                   loss_scale=LossScaler(init_scale=2.0 ** 8))
+    forward_backward(net, fp16, CTXS)
+    assert fp16.step(8) is True
+    assert not fp16._fp32_reduce and kv16.dtypes == {'float16'}
+
+
+def test_bfloat16_with_dist_kvstore_refuses_server_updates():
+    params = make_net('bfloat16').collect_params()
+    with pytest.raises(ValueError, match='update_on_kvstore=True is not supported with bfloat16'):
+        Trainer(params, 'sgd', kvstore='dist_sync', update_on_kvstore=True)
+    with pytest.raises(ValueError, match="bfloat16 parameters cannot be trained with kvstore "
+                                         "'dist_async'"):
+        Trainer(params, 'sgd', kvstore='dist_async')
+    # gluon.Trainer._kvstore_params: the kvstore itself is created at the first step.
+    assert Trainer(params, 'sgd', kvstore='dist_sync')._kvstore_params['update_on_kvstore'] \
+        is False
+
+
+_BF16_WORKER = textwrap.dedent('''
+    import json, sys, numpy as np, mxnet as mx
+    from mxnet import autograd, gluon, nd
+    sys.path.insert(0, {root!r})
+    from mxamp.dtypes import cast, numpy_dtype, to_float32_numpy
+    from mxamp.trainer import Trainer
+    kv = mx.kv.create('dist_sync')
+    rank = kv.rank
+    mx.random.seed(rank)                       # different: the broadcast must win
+    net = gluon.nn.Dense(3, in_units=4)
+    net.initialize(mx.init.Uniform(0.5))
+    net.cast(numpy_dtype('bfloat16'))
+    start = [to_float32_numpy(p.data()).ravel().tolist() for p in (net.weight, net.bias)]
+    tr = Trainer(net.collect_params(), 'sgd', {{'learning_rate': 0.1}}, kvstore=kv)
+    i, j = np.meshgrid(np.arange(2), np.arange(4), indexing='ij')
+    x = cast(nd.array(0.1 * (rank + 1) * (i + j + 1)), 'bfloat16')
+    for step in range(3):
+        with autograd.record():
+            loss = nd.sum(cast(net(x), 'float32'))
+        loss.backward()
+        tr.step(4)
+    end = [to_float32_numpy(p.data()).ravel().tolist() for p in (net.weight, net.bias)]
+    print('RESULT', rank, json.dumps([tr._update_on_kvstore, start, end]), flush=True)
+''')
+
+
+@pytest.mark.slow
+def test_dist_sync_trains_bfloat16_parameters(tmp_path):
+    """Two workers, bfloat16 Dense layer: the server never sees bfloat16 (it would
+    abort with "Unknown type enum 12"), both workers end with the same weights."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs, server_err = _run_dist(tmp_path, _BF16_WORKER.format(root=root))
+    assert 'Unknown type enum' not in server_err
+    parsed = {rank: json.loads(rest) for rank, rest in _results(outputs, server_err).items()}
+    assert parsed[0][0] is False and parsed[1][0] is False           # update_on_kvstore
+    parsed = {rank: (start, end) for rank, (_, start, end) in parsed.items()}
+    assert parsed[0][1] == parsed[1][1]                              # identical weights
+    # loss = sum(W x + b): dW[o, j] = sum_i x[i, j], db = batch, whatever W is.
+    i, j = np.meshgrid(np.arange(2), np.arange(4), indexing='ij')
+    grad_w = sum(_bf16_round(0.1 * (r + 1) * (i + j + 1)).sum(axis=0) for r in range(2))
+    w0, b0 = (np.array(v) for v in parsed[0][0])                     # rank 0's, broadcast
+    expected_w = w0.reshape(3, 4) - 3 * 0.1 * grad_w / 4
+    expected_b = b0 - 3 * 0.1 * 4 / 4
+    w, b = (np.array(v) for v in parsed[0][1])
+    assert np.allclose(w.reshape(3, 4), expected_w, rtol=2 ** -7, atol=2 ** -8), (w, expected_w)
+    assert np.allclose(b, expected_b, rtol=2 ** -7, atol=2 ** -8), (b, expected_b)
 
 
 class _OneWorkerDistKVStore(object):
