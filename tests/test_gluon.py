@@ -77,13 +77,7 @@ def train_step(net, x, trainer):
     with autograd.record():
         loss = net(x).sum()
     loss.backward()
-    # Workaround (see report): mxamp.optimizer writes bfloat16 weights with
-    # amp_cast(out=weight), which races with oneDNN's weight reorders of the
-    # pending forward/backward ("could not create a primitive descriptor for a
-    # reorder primitive").  Synchronising first avoids it.
-    mx.nd.waitall()
     trainer.step(x.shape[0])
-    mx.nd.waitall()
     return loss
 
 
@@ -241,7 +235,6 @@ def test_loss_decreases_float16_on_cpu():
         with autograd.record():
             loss = loss_fn(net(x), y).mean()
         loss.backward()
-        mx.nd.waitall()
         trainer.step(1)
         losses.append(float(loss.asscalar()))
     assert losses[-1] < losses[0]

@@ -121,9 +121,7 @@ def _check(name, size, kwargs, train_mode, dtype, compare=True):
         # x1024: a static loss scale, so that float16 gradients do not underflow
         loss = 1024 * sum(o.sum() for o in outs if o.dtype == np.float32)
     loss.backward()
-    mx.nd.waitall()  # workaround for the optimizer race, see test_gluon.train_step
     trainer.step(1)
-    mx.nd.waitall()
     changed = {k for k, p in trainable.items() if (_f32(p.data()) != before[k]).any()}
     # Every parameter with a nonzero gradient moved.  (Some get none, in FP32
     # too: e.g. most of se_resnext50's stage weights at these tiny inputs.)
