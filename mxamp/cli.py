@@ -93,7 +93,8 @@ def _convert(args):
         except GraphError as err:
             raise GraphError('%s: %s' % (args.params, err))
     else:
-        conversion = convert_graph(graph, make_policy(args.dtype, **overrides))
+        conversion = convert_graph(graph, make_policy(args.dtype, **overrides),
+                                   shapes=dict(args.input_shape))
     written = save_model(args.output, conversion.symbol, arg_params, aux_params)
     if args.report:
         print(format_report(conversion))

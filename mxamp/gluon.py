@@ -177,8 +177,11 @@ class _Converted(object):
                 _ensure_fp32_var(param)
             inputs, fp32 = super(_Converted, self)._get_graph(*args)
             device = _device_type(args) or _params_device_type(self)
+            shapes = _known_shapes(self)
+            shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
+                          if isinstance(arg, mx.nd.NDArray))
             try:
-                conversion = _rewrite(self, fp32, device)
+                conversion = _rewrite(self, fp32, device, shapes)
             except Exception:
                 self._cached_graph = ()
                 raise
@@ -217,6 +220,19 @@ class _Converted(object):
         raise TypeError('%s was converted by mxamp to %s; cast() would override the '
                         'precision policy (convert an FP32 copy of the net instead)'
                         % (_describe(self), self._mxamp_settings.dtype))
+
+    def export(self, path, epoch=0, remove_amp_cast=False):
+        """``HybridBlock.export`` that keeps the graph's ``amp_cast`` nodes.
+
+        The converted graph casts activations with ``amp_cast``; MXNet's export
+        drops those nodes by default, which would leave a graph whose dtypes no
+        longer match.  The files load with ``SymbolBlock.imports`` / ``Module``.
+        """
+        if remove_amp_cast:
+            raise ValueError('%s was converted by mxamp: its amp_cast nodes are part of the '
+                             'mixed-precision graph and cannot be removed on export'
+                             % _describe(self))
+        return super(_Converted, self).export(path, epoch, remove_amp_cast=False)
 
     def save_parameters(self, filename, deduplicate=False):
         """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike."""
@@ -311,7 +327,13 @@ def _params_device_type(block):
     return 'cpu'
 
 
-def _rewrite(block, fp32_symbol, device_type):
+def _known_shapes(block):
+    """Parameter shapes known so far (deferred initialisation leaves zeros)."""
+    return {p.name: p.shape for p in block.collect_params().values()
+            if p.shape and all(p.shape)}
+
+
+def _rewrite(block, fp32_symbol, device_type, shapes):
     """Converted graph of `block`: mxamp.graph.convert_graph under the tree's policy."""
     settings = block._mxamp_settings
     policy = settings.policy(device_type)
@@ -324,7 +346,8 @@ def _rewrite(block, fp32_symbol, device_type):
     # its own must agree with its parents on each parameter's dtype.
     candidates = params & settings.lp_params
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
-    return graph_mod.convert_graph(fp32_symbol, policy, params=candidates)
+    return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
+                                   portable=False)
 
 
 def _warn_float16_cpu():
@@ -503,7 +526,8 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
     params = {p.name for p in net.collect_params().values()
               if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
-    conversion = graph_mod.convert_graph(fp32, policy, params=params & set(fp32.list_inputs()))
+    conversion = graph_mod.convert_graph(fp32, policy, params=params & set(fp32.list_inputs()),
+                                         shapes=_known_shapes(net))
     settings.lp_params = conversion.lp_params
     for block in _walk(net):
         if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
@@ -531,7 +555,7 @@ def _conversion_of(net):
     if getattr(net, '_mxamp_conversion', None) is not None and net._cached_graph:
         return net._mxamp_conversion, net._mxamp_device
     device = _params_device_type(net)
-    return _rewrite(net, _fp32_graph(net), device), device
+    return _rewrite(net, _fp32_graph(net), device, _known_shapes(net)), device
 
 
 def summary(net, print_fn=print):
@@ -562,20 +586,23 @@ def summary(net, print_fn=print):
     rows = []
     counts = {}
     for node in nodes:
-        if node['op'] == 'null' or suffix in node['name']:
+        if node['op'] == 'null' or suffix in node['name'] or graph_mod.PAD_SUFFIX in node['name']:
             continue
         name = node['name']
         precision = conversion.node_precision.get(name, 'float32')
-        if precision != 'float32' and policy.computes_in_float32(node['op']):
+        if name in conversion.fp32_compute:
             shown = 'float32 (%s storage)' % precision
-            counts['float32 (emulated %s)' % precision] = counts.get(
-                'float32 (emulated %s)' % precision, 0) + 1
+            counts['float32 (%s storage)' % precision] = counts.get(
+                'float32 (%s storage)' % precision, 0) + 1
         else:
             shown = precision
             counts[precision] = counts.get(precision, 0) + 1
         casts = []
         for src, _, _ in node['inputs']:
             source = nodes[src]
+            if graph_mod.PAD_SUFFIX in source['name']:
+                casts.append('%s +1 zero channel' % nodes[source['inputs'][0][0]]['name'])
+                source = nodes[source['inputs'][0][0]]
             if suffix in source['name']:
                 origin = nodes[source['inputs'][0][0]]['name']
                 casts.append('%s->%s' % (origin, source['attrs']['dtype']))

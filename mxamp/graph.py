@@ -5,8 +5,13 @@
 nodes only where a tensor crosses a precision boundary: one cast per tensor and
 dtype, no cast chains (a consumer that needs back the precision a tensor was
 cast from gets the original tensor), graph inputs accepted in FP32 and graph
-outputs cast back to FP32.  ``Cast`` (not ``amp_cast``) is used because MXNet's
-``tojson``/``save``/``export`` drop ``amp_cast`` nodes by default.
+outputs cast back to FP32.  Casts of parameters and graph inputs are ``Cast``
+nodes.  Casts of activations are ``amp_cast`` nodes unless ``portable=True``:
+MXNet 1.9.1's ``amp_cast`` converts oneDNN blocked tensors with one reorder, 20x
+faster than ``Cast`` (which first reorders to a plain layout and then converts
+element by element), but MXNet's ``tojson``/``save``/``export`` drop
+``amp_cast`` nodes by default, so graphs meant to be saved by anyone use
+``Cast`` only.
 
 Only entries that are float32 in the FP32 graph take part: integer tensors,
 index inputs and tensors the graph itself casts keep their types.  Parameters
@@ -29,6 +34,8 @@ from .policy import FLOAT32, LOW
 
 # Tag on every Cast node mxamp inserts: how an already-converted graph is recognised.
 CAST_SUFFIX = '_mxamp_cast_'
+# Tag on the nodes that add a zero input channel to a convolution (see Policy.layout).
+PAD_SUFFIX = '_mxamp_pad_'
 
 # Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a slow generic
 # one, while ``Activation`` with the same act_type runs through oneDNN.  Measured
@@ -49,7 +56,8 @@ Conversion = collections.namedtuple('Conversion', [
     'lp_params',     # frozenset of parameter names stored in the target dtype
     'node_precision',  # {node name: 'float32' | dtype} for every op node (casts excluded)
     'node_op',       # {node name: op name} for the same nodes
-    'casts',         # Counter {(from, to): number of Cast nodes inserted}
+    'casts',         # Counter {(from, to): number of cast nodes inserted}
+    'fp32_compute',  # frozenset of the low-precision nodes computing in FP32 between casts
 ])
 
 
@@ -178,6 +186,31 @@ def infer_entry_types(graph, input_types=None):
     return types
 
 
+def infer_variable_shapes(graph, shapes=None):
+    """Known shapes of the variables of `graph`: ``{node index: shape}``.
+
+    `shapes` maps variable names (parameters, inputs) to shapes; MXNet's partial
+    inference completes them with what the graph determines (``__shape__``
+    attributes included).  Shapes with unknown (0) dimensions are left out;
+    a graph whose shapes do not infer gives what `shapes` states.
+    """
+    nodes = graph['nodes']
+    given = {name: tuple(shape) for name, shape in (shapes or {}).items()
+             if shape is not None and all(shape)}
+    names = {}
+    try:
+        symbol = _symbol_from_graph(graph)
+        arg_shapes, _, aux_shapes = symbol.infer_shape_partial(**given)
+        inferred = zip(symbol.list_arguments() + symbol.list_auxiliary_states(),
+                       (arg_shapes or []) + (aux_shapes or []))
+        names = {name: tuple(shape) for name, shape in inferred if shape and all(shape)}
+    except mx.base.MXNetError:
+        pass
+    names.update(given)
+    return {nid: names[node['name']] for nid, node in enumerate(nodes)
+            if node['op'] == 'null' and node['name'] in names}
+
+
 def _variable_type(node, input_types):
     flag = node.get('attrs', {}).get('__dtype__')
     if flag is not None:
@@ -202,8 +235,9 @@ def _float_name(dtype):
 class _Builder(object):
     """Accumulates the nodes of the converted graph and the precision of each entry."""
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, portable):
         self.dtype = dtype
+        self.portable = portable
         self.nodes = []
         self.state = {}          # new entry -> 'float32' | dtype | None (not floating)
         self.cast_cache = {}     # (entry, target) -> entry
@@ -232,11 +266,39 @@ class _Builder(object):
                                CAST_SUFFIX + target)
             while name in self.names:
                 name += '_'
-            nid = self.add({'op': 'Cast', 'name': name, 'attrs': {'dtype': target},
+            # Measured on a (16, 96, 56, 56) bfloat16 conv output, forward+backward:
+            # Cast round trip 64 ms, amp_cast round trip 3 ms.  Variables keep
+            # Cast: a parameter may hold a blocked oneDNN layout that amp_cast's
+            # reorder rejects (see mxamp.dtypes.amp_cast), and they are small.
+            fast = not self.portable and self.nodes[entry[0]]['op'] != 'null'
+            nid = self.add({'op': 'amp_cast' if fast else 'Cast', 'name': name,
+                            'attrs': {'dtype': target},
                             'inputs': [[entry[0], entry[1], 0]]}, [target])
             self.cast_cache[key] = (nid, 0)
             self.cast_source[(nid, 0)] = entry
         return self.cast_cache[key]
+
+
+    def pad_channels(self, entry, name, zero_shape=None):
+        """`entry` (N, C, ...) with a zero channel appended: (N, C + 1, ...).
+
+        The zero channel has `zero_shape` when given, else the shape of `entry`'s
+        first channel (known only when the graph runs).
+        """
+        state = self.state[entry]
+        if zero_shape is not None:
+            zero = self.add({'op': '_zeros', 'name': name + '_zero',
+                             'attrs': {'shape': str(tuple(zero_shape)), 'dtype': state},
+                             'inputs': []}, [state])
+        else:
+            first = self.add({'op': 'slice_axis', 'name': name + '_slice',
+                              'attrs': {'axis': '1', 'begin': '0', 'end': '1'},
+                              'inputs': [[entry[0], entry[1], 0]]}, [state])
+            zero = self.add({'op': 'zeros_like', 'name': name + '_zero', 'attrs': {},
+                             'inputs': [[first, 0, 0]]}, [state])
+        nid = self.add({'op': 'Concat', 'name': name, 'attrs': {'dim': '1', 'num_args': '2'},
+                        'inputs': [[entry[0], entry[1], 0], [zero, 0, 0]]}, [state])
+        return (nid, 0)
 
 
 def _lp_storable(graph, policy, params, classes):
@@ -256,7 +318,7 @@ def _lp_storable(graph, policy, params, classes):
     return storable
 
 
-def convert_graph(source, policy, params=(), input_types=None):
+def convert_graph(source, policy, params=(), input_types=None, shapes=None, portable=True):
     """Rewrite an FP32 graph to mixed precision.
 
     Parameters
@@ -271,6 +333,16 @@ def convert_graph(source, policy, params=(), input_types=None):
         variable is an input the converted graph accepts in FP32.
     input_types : dict, optional
         Dtypes of inputs that are not float32 (e.g. ``{'tokens': 'int32'}``).
+    shapes : dict, optional
+        Known shapes of parameters and inputs, by name.  Under bfloat16 they let
+        the policy keep convolutions oneDNN cannot run in blocked bfloat16
+        layouts (a 3-channel stem) in FP32; without them (and without
+        ``__shape__`` attributes) every convolution runs in bfloat16.
+    portable : bool
+        True: every cast is a ``Cast`` node, so the graph survives MXNet's
+        ``save``/``tojson``/``save_checkpoint`` with their defaults.  False:
+        activations are cast with ``amp_cast`` (much faster on CPU); such a graph
+        must be saved with ``remove_amp_cast=False``.
 
     Returns
     -------
@@ -284,15 +356,17 @@ def convert_graph(source, policy, params=(), input_types=None):
     nodes = graph['nodes']
     types = infer_entry_types(graph, input_types)
     counts = _output_counts(graph)
+    variable_shapes = infer_variable_shapes(graph, shapes)
     # Keyed by node index: real graphs repeat node names (a VGG with two 'conv1_2').
     classes = {nid: policy.op_class(node['op'], node.get('attrs'), node['name'])
                for nid, node in enumerate(nodes) if node['op'] != 'null'}
     lp_params = _lp_storable(graph, policy, params, classes)
     low = policy.dtype
-    out = _Builder(low)
+    out = _Builder(low, portable)
     new_entry = {}
     node_precision = {}
     node_op = {}
+    fp32_compute = set()
 
     for nid, node in enumerate(nodes):
         original = [types.get((nid, k)) for k in range(counts[nid])]
@@ -313,9 +387,16 @@ def convert_graph(source, policy, params=(), input_types=None):
         floating = [pos for pos, entry in enumerate(inputs)
                     if pos not in policy.index_inputs(op, attrs) and out.state.get(entry) is not None]
         cls = classes[nid]
+        input_shapes = [variable_shapes.get(src) for src, _, _ in node['inputs']]
         compute_fp32 = False
         if policy_mod.canonical(op) in policy_mod.CAST_OPS:
             run_in = None
+        elif cls == LOW and policy.follows_data(op) and out.state.get(inputs[0]) == 'float32':
+            run_in = 'float32'
+        elif cls == LOW and policy.layout(op, attrs, input_shapes) == FLOAT32:
+            # Stored parameters keep their low precision (read through an exact cast),
+            # so they do not depend on whether shapes were known.
+            run_in = 'float32'
         elif cls == LOW:
             compute_fp32 = policy.computes_in_float32(op)
             run_in = low
@@ -328,12 +409,22 @@ def convert_graph(source, policy, params=(), input_types=None):
         else:
             run_in = 'float32'
         if run_in is not None:
-            fixed32 = policy.float32_inputs(op) if cls == LOW else ()
+            fixed32 = policy.float32_inputs(op) if run_in == low else ()
             for pos in floating:
                 want = 'float32' if (compute_fp32 or pos in fixed32 or run_in == 'float32') else low
                 inputs[pos] = out.to(inputs[pos], want)
+        if run_in == low and policy.layout(op, attrs, input_shapes) == policy_mod.PAD_CHANNELS:
+            # MXNet infers no shape backwards through Concat: the weight variable
+            # declares its shape (Gluon's deferred initialisation reads it there).
+            weight = input_shapes[1]
+            variable = out.nodes[_through_cast(out.nodes, inputs[1][0])]
+            if variable['op'] == 'null':
+                variable['attrs']['__shape__'] = str(tuple(weight))
+            inputs[0] = out.pad_channels(inputs[0], node['name'] + PAD_SUFFIX + 'data')
+            inputs[1] = out.pad_channels(inputs[1], node['name'] + PAD_SUFFIX + 'weight',
+                                         (weight[0], 1) + tuple(weight[2:]))
         states = []
-        fixed_out = policy.float32_outputs(op) if cls == LOW else ()
+        fixed_out = policy.float32_outputs(op) if run_in == low else ()
         for k, original_type in enumerate(original):
             if original_type != 'float32' or run_in is None:
                 states.append(None if original_type != 'float32' else 'float32')
@@ -350,10 +441,12 @@ def convert_graph(source, policy, params=(), input_types=None):
         new_id = out.add(new_node, states)
         node_precision[node['name']] = run_in or 'float32'
         node_op[node['name']] = op
+        if compute_fp32:
+            fp32_compute.add(node['name'])
         for k in range(counts[nid]):
             entry = (new_id, k)
             if compute_fp32 and states[k] == 'float32' and k not in fixed_out and original[k] == 'float32':
-                # float16 storage around an op that computes in FP32 (no CPU kernel).
+                # Low-precision storage around an op that computes in FP32.
                 entry = out.to(entry, low)
             new_entry[(nid, k)] = entry
 
@@ -371,7 +464,7 @@ def convert_graph(source, policy, params=(), input_types=None):
                       lp_params=frozenset(name for name in lp_params if name in live),
                       node_precision={k: v for k, v in node_precision.items() if k in live},
                       node_op={k: v for k, v in node_op.items() if k in live},
-                      casts=casts)
+                      casts=casts, fp32_compute=frozenset(fp32_compute & live))
 
 
 def _assemble(nodes, heads, attrs):
@@ -395,7 +488,7 @@ def _assemble(nodes, heads, attrs):
     return graph
 
 
-def check_graph(symbol, policy, input_types=None):
+def check_graph(symbol, policy, input_types=None, shapes=None):
     """Invariant violations of a converted graph, as a list of strings (empty: all hold).
 
     Types come from MXNet's own inference with every non-declared input in FP32:
@@ -403,11 +496,14 @@ def check_graph(symbol, policy, input_types=None):
     receives low-precision data (except BatchNorm statistics and ops computing in
     FP32 on CPU), no Cast converts a tensor to the dtype it has, no Cast feeds
     another Cast, no tensor is cast twice to the same dtype, every output is
-    FP32 when the FP32 graph's was.
+    FP32 when the FP32 graph's was.  A BatchNorm whose data is FP32 runs in
+    FP32; `shapes` (as given to `convert_graph`) tell which convolutions compute
+    in FP32 between casts.
     """
     graph = load_graph(symbol)
     nodes = graph['nodes']
     types = infer_entry_types(graph, input_types)
+    variable_shapes = infer_variable_shapes(graph, shapes)
     low = policy.dtype
     problems = []
     seen_casts = set()
@@ -431,6 +527,12 @@ def check_graph(symbol, policy, input_types=None):
         cls = policy.op_class(op, attrs, name)
         skip = set(policy.index_inputs(op, attrs))
         floats = [(pos, t) for pos, t in enumerate(in_types) if pos not in skip and t in ('float32', low)]
+        if cls == LOW and policy.follows_data(op) and in_types and in_types[0] == 'float32':
+            cls = FLOAT32
+        # A cast of a low-precision weight reads as that weight's shape.
+        input_shapes = [variable_shapes.get(_through_cast(nodes, src)) for src, _, _ in node['inputs']]
+        if cls == LOW and policy.layout(op, attrs, input_shapes) == FLOAT32:
+            cls = FLOAT32
         if cls == FLOAT32:
             bad = [pos for pos, t in floats if t == low]
             if bad:
@@ -444,6 +546,12 @@ def check_graph(symbol, policy, input_types=None):
         if types.get((nid, k)) == low:
             problems.append("output '%s' is %s, not float32" % (nodes[nid]['name'], low))
     return problems
+
+
+def _through_cast(nodes, nid):
+    while CAST_SUFFIX in nodes[nid]['name']:
+        nid = nodes[nid]['inputs'][0][0]
+    return nid
 
 
 def format_report(conversion):

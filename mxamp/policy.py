@@ -24,9 +24,11 @@ sum/Lp ``Pooling``) resolve to ``'float32'`` or ``'neutral'`` from their
 attributes.  Backward operators (``_backward_*``) never appear in forward graphs
 and are ``'neutral'``.
 
-Low precision is only chosen where MXNet 1.9.1 has a kernel for it: on the CPU
-bfloat16 runs through oneDNN for a measured set of operators
-(``BFLOAT16_CPU_OPS``); every other op runs in FP32 under the bfloat16 target.
+Low precision is only chosen where MXNet 1.9.1 has a kernel for it that pays:
+on the CPU bfloat16 runs through oneDNN for a measured set of operators
+(``BFLOAT16_CPU_OPS``: those with a kernel, ``BFLOAT16_CPU_KERNELS``, minus
+those whose generic kernel is slower than FP32, ``BFLOAT16_CPU_SLOW``); every
+other op runs in FP32 under the bfloat16 target.
 Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
 (``FLOAT16_CPU_EMULATED``) have none and compute in FP32 between float16 casts
 (float16 storage, FP32 accumulation), which the graph rewrite does when asked.
@@ -217,11 +219,11 @@ _FLOAT32_OUTPUTS = {
     'BatchNorm': (1, 2), '_contrib_BatchNormWithReLU': (1, 2), '_contrib_SyncBatchNorm': (1, 2),
 }
 
-# Ops with a bfloat16 CPU kernel in MXNet 1.9.1 (oneDNN), forward and backward,
-# measured op by op on a CPU with avx512_bf16.  Absent on purpose:
-# transpose (double free on 4-D input), Dropout, dot/batch_dot/linalg, RNN,
-# Embedding, LayerNorm, UpSampling, Crop, softmax-output losses (all fail).
-BFLOAT16_CPU_OPS = _names('''
+# Ops with a bfloat16 CPU kernel in MXNet 1.9.1, forward and backward, measured
+# op by op on a CPU with avx512_bf16.  Absent on purpose: transpose (double
+# free on 4-D input), Dropout, dot/batch_dot/linalg, RNN, Embedding, LayerNorm,
+# UpSampling, Crop, softmax-output losses (all fail).
+BFLOAT16_CPU_KERNELS = _names('''
     Convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
     Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
     _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
@@ -235,6 +237,29 @@ BFLOAT16_CPU_OPS = _names('''
     max min _rnn_param_concat Cast amp_cast amp_multicast SliceChannel slice slice_axis
 ''')
 
+# Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), slower than the
+# FP32 op between two amp_casts.  Measured after a bfloat16 1x1 convolution on a
+# (16, 96, 56, 56) tensor, forward+backward, median of 7 interleaved runs; the
+# factor is bfloat16 time / FP32-between-amp_casts time: broadcast_* 6-10x (a
+# squeeze-excitation broadcast_mul 779 vs 107 ms), elemwise_mul 8.2x,
+# elemwise_sub 2.8x, scalar arithmetic 3.6-8x, clip (ReLU6) 4.4x, abs/negative/
+# sign/sqrt/cbrt 3.8-6.6x, max/min 2.8-3.7x, AdaptiveAvgPooling2D 6.3x,
+# BilinearResize2D 16x, softsign 7.7x, SequenceReverse 1.6x, stack 1.2x.  The
+# oneDNN-backed ops (Activation, LeakyReLU, Pooling, Concat, elemwise_add,
+# add_n, reshapes and slices) are 0.6-1.06x: they stay in bfloat16.
+BFLOAT16_CPU_SLOW = _names('''
+    softsign _contrib_AdaptiveAvgPooling2D _contrib_BilinearResize2D
+    broadcast_like broadcast_axis broadcast_to stack elemwise_sub elemwise_mul elemwise_div
+    broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
+    _maximum _minimum _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar
+    _rdiv_scalar _maximum_scalar _minimum_scalar abs negative sign clip sqrt cbrt
+    SequenceReverse _contrib_div_sqrt_dim _contrib_gradientmultiplier
+    _contrib_round_ste _contrib_sign_ste max min
+''')
+
+# The ops that run in bfloat16 on a CPU.
+BFLOAT16_CPU_OPS = BFLOAT16_CPU_KERNELS - BFLOAT16_CPU_SLOW
+
 # Ops whose bfloat16 CPU kernel exists only for some attributes (measured; the
 # others fall back to MXNet's own kernels, which reject bfloat16).
 _BFLOAT16_CPU_CONDITIONS = {
@@ -245,6 +270,53 @@ _BFLOAT16_CPU_CONDITIONS = {
     and attrs.get('pool_type', 'max') in ('max', 'avg')
     and attrs.get('pooling_convention', 'valid') != 'same',
 }
+
+# BatchNorm runs in the precision of its data input (when its data is allowed
+# in low precision at all): on FP32 data (MXNet's ResNets normalise the input
+# image first) it stays FP32, where casting its input would hand oneDNN a
+# plain-layout bfloat16 tensor (its slow BatchNorm kernel).
+_FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_SyncBatchNorm'))
+
+
+BLOCKED, PAD_CHANNELS = 'blocked', 'pad_channels'
+
+
+def _bfloat16_conv_layout(attrs, input_shapes):
+    """How a bfloat16 Convolution gets oneDNN's blocked-layout kernels.
+
+    Measured on oneDNN 2.4.4 (MXNet 1.9.1), avx512_core_bf16: unless the
+    channels per group are multiples of 16 (depthwise: the channels), oneDNN
+    falls back to a GEMM convolution in plain NCHW layouts, and the BatchNorm
+    after it to its slow plain-layout kernel; with fewer than 16 input channels
+    an even count still gets the blocked kernel (an odd one does not).  Conv +
+    BatchNorm forward+backward, 7x7 stride-2 stem, batch 16 at 224x224:
+    bfloat16 on 3 channels 347 ms, FP32 on 3 channels 194 ms, bfloat16 on 4
+    channels 107 ms.  ResNeXt-50 32x4d (4 and 8 channels per group) trains at
+    0.98x FP32 with those convolutions in bfloat16, 1.93x with them in FP32.
+
+    Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
+    ``'pad_channels'`` (an odd number of input channels below 16 with output
+    channels a multiple of 16: add a zero input channel, exact) or
+    ``'float32'``.
+    """
+    weight = input_shapes[1] if input_shapes and len(input_shapes) > 1 else None
+    if not weight or len(weight) < 3 or not all(weight):
+        return BLOCKED
+    out_channels, in_per_group = weight[0], weight[1]
+    groups = int(attrs.get('num_group', 1))
+    if in_per_group == 1 and groups == out_channels:
+        return BLOCKED if out_channels % 16 == 0 else FLOAT32
+    if (out_channels // max(groups, 1)) % 16:
+        return FLOAT32
+    if in_per_group % 16 == 0:
+        return BLOCKED
+    if groups == 1 and in_per_group < 16:
+        return BLOCKED if in_per_group % 2 == 0 else PAD_CHANNELS
+    return FLOAT32
+
+
+# Layout rules on input shapes, per op, under bfloat16 on a CPU.
+_BFLOAT16_CPU_LAYOUT_RULES = {'Convolution': _bfloat16_conv_layout}
 
 # GEMM-based ops with no float16 kernel on a CPU in MXNet 1.9.1.
 FLOAT16_CPU_EMULATED = _names('''
@@ -304,7 +376,7 @@ def base_class(op):
     raise KeyError('operator %r has no precision class in mxamp\'s policy' % op)
 
 
-def _has_bfloat16_kernel(op, attrs):
+def _runs_in_bfloat16_on_cpu(op, attrs):
     if op not in BFLOAT16_CPU_OPS:
         return False
     condition = _BFLOAT16_CPU_CONDITIONS.get(op)
@@ -394,14 +466,33 @@ class Policy(object):
             cls = FLOAT32 if (attrs or {}).get(key) in fp32_values else NEUTRAL
         if op in _FLOAT32_INPUTS and self.batchnorm_data == FLOAT32:
             cls = FLOAT32
-        if self.dtype == 'bfloat16' and cls != FLOAT32 and not _has_bfloat16_kernel(op, attrs):
-            # No bfloat16 kernel: under bfloat16 the op must see FP32 inputs.
+        if self.dtype == 'bfloat16' and cls != FLOAT32 and not _runs_in_bfloat16_on_cpu(op, attrs):
+            # No bfloat16 kernel, or a slow one: under bfloat16 the op runs in FP32.
             cls = FLOAT32
         return cls
 
     def computes_in_float32(self, op):
         """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""
         return self.emulate_float16 and canonical(op) in FLOAT16_CPU_EMULATED
+
+    def layout(self, op, attrs=None, input_shapes=None):
+        """How a low-precision node meets oneDNN's blocked bfloat16 kernels.
+
+        ``'blocked'``: as it is.  ``'pad_channels'``: after a zero input channel
+        is added (exact; the graph rewrite does it).  ``'float32'``: it runs in
+        FP32 (its weights may still be stored in low precision: a cast to FP32
+        is exact).  `input_shapes` holds one shape or None per input, when known;
+        only bfloat16 Convolutions depend on them (see `_bfloat16_conv_layout`).
+        """
+        op = canonical(op)
+        rule = _BFLOAT16_CPU_LAYOUT_RULES.get(op)
+        if self.dtype != 'bfloat16' or rule is None or op in self.lp_ops:
+            return BLOCKED
+        return rule(attrs or {}, input_shapes)
+
+    def follows_data(self, op):
+        """Whether a low-precision node runs in FP32 when its data input is FP32."""
+        return self.batchnorm_data == LOW and canonical(op) in _FOLLOWS_DATA
 
     @staticmethod
     def index_inputs(op, attrs=None):

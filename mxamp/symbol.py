@@ -30,7 +30,7 @@ def _contexts(ctx):
 
 
 def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=None, lp_ops=None,
-                   ctx=None, input_types=None):
+                   ctx=None, input_types=None, input_shapes=None, portable=True):
     """Convert an FP32 Symbol to mixed precision.
 
     Parameters
@@ -55,6 +55,16 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
         `ctx` float16 targets a GPU.
     input_types : dict, optional
         Inputs that are not float32, e.g. ``{'token_ids': 'int32'}``.
+    input_shapes : dict, optional
+        Input shapes, e.g. ``{'data': (1, 3, 224, 224)}``.  Under bfloat16 they
+        let convolutions that oneDNN cannot run in blocked bfloat16 layouts (a
+        3-channel stem) get the layout that is fast (see the README, "Convolution
+        layouts under bfloat16"); ``__shape__`` attributes serve the same purpose.
+    portable : bool
+        True (default): every cast is a ``Cast`` node, and the graph survives
+        MXNet's ``save``/``save_checkpoint`` with their defaults.  False:
+        activations are cast with ``amp_cast``, much faster on a CPU; save such a
+        graph with ``remove_amp_cast=False`` (MXNet drops amp_cast otherwise).
 
     Returns
     -------
@@ -68,18 +78,22 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     >>> bf16.save('resnet50_bf16-symbol.json')
     """
     policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx)
-    return convert_graph(sym, policy, params=params or (), input_types=input_types).symbol
+    return convert_graph(sym, policy, params=params or (), input_types=input_types,
+                         shapes=input_shapes, portable=portable).symbol
 
 
 def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, fp32_ops=None,
-                  lp_ops=None, ctx=None, input_types=None, input_shapes=None, return_conversion=False):
+                  lp_ops=None, ctx=None, input_types=None, input_shapes=None, return_conversion=False,
+                  portable=True):
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
     Parameters consumed only by low-precision ops are cast to `dtype`;
     BatchNorm's gamma/beta/moving statistics and every other parameter stay FP32.
     ``input_shapes`` (e.g. ``{'data': (1, 3, 224, 224)}``) lets every parameter
     shape be checked against the graph; without it only the shapes the graph
-    determines on its own are.  The other arguments are those of `convert_symbol`.
+    determines on its own are.  The parameters' shapes also choose the fast
+    bfloat16 layout of each convolution.  The other arguments are those of
+    `convert_symbol`.
 
     Returns
     -------
@@ -102,7 +116,10 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     check_params(graph, arg_params, aux_params, input_shapes)
     policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx)
     names = list(arg_params) + list(aux_params)
-    conversion = convert_graph(graph, policy, params=names, input_types=input_types)
+    shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
+    shapes.update(input_shapes or {})
+    conversion = convert_graph(graph, policy, params=names, input_types=input_types, shapes=shapes,
+                               portable=portable)
 
     def converted(values):
         return {name: cast(value, conversion.dtype) if name in conversion.lp_params else value

@@ -385,8 +385,8 @@ class LossScaler(object):
             Called with no argument only when an overflow happens at
             `min_scale` (and ``at_min_scale`` is not ``'ignore'``); the string
             it returns is appended to the error or warning.  :class:`Trainer`
-            uses it to name the parameters with inf/NaN gradients (host syncs,
-            on that path only).
+            and :meth:`update_module` use it to name the parameters with
+            inf/NaN gradients (host syncs, on that path only).
 
         Raises
         ------
@@ -441,15 +441,29 @@ class LossScaler(object):
         -------
         bool
             True when the update was applied, False when it was skipped.
+
+        Raises
+        ------
+        RuntimeError
+            When `module` is not bound or has no optimizer, and as
+            :meth:`has_overflow` raises it with ``update_on_kvstore`` and a
+            distributed kvstore.
+        FloatingPointError
+            On overflow at `min_scale` with ``at_min_scale='raise'``.  The error
+            (or, with ``'warn'``, the warning) names the parameters whose
+            gradients hold inf/NaN, as :class:`Trainer` does, and says how to
+            find the first layer whose output is not finite.
         """
-        # MXNet 1.9.1 Module internals: _exec_group.grad_arrays (per parameter,
-        # per device), _optimizer, _kvstore.
+        # MXNet 1.9.1 Module internals: _exec_group.param_names and .grad_arrays
+        # (aligned; per parameter, per device; None for fixed parameters),
+        # _optimizer, _kvstore, _update_on_kvstore.
         if not (module.binded and module.optimizer_initialized):
             raise RuntimeError('update_module(): bind the module and call init_optimizer() '
                                'first')
         optimizer = module._optimizer
         kvstore = module._kvstore
-        grads = [g for per_device in module._exec_group.grad_arrays for g in per_device]
+        named_grads = list(zip(module._exec_group.param_names, module._exec_group.grad_arrays))
+        grads = [g for _, per_device in named_grads for g in per_device]
         base = self._base_rescale.get(optimizer)
         if base is None:
             base = optimizer.rescale_grad
@@ -461,7 +475,7 @@ class LossScaler(object):
         if not overflow:
             optimizer.rescale_grad = rescale
             module.update()
-        self.update(overflow)
+        self.update(overflow, details=lambda: _module_overflow_details(named_grads))
         return not overflow
 
     # -- state -------------------------------------------------------------------
@@ -491,6 +505,51 @@ class LossScaler(object):
         self._clean_steps = int(state['clean_steps'])
         self._skipped_steps = int(state['skipped_steps'])
         self._steps = int(state['steps'])
+
+
+def _nonfinite_gradients_text(params):
+    """What overflowed, for the error at the loss scale's floor (host syncs).
+
+    `params` as :func:`mxamp.diagnose.nonfinite_gradients` takes them (a list).
+    Returns ``'.  Parameters with inf/NaN gradients (2 of 6): a, b'``, at most
+    ten names shown.
+    """
+    try:
+        names = diagnose.nonfinite_gradients(params)
+    except Exception as err:   # never hide the overflow behind a diagnosis error
+        return '.  Could not read the gradients (%s)' % (err,)
+    shown = ', '.join(names[:10]) + (', ...' if len(names) > 10 else '')
+    return ('.  Parameters with inf/NaN gradients (%d of %d): %s'
+            % (len(names), len(params), shown or 'none'))
+
+
+class _ModuleParameter(object):
+    """A Module parameter's gradients, with what ``nonfinite_gradients`` reads of a
+    ``gluon.Parameter``: ``name``, ``grad_req``, ``_data`` (only tested for None)
+    and ``list_grad()``."""
+
+    def __init__(self, name, grads):
+        self.name = name
+        # Module leaves the gradients of fixed parameters unallocated (None).
+        self.grad_req = 'null' if any(g is None for g in grads) else 'write'
+        self._data = grads
+        self._grads = grads
+
+    def list_grad(self):
+        return self._grads
+
+
+def _module_overflow_details(named_grads):
+    """:meth:`LossScaler.update_module`'s text for the error at the floor (host syncs).
+
+    `named_grads`: (parameter name, its gradient on every device) pairs.
+    """
+    params = [_ModuleParameter(name, grads) for name, grads in named_grads]
+    return _nonfinite_gradients_text(params) + (
+        '.  To find the first layer whose output is not finite, call '
+        'mxamp.diagnose.first_nonfinite_output(module.symbol, *inputs, arg_params=arg, '
+        'aux_params=aux) with the inputs of an overflowing batch and arg, aux = '
+        'module.get_params()')
 
 
 def _precision(dtype):
@@ -852,14 +911,7 @@ class Trainer(gluon.Trainer):
 
     def _overflow_details(self):
         """What overflowed, for the error at the loss scale's floor (host syncs)."""
-        try:
-            names = diagnose.nonfinite_gradients(self._params)
-        except Exception as err:   # never hide the overflow behind a diagnosis error
-            names, text = None, '.  Could not read the gradients (%s)' % (err,)
-        if names is not None:
-            shown = ', '.join(names[:10]) + (', ...' if len(names) > 10 else '')
-            text = ('.  Parameters with inf/NaN gradients (%d of %d): %s'
-                    % (len(names), len(self._params), shown or 'none'))
+        text = _nonfinite_gradients_text(self._params)
         if self._diagnose_net is None or not self._last_inputs:
             return text + ('.  To find the first layer whose output is not finite, call '
                            'mxamp.diagnose.first_nonfinite_output(net, x) with an overflowing '

@@ -15,8 +15,9 @@ It watches every process and is bounded.  A job ends when
 - every worker has exited with status 0 (exit status 0);
 - a worker fails: exits non-zero or is killed by a signal (a worker that dies
   leaves the others blocked for ever in a push, pull or barrier of ps-lite);
-- the scheduler or a server dies, or exits while workers still run and they
-  do not finish within 30 s (status 1 if it exited with 0);
+- the scheduler or a server dies, or exits with status 0 while workers still
+  run and they do not all finish within ``--service-grace`` seconds of the
+  first such exit (default 30; status 1);
 - ``--timeout`` expires (status 124), or Ctrl-C/SIGTERM (status 130).
 
 A failure is reported as one line on stderr naming the process, its kvstore
@@ -56,7 +57,11 @@ import time
 PROG = 'launch_local.py'
 # How long the scheduler and servers get to shut down after the last worker.
 _GRACE = 15.0
-# How long workers may run on after the scheduler or a server exited with status 0.
+# How long workers may run on after the scheduler or a server exited with status 0
+# (the default of --service-grace).  ps-lite's scheduler and servers leave once every
+# worker has finalised its kvstore, so a worker still running this long after is
+# hung in its own shutdown (or never uses the kvstore again); without this bound it
+# would only end with --timeout.
 SERVICE_GRACE = 30.0
 # Between SIGTERM and SIGKILL when stopping a process group.
 _KILL_WAIT = 5.0
@@ -188,7 +193,7 @@ def _write_pid_file(path, pids):
 
 
 def launch(command, num_workers, num_servers=1, timeout=None, log_dir=None, env=None,
-           pid_file=None):
+           pid_file=None, service_grace=SERVICE_GRACE):
     """Run `command` as `num_workers` workers of a dist kvstore job on 127.0.0.1.
 
     Parameters
@@ -204,6 +209,9 @@ def launch(command, num_workers, num_servers=1, timeout=None, log_dir=None, env=
         Base environment (default: this process's).
     pid_file : str, optional
         Write the pids of the launcher and of every process here (JSON) once all started.
+    service_grace : float, default SERVICE_GRACE (30)
+        Seconds the workers may run on after the scheduler or a server exited
+        with status 0; then the job is stopped (exit status 1).
 
     Returns
     -------
@@ -270,14 +278,14 @@ def launch(command, num_workers, num_servers=1, timeout=None, log_dir=None, env=
                 ended = [(n, s) for n, s in services if s.returncode == 0]
                 if ended and service_exited is None:
                     service_exited = time.time()
-                if ended and time.time() - service_exited > SERVICE_GRACE:
+                if ended and time.time() - service_exited > service_grace:
                     name, proc = ended[0]
                     status = 1
                     print('%s: %s exited with status 0 but worker(s) %s still run %g s '
                           'later; stopping the job' % (
                               PROG, job.describe(name, proc),
                               ', '.join(n[len('worker'):] for n, w in workers
-                                        if w.poll() is None), SERVICE_GRACE),
+                                        if w.poll() is None), service_grace),
                           file=sys.stderr, flush=True)
                 else:
                     time.sleep(0.1)
@@ -315,13 +323,19 @@ def main(argv=None):
     parser.add_argument('--log-dir', default=None, help='one log file per process here')
     parser.add_argument('--pid-file', default=None,
                         help='write the pids of every process here (JSON) once all started')
+    parser.add_argument('--service-grace', type=float, default=SERVICE_GRACE,
+                        help='seconds workers may run on after the scheduler or a server '
+                             'exited with status 0 before the job is stopped (exit status 1; '
+                             'default %(default)g)')
     args = parser.parse_args(own)
     if not command:
         parser.error('no worker command: put it after --')
     if args.num_workers < 1 or args.num_servers < 1:
         parser.error('--num-workers and --num-servers must be at least 1')
+    if args.service_grace < 0:
+        parser.error('--service-grace must be at least 0')
     return launch(command, args.num_workers, args.num_servers, args.timeout, args.log_dir,
-                  pid_file=args.pid_file)
+                  pid_file=args.pid_file, service_grace=args.service_grace)
 
 
 if __name__ == '__main__':

@@ -450,12 +450,13 @@ def _pushpull(kvstore, key, arrays):
 
 
 class Fp32Allreduce(object):
-    """Gradient reduction across devices and workers that also works for bfloat16.
+    """The Symbol path's gradient reduction across devices and workers, bfloat16 included.
 
-    Used where MXNet's own reduction would send bfloat16 to the kvstore (the
-    Gluon path with bfloat16 and a dist kvstore) and by the Symbol path (whose
-    Module then updates locally, so that checkpoints hold the optimizer state).
-    Broadcasts worker 0's initial weights, as ``gluon.Trainer`` does.
+    Its Module updates locally (so that checkpoints hold the optimizer state)
+    and MXNet's own reduction would send bfloat16 to the kvstore.  The Gluon
+    path needs none: ``mxamp.Trainer`` sends bfloat16 across a dist kvstore as
+    FP32 itself.  Broadcasts worker 0's initial weights, as ``gluon.Trainer``
+    does.
 
     Parameters
     ----------
@@ -584,19 +585,19 @@ class GluonRunner(object):
                 if _no_wd(name):
                     param.wd_mult = 0.0
         self.net = net
-        params = [p for p in net.collect_params().values() if p.grad_req != 'null']
-        distributed = kvstore is not None and 'dist' in kvstore.type
-        self.reducer = None
-        if distributed and dtype == 'bfloat16':
-            self.reducer = Fp32Allreduce(kvstore, [p.list_data() for p in params])
-            kvstore = None
         # Local updates: the schedule, the states and the scaler stay in this process,
-        # where checkpoints can save them.
+        # where checkpoints can save them.  bfloat16 gradients cross a dist kvstore as
+        # FP32 (mxamp.Trainer casts them: MXNet's servers abort on bfloat16).
         self.trainer = mxamp.Trainer(net.collect_params(), args.optimizer.lower(),
                                      _optimizer_params(args, base_lr, steps_per_epoch),
                                      kvstore=kvstore, update_on_kvstore=False,
                                      loss_scale=_loss_scale_arg(args.loss_scale))
-        self.params = params
+        if kvstore is not None and 'dist' in kvstore.type:
+            # mxamp.Trainer internal: create the kvstore and broadcast worker 0's
+            # parameters now.  Left to the first step, the broadcast would come after
+            # the first training forward pass and replace every worker's first update
+            # of the BatchNorm running statistics by worker 0's.
+            self.trainer._ensure_kvstore()
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
     @property
@@ -628,8 +629,6 @@ class GluonRunner(object):
             losses = [self.loss_fn(self.net(x), self._targets(y)) for x, y in zip(xs, ys)]
             with self.trainer.scale_loss(losses) as scaled:
                 autograd.backward(scaled)
-        if self.reducer is not None:
-            self.reducer.allreduce([p.list_grad() for p in self.params])
         applied = self.trainer.step(self.global_batch)
         total = sum(loss.sum().as_in_context(mx.cpu()) for loss in losses)
         return total, applied

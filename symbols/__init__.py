@@ -28,7 +28,7 @@ __all__ = ['with_dtype', 'Float32Init']
 INPUTS = ('data', 'softmax_label')
 
 
-def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS):
+def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None):
     """`symbol` (an FP32 graph) in the precision `dtype`, through `mxamp.convert_symbol`.
 
     Every variable except `inputs` is a parameter: those that feed only
@@ -50,6 +50,11 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS):
         no float16 GEMM on CPUs); without `ctx`, float16 targets a GPU.
     inputs : tuple of str
         Variables that are data, not parameters; they stay FP32 inputs.
+    input_shapes : dict, optional
+        Shapes of `inputs` (batch size irrelevant), e.g. ``{'data': (1, 3, 224, 224)}``:
+        with them, bfloat16 keeps the convolutions oneDNN cannot run in blocked
+        bfloat16 layouts (the 3-channel stem) in FP32, as `mxamp.convert_model`
+        does for a checkpoint.
 
     Returns
     -------
@@ -61,7 +66,7 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS):
         return symbol
     names = symbol.list_arguments() + symbol.list_auxiliary_states()
     params = [name for name in names if name not in inputs]
-    return mxamp.convert_symbol(symbol, dtype, params=params, ctx=ctx)
+    return mxamp.convert_symbol(symbol, dtype, params=params, ctx=ctx, input_shapes=input_shapes)
 
 
 class Float32Init(mx.init.Initializer):

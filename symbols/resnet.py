@@ -256,4 +256,4 @@ def get_symbol(num_classes, num_layers, image_shape, dtype='float32', version='1
     symbol = resnet(UNITS[num_layers], filter_list, bottleneck, num_classes, shape,
                     stride_in_3x3=version == '1.5', bn_mom=kwargs.get('bn_mom', 0.9),
                     workspace=kwargs.get('conv_workspace', 256))
-    return with_dtype(symbol, dtype, ctx=kwargs.get('ctx'))
+    return with_dtype(symbol, dtype, ctx=kwargs.get('ctx'), input_shapes={'data': (1,) + shape})

@@ -34,16 +34,16 @@ def test_converts_symbol_and_params(model, tmp_path, capsys):
     out_prefix = str(tmp_path / 'out')
     status, out, err = convert(capsys, model + '-symbol.json', '--params', model + '-0000.params',
                                '-o', out_prefix, '--dtype', 'bfloat16', '--report',
-                               '--input-shape', 'data=2,3,8,8')
+                               '--input-shape', 'data=2,16,8,8')
     assert status == 0, err
     assert 'Convolution' in out and 'casts inserted: 1 bfloat16->float32, 1 float32->bfloat16' in out
     symbol, args, auxs = mx.model.load_checkpoint(out_prefix, 0)
     assert args['conv0_weight'].dtype == BFLOAT16 and args['bn0_gamma'].dtype == np.float32
     assert all(v.dtype == np.float32 for v in auxs.values())
     module = mx.mod.Module(symbol, context=mx.cpu())
-    module.bind(data_shapes=[('data', (2, 3, 8, 8))], label_shapes=[('softmax_label', (2,))], for_training=False)
+    module.bind(data_shapes=[('data', (2, 16, 8, 8))], label_shapes=[('softmax_label', (2,))], for_training=False)
     module.set_params(args, auxs)
-    module.forward(mx.io.DataBatch([mx.nd.ones((2, 3, 8, 8))], [mx.nd.zeros(2)]), is_train=False)
+    module.forward(mx.io.DataBatch([mx.nd.ones((2, 16, 8, 8))], [mx.nd.zeros(2)]), is_train=False)
     assert module.get_outputs()[0].dtype == np.float32
 
 
@@ -98,7 +98,7 @@ def _bad_inputs(model, tmp_path):
         ([sym, '--params', str(tmp_path / 'none.params')], 'does not exist'),
         ([sym, '--params', str(bad_params)], 'cannot read parameters'),
         ([sym, '--params', str(extra)], "parameter 'arg:nope' is not in the graph"),
-        ([sym, '--params', str(wrong_shape), '--input-shape', 'data=1,3,8,8'], 'Shape inconsistent'),
+        ([sym, '--params', str(wrong_shape), '--input-shape', 'data=1,16,8,8'], 'Shape inconsistent'),
         ([sym, '--fp32-ops', 'NoSuchOp'], "'NoSuchOp' is not registered"),
     ]
 

@@ -35,6 +35,10 @@ HIGH_ERROR = ('ShuffleNas_fixArch-symbol', 'gender-age', 'mobileFacenet', 'mobil
               'LeaderFaceRecognition', 'Laser-Eye', 'ZHUXUHAN', 'mnet.25', 'faster-mobile-retinaface')
 RANKING_OPS = ('_contrib_box_nms', '_contrib_MultiBoxDetection', '_contrib_Proposal',
                '_contrib_MultiProposal', 'argsort', 'topk', 'sort')
+# Ops whose output is undefined on the dummy inputs used here: a CTC loss fed
+# all-zero labels returns whatever its output memory held (denormals, or values
+# that depend on what ran before), so FP32 and bfloat16 runs cannot be compared.
+UNDEFINED_OPS = ('CTCLoss', '_contrib_CTCLoss', 'ctc_loss', '_contrib_ctc_loss')
 
 
 def _ids(rows):
@@ -114,10 +118,10 @@ def test_bfloat16_outputs_close_to_fp32(row):
     outputs = _forward(converted, inputs, c_args, c_auxs)
     assert len(outputs) == len(reference)
     tolerance = 0.2 if any(m in row['file'] for m in HIGH_ERROR) else 0.1
-    reordered = _downstream_of_ranking(symbol)
+    skipped = _downstream_of(symbol, RANKING_OPS + UNDEFINED_OPS)
     for index, (name, got, want) in enumerate(zip(converted.list_outputs(), outputs, reference)):
         assert got.shape == want.shape
-        if index in reordered or not repeatable[index] or not np.isfinite(want).all():
+        if index in skipped or not repeatable[index] or not np.isfinite(want).all():
             continue
         assert np.isfinite(got).all(), name
         # Floor on the norm: loss outputs of training graphs fed dummy labels are ~0.
@@ -125,12 +129,13 @@ def test_bfloat16_outputs_close_to_fp32(row):
         assert error < tolerance, '%s: relative error %.4f' % (name, error)
 
 
-def _downstream_of_ranking(symbol):
-    """Output indices computed from a sort/NMS: a tiny score change reorders them."""
+def _downstream_of(symbol, ops):
+    """Indices of the outputs computed from one of `ops` (a sort/NMS: a tiny score
+    change reorders them; an undefined result)."""
     graph = json.loads(symbol.tojson())
     tainted = set()
     for nid, node in enumerate(graph['nodes']):
-        if node['op'] in RANKING_OPS or any(src in tainted for src, _, _ in node['inputs']):
+        if node['op'] in ops or any(src in tainted for src, _, _ in node['inputs']):
             tainted.add(nid)
     return {i for i, (nid, _, _) in enumerate(graph['heads']) if nid in tainted}
 

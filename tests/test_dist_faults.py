@@ -1,12 +1,13 @@
-"""Faults: a worker, the server or the scheduler dies mid-run; a process dies mid-save.
+"""Faults: a worker, the server or the scheduler dies mid-run; workers outlive the
+scheduler and server; a process dies mid-save.
 
 The distributed tests run real ps-lite jobs on 127.0.0.1 through
-``scripts/launch_local.py`` and kill one of their processes with SIGKILL; they
-check that the launcher notices, names the dead process in one line, stops
-everything else within a bounded time and exits non-zero, and that the
-checkpoints written so far are complete and resumable.  The save test kills
-(SIGKILL, no clean-up runs) a process at every step of
-``train_imagenet.save_checkpoint`` in turn.
+``scripts/launch_local.py`` and kill one of their processes with SIGKILL (or
+let workers run on after the scheduler and server left); they check that the
+launcher notices, names the process in one line, stops everything else within a
+bounded time and exits non-zero, and that the checkpoints written so far are
+complete and resumable.  The save test kills (SIGKILL, no clean-up runs) a
+process at every step of ``train_imagenet.save_checkpoint`` in turn.
 
 Every test is bounded in time, and every process it starts is stopped even
 when it fails (the launcher stops its children; ``_Launch`` stops the launcher
@@ -28,6 +29,7 @@ LAUNCH = os.path.join(SCRIPTS, 'launch_local.py')
 sys.path.insert(0, SCRIPTS)
 
 import digits_rec  # noqa: E402
+import launch_local  # noqa: E402
 import train_imagenet  # noqa: E402
 
 # Bounds: the launcher's own timeout, and how long after a kill it may take to exit.
@@ -85,14 +87,14 @@ def _kill_group(pid):
 class _Launch(object):
     """``launch_local.py`` in a subprocess; on exit, nothing of the job is left running."""
 
-    def __init__(self, directory, num_workers, worker_command):
+    def __init__(self, directory, num_workers, worker_command, options=()):
         self.dir = str(directory)
         self.pid_file = os.path.join(self.dir, 'pids.json')
         self.err_path = os.path.join(self.dir, 'launcher.err')
         self.log_dir = os.path.join(self.dir, 'logs')
         self.command = [sys.executable, LAUNCH, '-n', str(num_workers), '--timeout',
                         str(JOB_TIMEOUT), '--log-dir', self.log_dir, '--pid-file',
-                        self.pid_file, '--'] + worker_command
+                        self.pid_file] + list(options) + ['--'] + worker_command
         self.proc = None
         self.pids = None
 
@@ -306,6 +308,64 @@ def test_killed_service_stops_job(tmp_path, victim, label):
     assert lines == ['launch_local.py: %s (pid %d) was killed by signal 9 (SIGKILL) while 2 '
                      'worker(s) were running; stopping the job' % (label, pids[victim])], output
     _assert_nothing_left(pids)
+
+
+# --------------------------------------------------------------------------------------
+# The scheduler and the server gone, the workers running on
+
+_FINALISED_WORKER = '''
+import os, sys, time
+import mxnet as mx
+kv = mx.kv.create("dist_sync")
+rank = kv.rank
+value = mx.nd.ones((4,))
+kv.init(0, value)
+kv.pushpull(0, value, out=value)
+value.wait_to_read()
+del kv          # finalises ps-lite: once both workers did, the scheduler and server exit 0
+open(os.path.join(sys.argv[1], "finalised%d" % rank), "w").close()
+time.sleep(120)     # hung in its own shutdown, as far as the launcher can tell
+'''
+
+
+@pytest.mark.slow
+def test_workers_running_on_after_services_exited_are_stopped_after_grace(tmp_path):
+    """Scheduler and server exit 0 while both workers run on: --service-grace later
+    the launcher names the exited process and the workers, stops them, exits 1."""
+    grace = 3
+    finalised = tmp_path / 'finalised'
+    finalised.mkdir()
+    with _Launch(tmp_path, 2, [sys.executable, '-c', _FINALISED_WORKER, str(finalised)],
+                 options=['--service-grace', str(grace)]) as launch:
+        pids = launch.wait_pids()
+        _wait_for(lambda: len(os.listdir(str(finalised))) == 2, 120, launch,
+                  'both workers finalised')
+        since = time.time()
+        status = launch.wait(EXIT_BOUND)
+        elapsed = time.time() - since
+        output = launch.output()
+        print('workers finalised -> launcher exit: %.2f s' % elapsed)
+    assert status == 1, output + launch.logs()
+    # The grace counts from the first service exit, which follows the finalisation
+    # that both workers passed (give the launcher's 0.1 s polling some slack).
+    assert grace - 1 < elapsed < EXIT_BOUND, output
+    # Both services have exited by then; the scheduler is named first.
+    lines = [line for line in output.splitlines() if 'exited with status 0' in line]
+    assert lines == ['launch_local.py: scheduler (pid %d) exited with status 0 but worker(s) '
+                     '0, 1 still run %d s later; stopping the job' % (pids['scheduler'], grace)
+                     ], output
+    stopped = [line for line in output.splitlines() if line.startswith('launch_local.py: stopped')]
+    assert stopped == ['launch_local.py: stopped worker 0 (rank 0, pid %d), worker 1 (rank 1, '
+                       'pid %d)' % (pids['worker0'], pids['worker1'])], output
+    _assert_nothing_left(pids)
+
+
+def test_service_grace_defaults_to_30_s(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch_local, 'launch', lambda *args, **kwargs: calls.append(kwargs))
+    launch_local.main(['-n', '1', '--', 'true'])
+    launch_local.main(['-n', '1', '--service-grace', '0.5', '--', 'true'])
+    assert [call['service_grace'] for call in calls] == [30.0, 0.5]
 
 
 # --------------------------------------------------------------------------------------

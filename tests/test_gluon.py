@@ -45,27 +45,31 @@ def quiet_float16_warning():
 
 
 def small_cnn(in_channels=0):
-    """Conv/BN/Dense net; in_channels=0 gives deferred initialisation."""
+    """Conv/BN/Dense net; in_channels=0 gives deferred initialisation.
+
+    16 channels throughout: oneDNN runs such convolutions in bfloat16 (an RGB
+    stem stays FP32, see test_rgb_stem_runs_in_float32...).
+    """
     net = nn.HybridSequential()
     with net.name_scope():
-        net.add(nn.Conv2D(8, 3, padding=1, in_channels=in_channels),
-                nn.BatchNorm(in_channels=8 if in_channels else 0),
+        net.add(nn.Conv2D(16, 3, padding=1, in_channels=in_channels),
+                nn.BatchNorm(in_channels=16 if in_channels else 0),
                 nn.Activation('relu'),
-                nn.Conv2D(8, 3, padding=1, in_channels=8 if in_channels else 0),
-                nn.BatchNorm(in_channels=8 if in_channels else 0), nn.Activation('relu'),
+                nn.Conv2D(16, 3, padding=1, in_channels=16 if in_channels else 0),
+                nn.BatchNorm(in_channels=16 if in_channels else 0), nn.Activation('relu'),
                 nn.GlobalAvgPool2D(),
-                nn.Dense(5, in_units=8 if in_channels else 0))
+                nn.Dense(5, in_units=16 if in_channels else 0))
     return net
 
 
-def make(seed=0, in_channels=3):
+def make(seed=0, in_channels=16):
     mx.random.seed(seed)
     net = small_cnn(in_channels)
     net.initialize(mx.init.Xavier(rnd_type='gaussian', factor_type='in', magnitude=2))
     return net
 
 
-def data(shape=(2, 3, 16, 16), seed=1):
+def data(shape=(2, 16, 16, 16), seed=1):
     return mx.nd.array(np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32))
 
 
@@ -138,11 +142,11 @@ def test_deferred_initialisation(dtype):
     out = net(data())
     assert out.dtype == np.float32
     assert dname(net[0].weight) == dtype and dname(net[1].gamma) == 'float32'
-    assert net[0].weight.shape == (8, 3, 3, 3)
+    assert net[0].weight.shape == (16, 16, 3, 3)
 
 
 def test_convert_before_initialize():
-    net = small_cnn(in_channels=3)
+    net = small_cnn(in_channels=16)
     mg.convert(net, 'bfloat16')
     net.initialize()
     net(data())
@@ -194,9 +198,36 @@ def test_child_called_directly_uses_the_policy():
     mg.convert(net, 'bfloat16')
     net(data())
     inner = net[7]  # the Dense layer, called on its own
-    out = inner(mx.nd.ones((2, 8)))
+    out = inner(mx.nd.ones((2, 16)))
     assert out.dtype == np.float32
     assert mg.is_converted(inner)
+
+
+@pytest.mark.parametrize('deferred', [True, False])
+def test_rgb_stem_runs_in_bfloat16_on_a_zero_padded_channel(deferred):
+    # oneDNN has no blocked bfloat16 kernel for 3 input channels, but has one for
+    # 4: the graph appends a zero channel to the image and the weight, whether
+    # the shapes are known at convert time or only at the first call (deferred
+    # initialisation); the parameter keeps its shape.
+    net = make(in_channels=0 if deferred else 3)
+    x = data((2, 3, 16, 16))
+    reference = net(x).asnumpy()
+    net = make(in_channels=0 if deferred else 3)
+    mg.convert(net, 'bfloat16')
+    net.hybridize()
+    out = net(x)
+    text = mg.summary(net)
+    assert '+1 zero channel' in text
+    rows = {line.split()[0]: line.split()[2] for line in text.splitlines() if '_fwd' in line}
+    assert all(rows[net[i].name + '_fwd'] == 'bfloat16' for i in (0, 1, 2, 3))
+    assert net[0].weight.shape == (16, 3, 3, 3) and net[0].weight.dtype == BFLOAT16
+    assert np.abs(out.asnumpy() - reference).max() < 0.05 * np.abs(reference).max() + 1e-3
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    grad = net[0].weight.grad()
+    assert grad.dtype == BFLOAT16 and grad.shape == (16, 3, 3, 3)
+    assert np.abs(to_float32_numpy(grad)).sum() > 0
 
 
 # ---------------------------------------------------------------------------
@@ -226,7 +257,7 @@ def test_loss_decreases_float16_on_cpu():
     net = make()
     mg.convert(net, 'float16')
     net.hybridize()
-    x = data((8, 3, 16, 16))
+    x = data((8, 16, 16, 16))
     y = mx.nd.array(np.arange(8) % 5)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     trainer = trainer_for(net, lr=0.05)
@@ -326,7 +357,11 @@ def test_export_imports_same_outputs(tmp_path, dtype):
     prefix = str(tmp_path / 'model')
     net.export(prefix)
     symbol_text = open(prefix + '-symbol.json').read()
-    assert '_mxamp_cast_' in symbol_text  # Cast nodes survive export
+    assert '_mxamp_cast_' in symbol_text  # cast nodes survive export
+    if dtype == 'bfloat16':
+        assert '"amp_cast"' in symbol_text    # activations cast with amp_cast (fast on CPU)
+        with pytest.raises(ValueError, match='amp_cast nodes are part of'):
+            net.export(prefix, remove_amp_cast=True)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         loaded = gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'],

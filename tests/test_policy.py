@@ -169,10 +169,54 @@ def test_bfloat16_kernel_claims_hold_on_this_build(dtype):
                'clip', 'Reshape', 'expand_dims', 'SwapAxis', 'slice_axis', 'SliceChannel', 'max',
                '_contrib_AdaptiveAvgPooling2D', 'elemwise_add', 'concat', 'add_n', 'stack',
                'broadcast_mul', '_mul_scalar', '_plus_scalar', '_div_scalar', '_maximum'}
-    assert {policy_mod.canonical(op) for op in claimed} <= policy_mod.BFLOAT16_CPU_OPS
+    assert {policy_mod.canonical(op) for op in claimed} <= policy_mod.BFLOAT16_CPU_KERNELS
     result = subprocess.run([sys.executable, '-c', _BF16_CHECK], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and 'ALL OK' in result.stdout, result.stderr[-2000:]
+
+
+def test_slow_bfloat16_kernels_run_in_float32():
+    # These have a bfloat16 kernel, but a generic one slower than FP32 between amp_casts.
+    assert policy_mod.BFLOAT16_CPU_SLOW <= policy_mod.BFLOAT16_CPU_KERNELS
+    assert not policy_mod.BFLOAT16_CPU_SLOW & policy_mod.BFLOAT16_CPU_OPS
+    for op, attrs in (('clip', {'a_min': '0', 'a_max': '6'}), ('broadcast_mul', {}),
+                      ('_mul_scalar', {'scalar': '0.5'}), ('elemwise_mul', {})):
+        assert Policy('bfloat16').op_class(op, attrs) == FLOAT32, op
+        assert Policy('float16').op_class(op, attrs) != FLOAT32, op
+    # oneDNN-backed ones stay.
+    for op in ('elemwise_add', 'Concat', 'add_n', 'Flatten', 'slice_axis'):
+        assert Policy('bfloat16').op_class(op, {}) != FLOAT32, op
+
+
+@pytest.mark.parametrize('weight, groups, expected', [
+    ((64, 3, 7, 7), 1, 'pad_channels'),   # RGB stem: an odd channel count below 16
+    ((64, 1, 3, 3), 1, 'pad_channels'),   # grayscale
+    ((64, 4, 7, 7), 1, 'blocked'),
+    ((64, 64, 3, 3), 1, 'blocked'),
+    ((24, 64, 1, 1), 1, 'float32'),       # output channels not a multiple of 16
+    ((64, 24, 1, 1), 1, 'float32'),       # input channels above 16, not a multiple
+    ((128, 4, 3, 3), 32, 'float32'),      # ResNeXt group of 4 channels
+    ((512, 16, 3, 3), 32, 'blocked'),
+    ((32, 1, 3, 3), 32, 'blocked'),       # depthwise, 32 channels
+    ((24, 1, 3, 3), 24, 'float32'),       # depthwise, 24 channels
+    ((64, 0, 7, 7), 1, 'blocked'),        # deferred initialisation: unknown, assumed blocked
+    (None, 1, 'blocked'),
+])
+def test_bfloat16_convolution_layout_rule(weight, groups, expected):
+    attrs = {'kernel': '(3, 3)', 'num_filter': str(weight[0] if weight else 8), 'num_group': str(groups)}
+    shapes = [(16, 64, 56, 56), weight]
+    assert Policy('bfloat16').op_class('Convolution', attrs, 'conv') == LOW
+    assert Policy('bfloat16').layout('Convolution', attrs, shapes) == expected
+    # Only for bfloat16, and lp_ops vouches for the kernel.
+    assert Policy('float16').layout('Convolution', attrs, shapes) == 'blocked'
+    assert Policy('bfloat16', lp_ops=['Convolution']).layout('Convolution', attrs, shapes) == 'blocked'
+    assert Policy('bfloat16').layout('FullyConnected', {}, [None, (10, 3)]) == 'blocked'
+
+
+def test_batchnorm_follows_its_data_only_with_low_precision_data():
+    assert Policy('bfloat16').follows_data('BatchNorm')
+    assert not Policy('bfloat16').follows_data('Convolution')
+    assert not Policy('bfloat16', batchnorm_data='float32').follows_data('BatchNorm')
 
 
 def test_policy_repr_names_its_settings():

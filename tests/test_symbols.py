@@ -135,10 +135,10 @@ def test_float32_graph_has_no_casts_and_auto_is_bfloat16_on_cpu():
 @pytest.mark.parametrize('dtype, ctx', TARGETS)
 def test_low_precision_graph_passes_check_graph(dtype, ctx):
     sym = resnet.get_symbol(1000, 50, '3,224,224', dtype=dtype, version='1', ctx=ctx)
-    assert check_graph(sym, make_policy(dtype, ctx=ctx)) == []
+    assert check_graph(sym, make_policy(dtype, ctx=ctx), shapes={'data': (1, 3, 224, 224)}) == []
     if dtype == 'bfloat16':
         # The bfloat16 policy is the same with or without a CPU context.
-        assert check_graph(sym, make_policy(dtype, ctx=mx.cpu())) == []
+        assert check_graph(sym, make_policy(dtype, ctx=mx.cpu()), shapes={'data': (1, 3, 224, 224)}) == []
     declared, outputs = _declared_types(sym)
     assert outputs == ['float32']
     assert declared['data'] == 'float32' and declared['softmax_label'] == 'float32'

@@ -284,3 +284,50 @@ def test_launcher_timeout(tmp_path):
     status = launch_local.launch([sys.executable, '-c', 'import time; time.sleep(60)'],
                                  num_workers=1, timeout=2)
     assert status == 124 and time.time() - started < 20
+
+
+_FIRST_STEP_WORKER = '''
+import hashlib, sys
+sys.path.insert(0, %r)
+import numpy as np
+import mxnet as mx
+import train_imagenet
+from mxamp.dtypes import name_of_array
+kv = mx.kv.create("dist_sync")
+args = train_imagenet.build_parser().parse_args(
+    ["--synthetic", "--dataset", "digits", "--model", "cifar_resnet20_v1", "--lr", "0.1"])
+spec = train_imagenet.resolve_data(args)
+train_imagenet.seed_everything(0)
+runner = train_imagenet.GluonRunner(args, spec, [mx.cpu()], "bfloat16", kv, 4, 8, 0.1, 1)
+params = runner.net.collect_params()
+weight = [p for n, p in params.items() if n.endswith("_weight")][0].data()
+before = weight.asnumpy().tobytes()
+# Each worker its own images: its own BatchNorm statistics, the gradient summed over both.
+images = mx.nd.array(np.random.RandomState(kv.rank).uniform(size=(4,) + spec.image_shape))
+runner.train_batch(mx.io.DataBatch([images], [mx.nd.array([0, 1, 2, 3])]))
+mean = [p for n, p in params.items() if n.endswith("_running_mean")][0].data()
+after = weight.asnumpy().tobytes()
+print("RESULT", kv.rank, name_of_array(weight), after != before,
+      hashlib.sha256(after).hexdigest(), mean.asnumpy().tolist(), flush=True)
+''' % SCRIPTS
+
+
+@pytest.mark.slow
+def test_dist_gluon_first_step_keeps_each_workers_statistics(tmp_path):
+    """bfloat16 over dist_sync: after one step the weights are identical on both
+    workers (bfloat16 gradients summed through the kvstore), and each worker's
+    BatchNorm running mean is its own: worker 0's parameters were broadcast before
+    the first forward pass, not after it."""
+    logs = tmp_path / 'logs'
+    result = _run([LAUNCH, '-n', '2', '--timeout', '150', '--log-dir', str(logs), '--',
+                   sys.executable, '-c', _FIRST_STEP_WORKER], timeout=200)
+    output = ''.join(open(logs / name).read() for name in ('worker0.log', 'worker1.log'))
+    assert result.returncode == 0, result.stderr + output
+    rows = sorted(line.split(' ', 2)[1:] for line in output.splitlines()
+                  if line.startswith('RESULT'))
+    assert [rank for rank, _ in rows] == ['0', '1'], output
+    (dtype, moved, digest, mean), (dtype1, moved1, digest1, mean1) = [
+        rest.split(' ', 3) for _, rest in rows]
+    assert dtype == dtype1 == 'bfloat16' and moved == moved1 == 'True', output
+    assert digest == digest1, output
+    assert mean != mean1, output

@@ -3,7 +3,8 @@
 * oneDNN blocked layouts: depthwise/grouped convolution weights (after an
   inference pass) and their gradients (right after backward) hold a 5-D blocked
   oneDNN layout that MXNet 1.9.1's ``amp_cast`` cannot read;
-* the loss scale at its floor: the error names what overflowed.
+* the loss scale at its floor: the error names what overflowed, with ``Trainer``
+  and with ``LossScaler.update_module`` (``mx.mod.Module``).
 """
 import warnings
 
@@ -178,3 +179,65 @@ def test_warning_at_the_floor_without_debug_mode_says_how_to_find_the_layer():
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         assert _overflowing_step(net, trainer) is True
+
+
+def overflowing_module(contexts):
+    """The same three dense layers as a Module, in FP32 so that no conversion is needed:
+    the middle layer's output (8 * 5 * 1e38) overflows FP32 itself.  net_big's bias is
+    fixed (Module allocates no gradient for it).  The output is the loss: its head
+    gradients carry the loss scale."""
+    data = mx.sym.var('data')
+    hidden = mx.sym.relu(mx.sym.FullyConnected(data, num_hidden=8, name='net_small'))
+    hidden = mx.sym.relu(mx.sym.FullyConnected(hidden, num_hidden=8, name='net_big'))
+    out = mx.sym.FullyConnected(hidden, num_hidden=2, name='net_out')
+    mod = mx.mod.Module(out, data_names=['data'], label_names=None, context=contexts,
+                        fixed_param_names=['net_big_bias'])
+    mod.bind(data_shapes=[('data', (4, 4))])
+    mod.init_params(mx.init.One())
+    arg_params, aux_params = mod.get_params()
+    arg_params['net_big_weight'] = nd.ones((8, 8)) * 1e38
+    mod.set_params(arg_params, aux_params)
+    mod.init_optimizer(optimizer=mxamp.optimizer.create('sgd', learning_rate=0.1,
+                                                        rescale_grad=1.0 / 4))
+    return mod
+
+
+def _overflowing_module_step(mod, scaler, batch):
+    mod.forward(batch, is_train=True)
+    mod.backward(scaler.out_grads(mod.get_outputs()))
+    return scaler.update_module(mod)
+
+
+def test_module_error_at_the_floor_names_gradients_as_the_trainer_does():
+    mod = overflowing_module([mx.cpu(0), mx.cpu(1)])
+    scaler = LossScaler(init_scale=2.0, at_min_scale='raise')
+    batch = mx.io.DataBatch([nd.ones((4, 4))])
+    assert _overflowing_module_step(mod, scaler, batch) is False      # 2 -> 1, no error yet
+    with pytest.raises(FloatingPointError) as info:
+        _overflowing_module_step(mod, scaler, batch)
+    message = str(info.value)
+    assert 'minimum loss scale 1' in message
+    # As in the Gluon case: the consumer and the producer of the inf output, not
+    # net_big itself (Module's parameter order, not gluon.Trainer's sorted one).
+    assert ('Parameters with inf/NaN gradients (3 of 6): net_small_weight, net_small_bias, '
+            'net_out_weight.' in message)
+    assert scaler.skipped_steps == 2
+    # The message's advice finds the layer.
+    assert ('mxamp.diagnose.first_nonfinite_output(module.symbol, *inputs, arg_params=arg, '
+            'aux_params=aux)' in message)
+    arg_params, aux_params = mod.get_params()
+    found = mxamp.diagnose.first_nonfinite_output(mod.symbol, *batch.data,
+                                                  arg_params=arg_params, aux_params=aux_params)
+    assert (found['node'], found['op'], found['cast_to']) == \
+        ('net_big', 'FullyConnected', None)
+
+
+def test_module_warning_at_the_floor_names_gradients():
+    mod = overflowing_module([mx.cpu()])
+    scaler = LossScaler(init_scale=1.0)                                # at_min_scale='warn'
+    with pytest.warns(RuntimeWarning) as record:
+        assert _overflowing_module_step(mod, scaler, mx.io.DataBatch([nd.ones((4, 4))])) \
+            is False
+    message = ' '.join(str(w.message) for w in record if 'minimum loss scale' in str(w.message))
+    assert ('Parameters with inf/NaN gradients (3 of 6): net_small_weight, net_small_bias, '
+            'net_out_weight.' in message)
