@@ -239,17 +239,19 @@ BFLOAT16_CPU_KERNELS = _names('''
 
 # Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), slower than the
 # FP32 op between two amp_casts.  Measured after a bfloat16 1x1 convolution on a
-# (16, 96, 56, 56) tensor, forward+backward, median of 7 interleaved runs; the
-# factor is bfloat16 time / FP32-between-amp_casts time: broadcast_* 6-10x (a
-# squeeze-excitation broadcast_mul 779 vs 107 ms), elemwise_mul 8.2x,
-# elemwise_sub 2.8x, scalar arithmetic 3.6-8x, clip (ReLU6) 4.4x, abs/negative/
-# sign/sqrt/cbrt 3.8-6.6x, max/min 2.8-3.7x, AdaptiveAvgPooling2D 6.3x,
-# BilinearResize2D 16x, softsign 7.7x, SequenceReverse 1.6x, stack 1.2x.  The
-# oneDNN-backed ops (Activation, LeakyReLU, Pooling, Concat, elemwise_add,
-# add_n, reshapes and slices) are 0.6-1.06x: they stay in bfloat16.
+# (16, 96, 56, 56) tensor, forward+backward, median of 11 interleaved runs (two
+# runs agreed); the factor is bfloat16 time / FP32-between-amp_casts time:
+# broadcast_* 5.6-9.8x (a squeeze-excitation broadcast_mul 789 vs 105 ms),
+# elemwise_sub/mul/div 3.3-7.4x, _maximum/_minimum 7.6x, scalar arithmetic
+# 3.9-8.5x, clip (ReLU6) 4.2x, abs/negative/sign/sqrt/cbrt 3.5-6.5x, max/min
+# 3.7x, AdaptiveAvgPooling2D 6x, BilinearResize2D 14x, softsign 7.6x,
+# _contrib STE/div_sqrt_dim/gradientmultiplier 2.3-5.7x, SequenceReverse 1.7x.
+# The oneDNN-backed ops (Activation, LeakyReLU, Pooling, Concat, stack,
+# elemwise_add, add_n, reshapes, slices, SequenceMask) are 1.0-1.7x faster in
+# bfloat16: they stay there.
 BFLOAT16_CPU_SLOW = _names('''
     softsign _contrib_AdaptiveAvgPooling2D _contrib_BilinearResize2D
-    broadcast_like broadcast_axis broadcast_to stack elemwise_sub elemwise_mul elemwise_div
+    broadcast_like broadcast_axis broadcast_to elemwise_sub elemwise_mul elemwise_div
     broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
     _maximum _minimum _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar
     _rdiv_scalar _maximum_scalar _minimum_scalar abs negative sign clip sqrt cbrt
