@@ -304,6 +304,8 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     weight = input_shapes[1] if input_shapes and len(input_shapes) > 1 else None
     if not weight or len(weight) < 3 or not all(weight):
         return BLOCKED
+    if attrs.get('layout', 'None') not in ('None', 'NCW', 'NCHW', 'NCDHW'):
+        return BLOCKED    # channels-last: not oneDNN's path in MXNet 1.9.1, left alone
     out_channels, in_per_group = weight[0], weight[1]
     groups = int(attrs.get('num_group', 1))
     if in_per_group == 1 and groups == out_channels:

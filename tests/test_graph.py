@@ -378,3 +378,30 @@ def test_activation_casts_are_amp_cast_unless_portable():
     # MXNet's default save drops amp_cast: only the portable graph survives it.
     assert len(casts(portable.symbol)) == 4
     assert len(nodes(fast.symbol)) == len(nodes(portable.symbol)) - 2
+
+
+@pytest.mark.parametrize('kernel, data_shape', [((3,), (2, 5, 12)), ((3, 3), (2, 3, 8, 8))])
+def test_zero_channel_padding_is_exact_in_forward_and_backward(kernel, data_shape):
+    # 1-D and 2-D, with a gradient for the data too (the padding's Concat slices it back).
+    data = mx.sym.var('data')
+    out = mx.sym.Convolution(data, kernel=kernel, num_filter=16, pad=tuple(k // 2 for k in kernel),
+                             name='conv')
+    out = mx.sym.FullyConnected(out, num_hidden=4, name='fc')
+    args, _ = params_of(out, data_shape=data_shape)
+    converted, c_args, _, conversion = convert_model(
+        out, args, {}, 'bfloat16', input_shapes={'data': data_shape}, return_conversion=True)
+    assert any(PAD_SUFFIX in n['name'] for n in nodes(converted))
+    x = mx.nd.random.uniform(-1, 1, shape=data_shape)
+    grads = {}
+    for name, symbol, values in (('fp32', out, args), ('bf16', converted, c_args)):
+        arrays = dict(values, data=x)
+        executor = symbol.bind(mx.cpu(), args=arrays,
+                               args_grad={k: mx.nd.zeros(v.shape, dtype=v.dtype) for k, v in arrays.items()})
+        result = executor.forward(is_train=True)[0]
+        executor.backward(mx.nd.ones(result.shape))
+        grads[name] = {k: to_float32_numpy(v) for k, v in executor.grad_dict.items()}
+        grads[name]['out'] = to_float32_numpy(result)
+    for key in ('out', 'data', 'conv_weight'):
+        want, got = grads['fp32'][key], grads['bf16'][key]
+        assert got.shape == want.shape, key
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), key

@@ -213,6 +213,15 @@ def test_bfloat16_convolution_layout_rule(weight, groups, expected):
     assert Policy('bfloat16').layout('FullyConnected', {}, [None, (10, 3)]) == 'blocked'
 
 
+def test_layout_rule_reads_channels_first_weights_only():
+    # A channels-last weight is (out, kh, kw, in): axis 1 is not the input channels.
+    nhwc = {'kernel': '(3, 3)', 'num_filter': '64', 'layout': 'NHWC'}
+    assert Policy('bfloat16').layout('Convolution', nhwc, [None, (64, 3, 3, 3)]) == 'blocked'
+    for layout, weight in (('NCW', (64, 3, 5)), ('NCHW', (64, 3, 3, 3)), ('NCDHW', (64, 3, 3, 3, 3))):
+        attrs = {'num_filter': '64', 'layout': layout}
+        assert Policy('bfloat16').layout('Convolution', attrs, [None, weight]) == 'pad_channels'
+
+
 def test_batchnorm_follows_its_data_only_with_low_precision_data():
     assert Policy('bfloat16').follows_data('BatchNorm')
     assert not Policy('bfloat16').follows_data('Convolution')
