@@ -278,7 +278,6 @@ class _Builder(object):
             self.cast_source[(nid, 0)] = entry
         return self.cast_cache[key]
 
-
     def pad_channels(self, entry, name, zero_shape=None):
         """`entry` (N, C, ...) with a zero channel appended: (N, C + 1, ...).
 
@@ -334,10 +333,11 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
     input_types : dict, optional
         Dtypes of inputs that are not float32 (e.g. ``{'tokens': 'int32'}``).
     shapes : dict, optional
-        Known shapes of parameters and inputs, by name.  Under bfloat16 they let
-        the policy keep convolutions oneDNN cannot run in blocked bfloat16
-        layouts (a 3-channel stem) in FP32; without them (and without
-        ``__shape__`` attributes) every convolution runs in bfloat16.
+        Known shapes of parameters and inputs, by name.  Under bfloat16 they
+        choose each convolution's layout (`mxamp.policy.Policy.layout`): a zero
+        input channel for an RGB stem, FP32 where oneDNN has no blocked bfloat16
+        kernel.  Without them (and without ``__shape__`` attributes) every
+        convolution runs in bfloat16 as it is.
     portable : bool
         True: every cast is a ``Cast`` node, so the graph survives MXNet's
         ``save``/``tojson``/``save_checkpoint`` with their defaults.  False:

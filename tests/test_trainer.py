@@ -171,7 +171,7 @@ def test_dynamic_scale_halves_and_doubles():
     assert trainer.loss_scaler is scaler
     scales = []
     for step in range(8):
-        losses = forward_backward(net, trainer, [mx.cpu(0)])
+        forward_backward(net, trainer, [mx.cpu(0)])
         if step == 4:
             net.w.grad()[0] = np.inf
         trainer.step(4)
