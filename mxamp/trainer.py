@@ -445,7 +445,7 @@ class LossScaler(object):
         Raises
         ------
         RuntimeError
-            When `module` is not bound or has no optimizer, and as
+            When `module` is not bound for training or has no optimizer, and as
             :meth:`has_overflow` raises it with ``update_on_kvstore`` and a
             distributed kvstore.
         FloatingPointError
@@ -460,6 +460,9 @@ class LossScaler(object):
         if not (module.binded and module.optimizer_initialized):
             raise RuntimeError('update_module(): bind the module and call init_optimizer() '
                                'first')
+        if not module.for_training:
+            raise RuntimeError('update_module(): the module is bound with for_training=False, so '
+                               'it has no gradients; bind it with for_training=True to train')
         optimizer = module._optimizer
         kvstore = module._kvstore
         named_grads = list(zip(module._exec_group.param_names, module._exec_group.grad_arrays))

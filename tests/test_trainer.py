@@ -494,6 +494,20 @@ def test_module_update_applies_scaled_step_and_skips_overflow():
     assert scaler.loss_scale == 2.0 ** 11 and scaler.skipped_steps == 1
 
 
+def test_module_update_needs_a_module_bound_for_training():
+    data = mx.sym.var('data')
+    mod = mx.mod.Module(mx.sym.FullyConnected(data, num_hidden=1, name='fc'), data_names=['data'],
+                        label_names=None, context=mx.cpu())
+    scaler = LossScaler()
+    with pytest.raises(RuntimeError, match='init_optimizer'):
+        scaler.update_module(mod)
+    mod.bind(data_shapes=[('data', (8, 4))], for_training=False)
+    mod.init_params(mx.init.Uniform(0.5))
+    mod.init_optimizer(optimizer=mo.create('sgd', learning_rate=0.1))
+    with pytest.raises(RuntimeError, match='for_training=False'):
+        scaler.update_module(mod)
+
+
 # ---------------------------------------------------------------------------------
 # Distributed: two workers, one server, on 127.0.0.1
 # ---------------------------------------------------------------------------------
