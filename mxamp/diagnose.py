@@ -29,7 +29,7 @@ import mxnet as mx
 from .dtypes import dtype_name, to_float32_numpy
 from .graph import CAST_SUFFIX
 
-__all__ = ['nonfinite_gradients', 'first_nonfinite_output']
+__all__ = ['nonfinite_gradients', 'nonfinite_named_gradients', 'first_nonfinite_output']
 
 
 def nonfinite_gradients(params):
@@ -47,13 +47,26 @@ def nonfinite_gradients(params):
     """
     if hasattr(params, 'values'):
         params = params.values()
-    names = []
-    for param in params:
-        if param.grad_req == 'null' or param._data is None:
-            continue
-        if any(not np.isfinite(to_float32_numpy(grad)).all() for grad in param.list_grad()):
-            names.append(param.name)
-    return names
+    return nonfinite_named_gradients((param.name, param.list_grad()) for param in params
+                                     if param.grad_req != 'null' and param._data is not None)
+
+
+def nonfinite_named_gradients(named_grads):
+    """`nonfinite_gradients` for gradients that are not in gluon Parameters.
+
+    Parameters
+    ----------
+    named_grads : iterable of (str, list of NDArray)
+        A name and its gradient on every device, e.g. a ``Module``'s parameter
+        names with its executor group's ``grad_arrays``.
+
+    Returns
+    -------
+    list of str
+        In the order of `named_grads`.  Forces one host sync per array.
+    """
+    return [name for name, grads in named_grads
+            if any(not np.isfinite(to_float32_numpy(grad)).all() for grad in grads)]
 
 
 def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):

@@ -510,45 +510,32 @@ class LossScaler(object):
         self._steps = int(state['steps'])
 
 
-def _nonfinite_gradients_text(params):
+def _nonfinite_gradients_text(find_names, total):
     """What overflowed, for the error at the loss scale's floor (host syncs).
 
-    `params` as :func:`mxamp.diagnose.nonfinite_gradients` takes them (a list).
-    Returns ``'.  Parameters with inf/NaN gradients (2 of 6): a, b'``, at most
-    ten names shown.
+    `find_names()` returns the names of the parameters with non-finite
+    gradients (one of mxamp.diagnose's), out of `total` parameters.  Returns
+    ``'.  Parameters with inf/NaN gradients (2 of 6): a, b'``, at most ten names.
     """
     try:
-        names = diagnose.nonfinite_gradients(params)
+        names = find_names()
     except Exception as err:   # never hide the overflow behind a diagnosis error
         return '.  Could not read the gradients (%s)' % (err,)
     shown = ', '.join(names[:10]) + (', ...' if len(names) > 10 else '')
     return ('.  Parameters with inf/NaN gradients (%d of %d): %s'
-            % (len(names), len(params), shown or 'none'))
-
-
-class _ModuleParameter(object):
-    """A Module parameter's gradients, with what ``nonfinite_gradients`` reads of a
-    ``gluon.Parameter``: ``name``, ``grad_req``, ``_data`` (only tested for None)
-    and ``list_grad()``."""
-
-    def __init__(self, name, grads):
-        self.name = name
-        # Module leaves the gradients of fixed parameters unallocated (None).
-        self.grad_req = 'null' if any(g is None for g in grads) else 'write'
-        self._data = grads
-        self._grads = grads
-
-    def list_grad(self):
-        return self._grads
+            % (len(names), total, shown or 'none'))
 
 
 def _module_overflow_details(named_grads):
     """:meth:`LossScaler.update_module`'s text for the error at the floor (host syncs).
 
-    `named_grads`: (parameter name, its gradient on every device) pairs.
+    `named_grads`: (parameter name, its gradient on every device) pairs;
+    Module leaves the gradients of fixed parameters unallocated (None).
     """
-    params = [_ModuleParameter(name, grads) for name, grads in named_grads]
-    return _nonfinite_gradients_text(params) + (
+    allocated = [(name, grads) for name, grads in named_grads
+                 if not any(g is None for g in grads)]
+    return _nonfinite_gradients_text(lambda: diagnose.nonfinite_named_gradients(allocated),
+                                     len(named_grads)) + (
         '.  To find the first layer whose output is not finite, call '
         'mxamp.diagnose.first_nonfinite_output(module.symbol, *inputs, arg_params=arg, '
         'aux_params=aux) with the inputs of an overflowing batch and arg, aux = '
@@ -914,7 +901,8 @@ class Trainer(gluon.Trainer):
 
     def _overflow_details(self):
         """What overflowed, for the error at the loss scale's floor (host syncs)."""
-        text = _nonfinite_gradients_text(self._params)
+        text = _nonfinite_gradients_text(lambda: diagnose.nonfinite_gradients(self._params),
+                                         len(self._params))
         if self._diagnose_net is None or not self._last_inputs:
             return text + ('.  To find the first layer whose output is not finite, call '
                            'mxamp.diagnose.first_nonfinite_output(net, x) with an overflowing '
