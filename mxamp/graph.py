@@ -388,12 +388,13 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
                     if pos not in policy.index_inputs(op, attrs) and out.state.get(entry) is not None]
         cls = classes[nid]
         input_shapes = [variable_shapes.get(src) for src, _, _ in node['inputs']]
+        layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
         compute_fp32 = False
         if policy_mod.canonical(op) in policy_mod.CAST_OPS:
             run_in = None
         elif cls == LOW and policy.follows_data(op) and out.state.get(inputs[0]) == 'float32':
             run_in = 'float32'
-        elif cls == LOW and policy.layout(op, attrs, input_shapes) == FLOAT32:
+        elif layout == FLOAT32:
             # Stored parameters keep their low precision (read through an exact cast),
             # so they do not depend on whether shapes were known.
             run_in = 'float32'
@@ -413,7 +414,7 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
             for pos in floating:
                 want = 'float32' if (compute_fp32 or pos in fixed32 or run_in == 'float32') else low
                 inputs[pos] = out.to(inputs[pos], want)
-        if run_in == low and policy.layout(op, attrs, input_shapes) == policy_mod.PAD_CHANNELS:
+        if run_in == low and layout == policy_mod.PAD_CHANNELS:
             # MXNet infers no shape backwards through Concat: the weight variable
             # declares its shape (Gluon's deferred initialisation reads it there).
             weight = input_shapes[1]
