@@ -10,6 +10,8 @@ import logging
 import os
 import sys
 
+from .hardware import CPU_CLASSES
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
 
@@ -57,6 +59,11 @@ def build_parser():
     convert.add_argument('--cpu', action='store_true',
                          help='float16 only: the graph will run on a CPU, so GEMM ops compute in '
                               'FP32 between float16 casts')
+    convert.add_argument('--cpu-class', choices=['auto'] + list(CPU_CLASSES), default=None,
+                         help='bfloat16 only: the CPU class that will run the graph. By default '
+                              'the graph computes in bfloat16 (CPUs with avx512_bf16 or AMX); '
+                              'avx2 and avx512 (no native bfloat16) give a graph that computes in '
+                              'FP32 with the same bfloat16 parameters; auto: this machine\'s class')
     convert.add_argument('--report', action='store_true',
                          help='print per-operator precision counts and the casts inserted')
     return parser
@@ -80,7 +87,10 @@ def _convert(args):
     except GraphError as err:
         raise GraphError('%s: %s' % (args.symbol, err))
     ctx = mx.cpu() if args.cpu else None
-    overrides = dict(exclude=args.exclude, fp32_ops=args.fp32_ops, lp_ops=args.lp_ops, ctx=ctx)
+    if args.cpu_class is not None and args.dtype != 'bfloat16':
+        raise ValueError('--cpu-class applies to --dtype bfloat16 (float16 graphs for a CPU: --cpu)')
+    overrides = dict(exclude=args.exclude, fp32_ops=args.fp32_ops, lp_ops=args.lp_ops, ctx=ctx,
+                     cpu_class=args.cpu_class)
     arg_params = aux_params = None
     if args.params:
         if not os.path.isfile(args.params):

@@ -10,6 +10,9 @@ it:
   intermediate tensor, and returns the first node (in execution order) whose
   output is not finite.  It works on converted Gluon networks and on symbols.
 
+`check_bfloat16_runs` tells, before anything runs, whether this CPU can run a
+graph's bfloat16 nodes at all, and says what to do instead in one error.
+
 Example
 -------
 >>> try:
@@ -26,10 +29,17 @@ import numpy as np
 
 import mxnet as mx
 
+from . import hardware
 from .dtypes import dtype_name, to_float32_numpy
-from .graph import CAST_SUFFIX
+from .graph import CAST_SUFFIX, infer_entry_types, load_graph
+from .policy import CAST_OPS, canonical
 
-__all__ = ['nonfinite_gradients', 'nonfinite_named_gradients', 'first_nonfinite_output']
+__all__ = ['nonfinite_gradients', 'nonfinite_named_gradients', 'first_nonfinite_output',
+           'check_bfloat16_runs', 'BFloat16ComputeError']
+
+
+class BFloat16ComputeError(RuntimeError):
+    """A graph computes in bfloat16 on a CPU that does not compute bfloat16 natively."""
 
 
 def nonfinite_gradients(params):
@@ -90,9 +100,19 @@ def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
         name, its operator, the dtype of the offending output, the output's
         index, the low-precision dtype it overflowed when mxamp cast it to (None
         when the node itself produced the inf/NaN), and the names of the nodes
-        feeding it.  None when every output is finite.
+        feeding it.  The node is a parameter (op ``'null'``) when mxamp stores
+        it in low precision, computes with it in FP32, and the parameter itself
+        holds the inf/NaN.  None when every output is finite.
+
+    Raises
+    ------
+    BFloat16ComputeError
+        When the graph computes in bfloat16 and this CPU cannot (see
+        `check_bfloat16_runs`).  The graph always runs on the CPU.
     """
     symbol, args, auxs = _graph_and_arrays(net, inputs, arg_params or {}, aux_params or {})
+    check_bfloat16_runs(symbol, {name: value.dtype for name, value in
+                                 list(args.items()) + list(auxs.items())})
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     rows = graph['node_row_ptr']
@@ -111,14 +131,63 @@ def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
         if not np.isfinite(to_float32_numpy(value)).all():
             node, stored = nodes[nid], None
             if CAST_SUFFIX in node['name']:
-                # Finite in FP32, overflowed when mxamp stored it in low precision:
-                # the layer to blame is the cast's producer.
-                stored = _name(value.dtype)
+                # The node to blame is the cast's producer.  A cast to low precision
+                # overflowed a value finite in FP32; a cast to FP32 (of a bfloat16
+                # parameter where the CPU computes in FP32) cannot overflow: its
+                # input, a parameter, already held the inf/NaN.
+                if _name(value.dtype) != 'float32':
+                    stored = _name(value.dtype)
                 nid, k = node['inputs'][0][:2]
                 node = nodes[nid]
             return {'node': node['name'], 'op': node['op'], 'dtype': _name(value.dtype), 'output': k,
                     'cast_to': stored, 'inputs': [nodes[src]['name'] for src, _, _ in node['inputs']]}
     return None
+
+
+def check_bfloat16_runs(symbol, input_types=None):
+    """Raise `BFloat16ComputeError` when `symbol` computes in bfloat16 and this CPU cannot.
+
+    On CPUs without AVX-512 (`mxamp.hardware.cpu_class` ``'avx2'``,
+    ``DNNL_MAX_CPU_ISA`` included) MXNet's oneDNN has no bfloat16 kernels: a
+    graph whose nodes compute in bfloat16 (``convert_symbol(sym, 'bfloat16')``
+    for a bfloat16 CPU, the default) fails there with "could not create a
+    primitive descriptor iterator", asynchronously, at the next sync.  This
+    check fails at once instead, naming the CPU class and the remedy.  Graphs
+    built for this CPU (``cpu_class='auto'``, and Gluon networks converted on
+    it) store bfloat16 parameters but compute in FP32, and pass.  (On
+    ``'avx512'`` oneDNN emulates bfloat16: such graphs run, slowly.)
+
+    A node computes in bfloat16 when it produces a bfloat16 tensor and is not a
+    cast.  Nothing is run; on CPUs with AVX-512 it returns at once, elsewhere it
+    costs one type inference of the graph.
+
+    Parameters
+    ----------
+    symbol : mx.sym.Symbol
+    input_types : dict of str to dtype, optional
+        Dtypes of variables without a ``__dtype__`` attribute (default FP32),
+        e.g. those of the arrays that will be bound.
+
+    Raises
+    ------
+    BFloat16ComputeError
+    """
+    if hardware.cpu_class() != hardware.AVX2:
+        return
+    graph = load_graph(symbol)
+    nodes = graph['nodes']
+    types = infer_entry_types(graph, input_types)
+    computing = sorted({nid for (nid, _), name in types.items()
+                        if name == 'bfloat16' and nodes[nid]['op'] != 'null'
+                        and canonical(nodes[nid]['op']) not in CAST_OPS})
+    if computing:
+        first = nodes[computing[0]]
+        raise BFloat16ComputeError(
+            "%d node(s) of the graph compute in bfloat16 (first: '%s', %s), which this machine "
+            "cannot do: %s.  Convert the FP32 graph for this CPU (bfloat16 "
+            "parameters, FP32 compute): mxamp.convert_symbol/convert_model(..., "
+            "cpu_class='auto') or mxamp convert --dtype bfloat16 --cpu-class auto"
+            % (len(computing), first['name'], first['op'], hardware.describe_cpu_class()))
 
 
 def _name(dtype):

@@ -7,6 +7,9 @@ the numpy struct ``dtype([('bfloat16', '<u2')])``, rejects the string
 uint16 structs back from ``asnumpy()``.  This module owns the translation, so the
 rest of mxamp (and its users) only ever handle the names.
 """
+import functools
+import json
+
 import numpy as np
 
 import mxnet as mx
@@ -74,6 +77,81 @@ def name_of_array(array):
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def _reference_bfloat16_reorders():
+    """Whether oneDNN's bfloat16 reorders, ``amp_cast``'s kernel, are reference loops here.
+
+    oneDNN 2.4.4 has jit bfloat16 reorders from avx512_core up; below it (CPU
+    class ``'avx2'``) ``amp_cast`` runs a reference loop.  On an AMD EPYC with
+    AVX2 only, a 256x256x3x3 tensor: ``amp_cast`` float32->bfloat16 47 ms,
+    bfloat16->float32 33 ms; MXNet's generic ``Cast`` 0.8 ms (truncating) and
+    4.6 ms; the rounded narrowing of :func:`_generic_cast` 8.2 ms.  Decided once
+    per process, as oneDNN decides its ISA once.
+    """
+    from . import hardware
+    return hardware.cpu_class() == hardware.AVX2
+
+
+@functools.lru_cache(maxsize=None)
+def _truncate_to_bfloat16():
+    # MXNet 1.9.1's Python front ends reject dtype='bfloat16' (nd.Cast, sym.Cast);
+    # a graph loaded from JSON carries it as the string the C++ Cast parses.
+    graph = {'nodes': [{'op': 'null', 'name': 'x', 'inputs': []},
+                       {'op': 'Cast', 'name': 'to_bfloat16', 'attrs': {'dtype': 'bfloat16'},
+                        'inputs': [[0, 0, 0]]}],
+             'arg_nodes': [0], 'heads': [[1, 0, 0]],
+             'attrs': {'mxnet_version': ['int', 10901]}}
+    return mx.ndarray.CachedOp(mx.symbol.load_json(json.dumps(graph)))
+
+
+def _generic_cast(array, dtype, out=None):
+    """Cast between float32 and bfloat16 with MXNet's generic kernels (no oneDNN reorder).
+
+    Widening is exact (``Cast``).  Narrowing rounds to nearest: ``Cast``
+    truncates toward zero, so the float32 residual ``r = x - trunc(x)`` (exact,
+    below one bfloat16 step) is added once more and the sum truncated: a
+    magnitude ``|r|`` of half a step or more carries into the next bfloat16
+    value.  Exact ties round away from zero, where ``amp_cast`` rounds to even
+    (a different last bit on 6 of 589,824 normal random values); an infinite
+    input gives NaN.
+    """
+    if np.dtype(dtype) == np.float32:
+        return mx.ndarray.Cast(array, dtype='float32', out=out)
+    truncate = _truncate_to_bfloat16()
+    residual = array - mx.ndarray.Cast(truncate(array), dtype='float32')
+    return truncate(array + residual, out=out)
+
+
+def _generic_applies(source, target):
+    return _reference_bfloat16_reorders() and {np.dtype(source), np.dtype(target)} == {
+        np.dtype(np.float32), BFLOAT16}
+
+
+def widen(array):
+    """A float32 copy of `array` (a gradient: default oneDNN layout); no host sync.
+
+    Plain ``amp_cast``, or MXNet's generic ``Cast`` where bfloat16 reorders are
+    reference loops (see :func:`_generic_cast`).  Through ``mx.ndarray``, so
+    kvstore servers can run it.
+    """
+    if _generic_applies(array.dtype, np.float32):
+        return _generic_cast(array, np.float32)
+    return mx.ndarray.amp_cast(array, dtype=np.float32)
+
+
+def cast_into(array, out):
+    """Cast `array` into `out` (same shape, any dtype), whatever `out`'s oneDNN layout.
+
+    ``mx.nd.amp_cast(array, out=out)`` with `array` in the default layout: the
+    kernel rewrites `out` in the default layout (see :func:`amp_cast`).  On
+    CPUs whose bfloat16 reorders are reference loops, MXNet's generic kernels
+    instead (see :func:`_generic_cast`).  No host sync.
+    """
+    if _generic_applies(array.dtype, out.dtype):
+        return _generic_cast(array, out.dtype, out=out)
+    return mx.ndarray.amp_cast(array, dtype=out.dtype, out=out)
+
+
 def amp_cast(array, dtype, out=None):
     """``amp_cast`` that also works on arrays holding a oneDNN blocked layout.
 
@@ -112,8 +190,12 @@ def amp_cast(array, dtype, out=None):
         differently, so parameters must not be views).
 
     Uses ``mx.ndarray``, never ``mx.nd``: :mod:`mxamp.optimizer` calls it, also
-    on kvstore servers.
+    on kvstore servers.  On CPUs whose bfloat16 reorders are reference loops,
+    float32 <-> bfloat16 casts take MXNet's generic kernels (see
+    :func:`_generic_cast`), which read any layout.
     """
+    if _generic_applies(array.dtype, dtype):
+        return _generic_cast(array, dtype, out=out)
     if array.ndim <= 1:
         return mx.ndarray.amp_cast(array, dtype=dtype, out=out)
     if out is None:
@@ -138,7 +220,7 @@ def cast(array, name):
         return array
     # amp_cast is the only cast operator whose Python front end accepts the
     # bfloat16 struct dtype in MXNet 1.9.1 and rounds to nearest (Cast truncates).
-    if mx.autograd.is_recording() and array.ndim > 1:
+    if mx.autograd.is_recording() and array.ndim > 1 and not _generic_applies(array.dtype, target):
         # out= is not recorded; a cast between recorded reshapes is.
         return mx.nd.amp_cast(array.reshape((-1,)), dtype=target).reshape(array.shape)
     return amp_cast(array, target)

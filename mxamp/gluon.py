@@ -68,6 +68,7 @@ from mxnet.gluon import Block, HybridBlock
 
 from . import graph as graph_mod
 from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
+from . import hardware
 from .hardware import resolve_dtype
 from .policy import Policy
 
@@ -75,6 +76,7 @@ __all__ = ['convert', 'summary', 'is_converted']
 
 _FLOAT32 = np.dtype(np.float32)
 _warned_float16_cpu = False
+_warned_bfloat16_storage_only = False
 _lock = threading.Lock()
 
 
@@ -89,9 +91,11 @@ class _Settings(object):
         self.lp_params = frozenset()       # parameter names stored in `dtype`
 
     def policy(self, device_type):
+        on_cpu = device_type != 'gpu'
         return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
                       exclude=self.exclude,
-                      emulate_float16=(self.dtype == 'float16' and device_type != 'gpu'))
+                      emulate_float16=(self.dtype == 'float16' and on_cpu),
+                      cpu_class=hardware.cpu_class() if on_cpu else hardware.AVX512_BF16)
 
 
 # --------------------------------------------------------------------------
@@ -339,6 +343,8 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
     policy = settings.policy(device_type)
     if policy.emulate_float16:
         _warn_float16_cpu()
+    if policy.bfloat16_storage_only:
+        _warn_bfloat16_storage_only()
     names = set(fp32_symbol.list_inputs())
     params = {p.name for p in block.collect_params().values()} & names
     # Only parameters already chosen for low precision (by the whole tree, at
@@ -358,6 +364,16 @@ def _warn_float16_cpu():
                       'fully-connected or GEMM kernels on CPU, so these ops compute in FP32 '
                       'between float16 casts (float16 storage, FP32 accumulation, like '
                       'tensor cores); other ops run in float16', RuntimeWarning, stacklevel=4)
+
+
+def _warn_bfloat16_storage_only():
+    global _warned_bfloat16_storage_only
+    if not _warned_bfloat16_storage_only:
+        _warned_bfloat16_storage_only = True
+        warnings.warn('mxamp: bfloat16 on this %s: parameters are stored in bfloat16 and every '
+                      'op computes in FP32 between casts (results within bfloat16 rounding of a '
+                      'bfloat16 CPU; speed about FP32)' % hardware.describe_cpu_class(),
+                      RuntimeWarning, stacklevel=4)
 
 
 def _input_names(block):
@@ -477,10 +493,14 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     net : mxnet.gluon.HybridBlock
         An FP32 network, initialised or not (deferred initialisation is fine).
     dtype : str
-        ``'auto'`` (float16 on a GPU, bfloat16 on a CPU; decided from the
-        context of the net's parameters, else from the machine), ``'float16'``
-        or ``'bfloat16'`` (aliases ``'fp16'``, ``'bf16'``...).  ``'float32'``
-        leaves `net` untouched.
+        ``'auto'`` (float16 on a GPU, bfloat16 on a CPU that computes it,
+        float32 on other CPUs, see `mxamp.hardware.resolve_dtype`; decided from
+        the context of the net's parameters, else from the machine),
+        ``'float16'`` or ``'bfloat16'`` (aliases ``'fp16'``, ``'bf16'``...).
+        ``'float32'`` leaves `net` untouched.  bfloat16 on a CPU without
+        bfloat16 kernels (`mxamp.hardware.cpu_class` ``'avx2'`` or
+        ``'avx512'``) stores the same parameters in bfloat16 and computes every
+        op in FP32 (one warning per process).
     exclude : block, block type, str, or a list of them
         Blocks kept entirely in FP32 (their ops and parameters): Block objects,
         Block subclasses (every block of that type), block names or prefixes
@@ -517,6 +537,10 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     ctxs = _net_contexts(net)
     name = resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
+        if isinstance(dtype, str) and dtype.lower() == 'auto':
+            # Not converted; summary() says why (resolve_dtype warned once already).
+            net._mxamp_auto_float32 = ("dtype='auto' kept it in float32 on this %s"
+                                       % hardware.describe_cpu_class())
         return net
     fp32 = _fp32_graph(net)
     node_names = [n['name'] for n in json.loads(fp32.tojson())['nodes'] if n['op'] != 'null']
@@ -577,6 +601,12 @@ def summary(net, print_fn=print):
     -------
     str
     """
+    auto_float32 = getattr(net, '_mxamp_auto_float32', None)
+    if auto_float32 is not None and not is_converted(net):
+        text = 'mxamp summary: %s runs in float32: %s' % (_describe(net), auto_float32)
+        if print_fn is not None:
+            print_fn(text)
+        return text
     conversion, device = _conversion_of(net)
     settings = net._mxamp_settings
     policy = settings.policy(device)
@@ -616,9 +646,16 @@ def summary(net, print_fn=print):
               for i, h in enumerate(('node', 'op', 'computes in', 'casts on inputs'))]
     widths[3] = 0
     fmt = '  '.join('%%-%ds' % w for w in widths[:3]) + '  %s'
+    if policy.emulate_float16:
+        how = ', float16 GEMMs emulated in FP32'
+    elif policy.bfloat16_storage_only:
+        how = ', %s: bfloat16 storage, FP32 compute' % hardware.describe_cpu_class(policy.cpu_class)
+    elif settings.dtype == 'bfloat16':
+        how = ', %s' % hardware.describe_cpu_class(policy.cpu_class)
+    else:
+        how = ''
     lines = ['mxamp summary: %s converted to %s (graph built for %s%s)'
-             % (_describe(net), settings.dtype, device or 'cpu',
-                ', float16 GEMMs emulated in FP32' if policy.emulate_float16 else ''),
+             % (_describe(net), settings.dtype, device or 'cpu', how),
              fmt % ('node', 'op', 'computes in', 'casts on inputs'),
              fmt % (tuple('-' * w for w in widths[:3]) + ('-' * 15,))]
     lines.extend((fmt % row).rstrip() for row in rows)

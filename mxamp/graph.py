@@ -409,6 +409,8 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
             run_in = low if states == {low} else 'float32'
         else:
             run_in = 'float32'
+        if run_in == low and not policy.computes_low(op, attrs):
+            run_in = 'float32'   # no kernel for the target dtype on this CPU class
         if run_in is not None:
             fixed32 = policy.float32_inputs(op) if run_in == low else ()
             for pos in floating:
@@ -533,6 +535,8 @@ def check_graph(symbol, policy, input_types=None, shapes=None):
         # A cast of a low-precision weight reads as that weight's shape.
         input_shapes = [variable_shapes.get(_through_cast(nodes, src)) for src, _, _ in node['inputs']]
         if cls == LOW and policy.layout(op, attrs, input_shapes) == FLOAT32:
+            cls = FLOAT32
+        if cls != FLOAT32 and not policy.computes_low(op, attrs):
             cls = FLOAT32
         if cls == FLOAT32:
             bad = [pos for pos, t in floats if t == low]

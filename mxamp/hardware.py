@@ -1,11 +1,34 @@
 """Hardware detection and the CPU fast-path set-up.
 
-This module answers three questions for the rest of mxamp:
+This module answers four questions for the rest of mxamp:
 
-* what the machine can do: bfloat16 instructions on the CPU (``avx512_bf16``,
-  ``amx_bf16`` from ``/proc/cpuinfo``) and the number of GPUs;
+* what the machine can do: CPU flags (``/proc/cpuinfo``) and the number of GPUs;
+* how the CPU computes bfloat16 (:func:`cpu_class`): one of four classes,
+  capped by a user's ``DNNL_MAX_CPU_ISA`` as oneDNN caps itself;
 * which precision ``'auto'`` means for a context (:func:`resolve_dtype`);
 * how to make oneDNN use the AMX bfloat16 kernels (:func:`enable_amx`).
+
+CPU classes
+-----------
+oneDNN 2.4.4, inside MXNet 1.9.1, decides what bfloat16 can do on a CPU from
+its instruction set; mxamp names the four cases after it:
+
+``'avx2'``
+    No AVX-512 (AVX2 and older, or a ``DNNL_MAX_CPU_ISA`` below
+    ``AVX512_CORE``): oneDNN has no bfloat16 primitives.  Convolution,
+    FullyConnected, BatchNorm, Pooling and Activation raise in bfloat16;
+    elementwise ops fall to reference kernels 17-200x slower than FP32.
+``'avx512'``
+    AVX-512 (``avx512_core``) without AVX512-BF16: oneDNN emulates bfloat16,
+    by its own estimate about 2x slower than FP32.
+``'avx512_bf16'``
+    AVX512-BF16 instructions: native bfloat16, up to 2x FP32 convolutions.
+``'amx'``
+    AMX tiles, enabled by :func:`enable_amx`: native bfloat16 on AMX kernels.
+
+mxamp computes in bfloat16 only in the last two classes; in the first two a
+bfloat16 network keeps its bfloat16 parameters and computes in FP32 between
+casts (see :mod:`mxamp.policy`).
 
 AMX
 ---
@@ -43,8 +66,9 @@ import platform
 import sys
 import warnings
 
-__all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'gpu_count',
-           'resolve_dtype', 'enable_amx', 'describe']
+__all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'gpu_count', 'cpu_class',
+           'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'resolve_dtype', 'enable_amx', 'describe',
+           'CPU_CLASSES']
 
 logger = logging.getLogger('mxamp')
 
@@ -57,7 +81,31 @@ _XFEATURE_XTILEDATA = 18
 
 # Result of the first enable_amx() call (None: not called yet).
 _amx_enabled = None
-_warned_slow_bf16 = False
+_warned_auto_float32 = False
+
+AVX2, AVX512, AVX512_BF16, AMX = 'avx2', 'avx512', 'avx512_bf16', 'amx'
+# Lowest first: a DNNL_MAX_CPU_ISA cap can only move a CPU down this list.
+CPU_CLASSES = (AVX2, AVX512, AVX512_BF16, AMX)
+# The classes where oneDNN 2.4.4 computes bfloat16 natively.
+BFLOAT16_COMPUTE_CLASSES = frozenset((AVX512_BF16, AMX))
+
+# oneDNN 2.4.4's DNNL_MAX_CPU_ISA values -> the highest class each allows.
+_ISA_CAPS = {
+    'SSE41': AVX2, 'AVX': AVX2, 'AVX2': AVX2, 'AVX2_VNNI': AVX2,
+    'AVX512_MIC': AVX2, 'AVX512_MIC_4OPS': AVX2,   # Xeon Phi: no avx512_core
+    'AVX512_CORE': AVX512, 'AVX512_CORE_VNNI': AVX512,
+    'AVX512_CORE_BF16': AVX512_BF16,
+    'AVX512_CORE_AMX': AMX, 'ALL': AMX,
+}
+# What oneDNN's avx512_core needs (Skylake-SP and later; AMD Zen 4).
+_AVX512_CORE_FLAGS = frozenset(('avx512f', 'avx512bw', 'avx512vl', 'avx512dq'))
+
+_CLASS_TEXT = {
+    AVX2: 'CPU without AVX-512: MXNet 1.9.1\'s oneDNN has no bfloat16 kernels',
+    AVX512: 'AVX-512 CPU without AVX512-BF16: oneDNN emulates bfloat16, slower than float32',
+    AVX512_BF16: 'CPU with AVX512-BF16: native bfloat16',
+    AMX: 'CPU with AMX: native bfloat16 on AMX tiles',
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,6 +136,64 @@ def has_amx_bf16():
     return 'amx_bf16' in cpu_flags()
 
 
+def _hardware_class():
+    flags = cpu_flags()
+    if not _AVX512_CORE_FLAGS <= flags:
+        return AVX2
+    if 'amx_bf16' in flags and _amx_enabled:
+        return AMX
+    if 'avx512_bf16' in flags or 'amx_bf16' in flags:
+        return AVX512_BF16
+    return AVX512
+
+
+def isa_cap():
+    """The class ``DNNL_MAX_CPU_ISA`` limits oneDNN to, or None when unset or unknown.
+
+    oneDNN ignores a value it does not know, and so does this function.
+    """
+    value = os.environ.get('DNNL_MAX_CPU_ISA')
+    if value is None:
+        return None
+    return _ISA_CAPS.get(value.strip().upper())
+
+
+def cpu_class():
+    """How this CPU computes bfloat16: ``'avx2'``, ``'avx512'``, ``'avx512_bf16'`` or ``'amx'``.
+
+    The class of the CPU's flags (``'amx'`` only once :func:`enable_amx`
+    enabled AMX), lowered to what ``DNNL_MAX_CPU_ISA`` allows: a user who sets
+    ``DNNL_MAX_CPU_ISA=AVX2`` on an AVX-512 machine gets ``'avx2'``, which is
+    what oneDNN then computes.  oneDNN reads the variable once, at its first
+    primitive; this function reads it at each call, so change it only before
+    the process runs its first MXNet operator.  See the module documentation
+    for what each class means.  No host sync, no MXNet call.
+    """
+    found = _hardware_class()
+    cap = isa_cap()
+    if cap is not None and CPU_CLASSES.index(cap) < CPU_CLASSES.index(found):
+        return cap
+    return found
+
+
+def computes_bfloat16(klass=None):
+    """Whether CPU class `klass` (default: this CPU's) computes bfloat16 natively."""
+    return (klass or cpu_class()) in BFLOAT16_COMPUTE_CLASSES
+
+
+def describe_cpu_class(klass=None):
+    """One phrase naming CPU class `klass` (default: this CPU's) and its bfloat16 support.
+
+    Mentions ``DNNL_MAX_CPU_ISA`` when that variable is what lowered this CPU's class.
+    """
+    if klass is None:
+        klass = cpu_class()
+        if klass != _hardware_class():
+            return 'CPU limited by DNNL_MAX_CPU_ISA=%s to class %r (%s)' % (
+                os.environ.get('DNNL_MAX_CPU_ISA'), klass, _CLASS_TEXT[klass])
+    return '%r class %s' % (klass, _CLASS_TEXT[klass])
+
+
 def gpu_count():
     """Number of GPUs MXNet sees; 0 on a CPU build or when the query fails."""
     import mxnet as mx  # here, so that `import mxamp` does not load libmxnet
@@ -112,11 +218,11 @@ def resolve_dtype(dtype, ctx=None):
     Returns
     -------
     str
-        ``'float32'``, ``'float16'`` or ``'bfloat16'``.  ``'auto'`` gives
-        ``'float16'`` on a GPU and ``'bfloat16'`` on a CPU.  On a CPU without
-        avx512_bf16 or amx_bf16, oneDNN emulates bfloat16 and runs slower than
-        float32; ``'auto'`` still gives ``'bfloat16'`` (the memory saving and the
-        numerics are the same) and warns once per process.
+        ``'float32'``, ``'float16'`` or ``'bfloat16'``.  ``'auto'`` gives the
+        fastest precision the hardware computes: ``'float16'`` on a GPU,
+        ``'bfloat16'`` on a CPU that computes it natively (:func:`cpu_class`
+        ``'avx512_bf16'`` or ``'amx'``), ``'float32'`` on other CPUs, saying so
+        once per process in one warning that names the CPU class.
 
     Raises
     ------
@@ -131,15 +237,16 @@ def resolve_dtype(dtype, ctx=None):
     on_gpu = gpu_count() > 0 if ctx is None else ctx.device_type == 'gpu'
     if on_gpu:
         return 'float16'
-    if not (has_avx512_bf16() or has_amx_bf16()):
-        global _warned_slow_bf16
-        if not _warned_slow_bf16:
-            _warned_slow_bf16 = True
-            warnings.warn("dtype='auto' chose bfloat16, but this CPU has neither "
-                          "avx512_bf16 nor amx_bf16: oneDNN emulates bfloat16 and "
-                          "will be slower than float32 here", RuntimeWarning,
-                          stacklevel=2)
-    return 'bfloat16'
+    if computes_bfloat16():
+        return 'bfloat16'
+    global _warned_auto_float32
+    if not _warned_auto_float32:
+        _warned_auto_float32 = True
+        warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; bfloat16 pays on "
+                      "CPUs with AVX512-BF16 or AMX (dtype='bfloat16' still works here: "
+                      "bfloat16 parameters, FP32 compute)" % describe_cpu_class(),
+                      RuntimeWarning, stacklevel=2)
+    return 'float32'
 
 
 def _request_amx_permission():
@@ -216,7 +323,10 @@ def describe():
     -------
     dict
         ``avx512_bf16``, ``amx_bf16``, ``amx_enabled`` (bools; ``amx_enabled`` is
-        the result of :func:`enable_amx`, False before it ran) and ``gpus`` (int).
+        the result of :func:`enable_amx`, False before it ran), ``cpu_class``
+        (:func:`cpu_class`), ``dnnl_max_cpu_isa`` (the variable, or None) and
+        ``gpus`` (int).
     """
     return {'avx512_bf16': has_avx512_bf16(), 'amx_bf16': has_amx_bf16(),
-            'amx_enabled': bool(_amx_enabled), 'gpus': gpu_count()}
+            'amx_enabled': bool(_amx_enabled), 'cpu_class': cpu_class(),
+            'dnnl_max_cpu_isa': os.environ.get('DNNL_MAX_CPU_ISA'), 'gpus': gpu_count()}

@@ -35,7 +35,7 @@ How an update runs
   AdaGrad, ...): the generic path.  The gradient is cast to FP32, the base
   optimizer's FP32 ``update`` runs on the master copy and its FP32 states, and
   the master copy is cast back into the low-precision weight in place
-  (``amp_cast(..., out=weight)``: no extra allocation for the weight, and
+  (:func:`mxamp.dtypes.cast_into`: no extra allocation for the weight, and
   correct when the weight holds a oneDNN blocked layout, which it may after an
   inference pass).  The master copy is made from the weight with
   :func:`mxamp.dtypes.amp_cast`, which reads blocked layouts too.
@@ -49,7 +49,7 @@ import numpy as np
 
 import mxnet as mx
 
-from .dtypes import BFLOAT16, amp_cast
+from .dtypes import BFLOAT16, amp_cast, cast_into, widen
 
 __all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
 
@@ -78,15 +78,14 @@ def _is_low(array):
 def _float32(array):
     """`array` in float32 (itself when it already is), for gradients.
 
-    ``amp_cast`` is the cast whose front end accepts bfloat16 in MXNet 1.9.1
-    (as in :func:`mxamp.dtypes.cast`); reached through ``mx.ndarray`` because
+    :func:`mxamp.dtypes.widen` reaches MXNet through ``mx.ndarray``, because
     ``mx.nd`` does not exist on a kvstore server (see :class:`MultiPrecision`).
     Gradients are always in the default oneDNN layout; weights may not be, and
     take :func:`mxamp.dtypes.amp_cast` (see :meth:`MultiPrecision.create_state_multi_precision`).
     """
     if array.dtype == np.float32:
         return array
-    return mx.ndarray.amp_cast(array, dtype=np.float32)
+    return widen(array)
 
 
 class MultiPrecision(object):
@@ -207,11 +206,11 @@ class MultiPrecision(object):
             grads32 = [_float32(g) for g in grad]
             self.update(list(index), masters, grads32, inner)
             for master, low in zip(masters, weight):
-                mx.ndarray.amp_cast(master, dtype=low.dtype, out=low)
+                cast_into(master, low)
         else:
             master, inner = state
             self.update(index, master, _float32(grad), inner)
-            mx.ndarray.amp_cast(master, dtype=weight.dtype, out=weight)
+            cast_into(master, weight)
 
     def _mxamp_overflow_flag(self, stored, merged):
         """Server side of mxamp.Trainer's overflow agreement (see OVERFLOW_FLAG_KEY).

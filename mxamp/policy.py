@@ -28,7 +28,12 @@ Low precision is only chosen where MXNet 1.9.1 has a kernel for it that pays:
 on the CPU bfloat16 runs through oneDNN for a measured set of operators
 (``BFLOAT16_CPU_OPS``: those with a kernel, ``BFLOAT16_CPU_KERNELS``, minus
 those whose generic kernel is slower than FP32, ``BFLOAT16_CPU_SLOW``); every
-other op runs in FP32 under the bfloat16 target.
+other op runs in FP32 under the bfloat16 target.  Those sets decide which
+parameters a bfloat16 network stores in bfloat16, the same on every CPU.  What
+then *computes* in bfloat16 depends on the CPU class the graph is built for
+(`mxamp.hardware.cpu_class`; ``BFLOAT16_CPU_OPS_BY_CLASS``): on CPUs without
+native bfloat16 every op computes in FP32 and reads bfloat16 parameters
+through exact casts.
 Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
 (``FLOAT16_CPU_EMULATED``) have none and compute in FP32 between float16 casts
 (float16 storage, FP32 accumulation), which the graph rewrite does when asked.
@@ -41,6 +46,7 @@ import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 
 from .dtypes import LOW_PRECISION, dtype_name
+from .hardware import AMX, AVX2, AVX512, AVX512_BF16, CPU_CLASSES
 
 LOW, FLOAT32, WIDEST, NEUTRAL = 'low', 'float32', 'widest', 'neutral'
 CLASSES = (LOW, FLOAT32, WIDEST, NEUTRAL)
@@ -262,6 +268,21 @@ BFLOAT16_CPU_SLOW = _names('''
 # The ops that run in bfloat16 on a CPU.
 BFLOAT16_CPU_OPS = BFLOAT16_CPU_KERNELS - BFLOAT16_CPU_SLOW
 
+# The ops that compute in bfloat16, per CPU class (mxamp.hardware.CPU_CLASSES).
+# 'avx2' (no AVX-512), measured op by op on an AMD EPYC with AVX2 only and with
+# DNNL_MAX_CPU_ISA=AVX2 on AVX-512 machines: Convolution, FullyConnected,
+# Deconvolution, BatchNorm, Pooling, Activation and LeakyReLU raise ("could not
+# create a primitive descriptor iterator"); elementwise ops, Concat and softmax
+# run through reference kernels 17-200x slower than FP32.  'avx512' (no
+# AVX512-BF16): oneDNN emulates bfloat16 at about half FP32's speed (oneDNN's own
+# estimate; not measured on such a CPU by this project).  Both therefore compute
+# nothing in bfloat16.  'amx' uses the table measured on 'avx512_bf16': the
+# project's AMX measurements (README, "Performance") ran with it.
+BFLOAT16_CPU_OPS_BY_CLASS = {
+    AVX2: frozenset(), AVX512: frozenset(),
+    AVX512_BF16: BFLOAT16_CPU_OPS, AMX: BFLOAT16_CPU_OPS,
+}
+
 # Ops whose bfloat16 CPU kernel exists only for some attributes (measured; the
 # others fall back to MXNet's own kernels, which reject bfloat16).
 _BFLOAT16_CPU_CONDITIONS = {
@@ -406,6 +427,13 @@ class Policy(object):
     emulate_float16 : bool
         Whether float16 GEMM ops compute in FP32 between float16 casts, as
         MXNet has no float16 GEMM on a CPU.  Set by the callers for CPU contexts.
+    cpu_class : str
+        Under bfloat16, the CPU class the graph is for (see
+        `mxamp.hardware.cpu_class`): ``'avx512_bf16'`` (default) and ``'amx'``
+        compute in bfloat16; on ``'avx2'`` and ``'avx512'`` every op computes in
+        FP32 and the parameters the other classes store in bfloat16 stay stored
+        in bfloat16 (read through exact casts), so a network has the same
+        parameters, in the same dtypes, on every CPU.
 
     Examples
     --------
@@ -417,7 +445,7 @@ class Policy(object):
     """
 
     def __init__(self, dtype, fp32_ops=(), lp_ops=(), exclude=(), batchnorm_data='low',
-                 emulate_float16=False):
+                 emulate_float16=False, cpu_class=AVX512_BF16):
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         self.fp32_ops = frozenset(self._canonical_list(fp32_ops, '--fp32-ops'))
         self.lp_ops = frozenset(self._canonical_list(lp_ops, '--lp-ops'))
@@ -430,6 +458,9 @@ class Policy(object):
             raise ValueError("batchnorm_data=%r: expected 'low' or 'float32'" % (batchnorm_data,))
         self.batchnorm_data = batchnorm_data
         self.emulate_float16 = bool(emulate_float16) and self.dtype == 'float16'
+        if cpu_class not in CPU_CLASSES:
+            raise ValueError('cpu_class=%r: expected one of %s' % (cpu_class, ', '.join(CPU_CLASSES)))
+        self.cpu_class = cpu_class
 
     @staticmethod
     def _canonical_list(ops, what):
@@ -443,9 +474,9 @@ class Policy(object):
         return out
 
     def __repr__(self):
-        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r)'
+        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, cpu_class=%r)'
                 % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
-                   self.batchnorm_data))
+                   self.batchnorm_data, self.cpu_class))
 
     def is_excluded(self, node_name):
         return any(node_name == pattern or fnmatch.fnmatchcase(node_name, pattern)
@@ -475,6 +506,30 @@ class Policy(object):
             cls = FLOAT32
         return cls
 
+    @property
+    def bfloat16_storage_only(self):
+        """Whether this is a bfloat16 policy for a CPU that computes no bfloat16.
+
+        Then nothing computes in bfloat16 (`computes_low` is False for every
+        node): low-precision parameters are stored in bfloat16 and cast to FP32
+        where they are used.
+        """
+        return self.dtype == 'bfloat16' and not BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
+
+    def computes_low(self, op, attrs=None):
+        """Whether a node that `op_class` puts in low precision computes in it on the target.
+
+        Under float16 always (GPU kernels; CPU emulation is `computes_in_float32`);
+        under bfloat16 when the CPU class has a bfloat16 kernel for the op.  The
+        user's `lp_ops` are honoured on CPUs that compute bfloat16 at all.
+        """
+        if self.dtype != 'bfloat16':
+            return True
+        op = canonical(op)
+        if op in self.lp_ops:
+            return not self.bfloat16_storage_only
+        return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class] or op in CAST_OPS
+
     def computes_in_float32(self, op):
         """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""
         return self.emulate_float16 and canonical(op) in FLOAT16_CPU_EMULATED
@@ -490,6 +545,8 @@ class Policy(object):
         """
         op = canonical(op)
         rule = _BFLOAT16_CPU_LAYOUT_RULES.get(op)
+        if self.bfloat16_storage_only:
+            return FLOAT32
         if self.dtype != 'bfloat16' or rule is None or op in self.lp_ops:
             return BLOCKED
         return rule(attrs or {}, input_shapes)

@@ -12,17 +12,41 @@ import tempfile
 
 import mxnet as mx
 
+from . import hardware
 from .dtypes import LOW_PRECISION, cast, dtype_name
 from .graph import GraphError, convert_graph, error_line, load_graph
 from .policy import Policy
 
 
-def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batchnorm_data='low'):
-    """The `Policy` for user arguments; float16 on a CPU context computes GEMMs in FP32."""
+def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batchnorm_data='low',
+                cpu_class=None):
+    """The `Policy` for user arguments.
+
+    float16 on a CPU context computes GEMMs in FP32.  bfloat16 graphs are for
+    `cpu_class` (see `convert_symbol`).
+    """
     dtype = dtype_name(dtype, allowed=LOW_PRECISION)
     on_cpu = ctx is not None and all(c.device_type == 'cpu' for c in _contexts(ctx))
     return Policy(dtype, fp32_ops=fp32_ops or (), lp_ops=lp_ops or (), exclude=exclude or (),
-                  batchnorm_data=batchnorm_data, emulate_float16=on_cpu)
+                  batchnorm_data=batchnorm_data, emulate_float16=on_cpu,
+                  cpu_class=target_cpu_class(cpu_class))
+
+
+def target_cpu_class(cpu_class):
+    """The CPU class a bfloat16 graph is built for: `cpu_class`, resolved.
+
+    None means a CPU that computes bfloat16 (``'avx512_bf16'``: graph files are
+    for the machine that runs them); ``'auto'`` means this machine's class
+    (`mxamp.hardware.cpu_class`); any class name is taken as it is.
+    """
+    if cpu_class is None:
+        return hardware.AVX512_BF16
+    if isinstance(cpu_class, str) and cpu_class.lower() == 'auto':
+        return hardware.cpu_class()
+    if cpu_class not in hardware.CPU_CLASSES:
+        raise ValueError("cpu_class=%r: expected 'auto' or one of %s"
+                         % (cpu_class, ', '.join(hardware.CPU_CLASSES)))
+    return cpu_class
 
 
 def _contexts(ctx):
@@ -30,7 +54,7 @@ def _contexts(ctx):
 
 
 def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=None, lp_ops=None,
-                   ctx=None, input_types=None, input_shapes=None, portable=True):
+                   ctx=None, input_types=None, input_shapes=None, portable=True, cpu_class=None):
     """Convert an FP32 Symbol to mixed precision.
 
     Parameters
@@ -65,6 +89,13 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
         MXNet's ``save``/``save_checkpoint`` with their defaults.  False:
         activations are cast with ``amp_cast``, much faster on a CPU; save such a
         graph with ``remove_amp_cast=False`` (MXNet drops amp_cast otherwise).
+    cpu_class : str, optional
+        bfloat16 only: the CPU class that will run the graph (see
+        `mxamp.hardware.cpu_class`).  None (default): a CPU that computes
+        bfloat16, so the graph computes in bfloat16.  ``'avx2'`` or
+        ``'avx512'``: CPUs without native bfloat16, where every op computes in
+        FP32 and the parameters stay stored in bfloat16 (the same parameter
+        files).  ``'auto'``: this machine's class.
 
     Returns
     -------
@@ -77,14 +108,14 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     >>> bf16 = mxamp.convert_symbol(sym, 'bfloat16')
     >>> bf16.save('resnet50_bf16-symbol.json')
     """
-    policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx)
+    policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
     return convert_graph(sym, policy, params=params or (), input_types=input_types,
                          shapes=input_shapes, portable=portable).symbol
 
 
 def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, fp32_ops=None,
                   lp_ops=None, ctx=None, input_types=None, input_shapes=None, return_conversion=False,
-                  portable=True):
+                  portable=True, cpu_class=None):
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
     Parameters consumed only by low-precision ops are cast to `dtype`;
@@ -114,7 +145,7 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     """
     graph = load_graph(sym)
     check_params(graph, arg_params, aux_params, input_shapes)
-    policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx)
+    policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
     names = list(arg_params) + list(aux_params)
     shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
     shapes.update(input_shapes or {})

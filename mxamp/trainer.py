@@ -53,7 +53,7 @@ from mxnet import autograd, gluon
 
 from . import diagnose
 from . import optimizer as _mp_optimizer
-from .dtypes import BFLOAT16, LOW_PRECISION, amp_cast, dtype_name
+from .dtypes import BFLOAT16, LOW_PRECISION, amp_cast, cast_into, dtype_name, widen
 
 __all__ = ['LossScaler', 'OverflowInfo', 'Trainer']
 
@@ -122,7 +122,7 @@ def _finite_flags(arrays):
             for start in range(0, len(group), _MAX_FINITE_ARRAYS):
                 chunk = group[start:start + _MAX_FINITE_ARRAYS]
                 if dtype == BFLOAT16:
-                    chunk = [mx.nd.amp_cast(a, dtype=np.float32) for a in chunk]
+                    chunk = [widen(a) for a in chunk]
                 if sum_sq:
                     chunk = [mx.nd.multi_sum_sq(*chunk, num_arrays=len(chunk))]
                 mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False,
@@ -840,7 +840,7 @@ class Trainer(gluon.Trainer):
                 buffers = self._fp32_copies(index, arrays)
                 self._kvstore.broadcast(index, buffers[0], buffers)
                 for buf, array in zip(buffers, arrays):
-                    mx.nd.amp_cast(buf, dtype=array.dtype, out=array)
+                    cast_into(buf, array)
             self._params_to_init = rest
         super(Trainer, self)._init_params()
         if self._distributed:
@@ -880,7 +880,7 @@ class Trainer(gluon.Trainer):
                 buffers = self._fp32_copies(index, grads)
                 self._kvstore.pushpull(index, buffers, priority=-index)
                 for buf, grad in zip(buffers, grads):
-                    mx.nd.amp_cast(buf, dtype=grad.dtype, out=grad)
+                    cast_into(buf, grad)
             else:
                 self._kvstore.pushpull(index, grads, priority=-index)
 

@@ -74,7 +74,18 @@ Method
   net, before the first iteration (MXNet itself, Python, the weights).
   ``--no-memory`` skips these subprocesses.
 * AMX: mxamp enables it at import when the CPU has ``amx_bf16``; the JSON
-  records the CPU flags and whether AMX was enabled (``meta.hardware``).
+  records the CPU flags, the CPU class and whether AMX was enabled
+  (``meta.hardware``).
+* CPUs without native bfloat16 (`mxamp.hardware.cpu_class` ``'avx2'`` or
+  ``'avx512'``, ``DNNL_MAX_CPU_ISA`` included): on ``'avx2'`` MXNet's oneDNN
+  has no bfloat16 kernels (contrib.amp's graphs fail: "could not create a
+  primitive descriptor iterator"), so the ``contrib.amp`` modes are skipped,
+  with the reason in the table and in the JSON (``skipped`` in the mode's
+  entry); on ``'avx512'`` they run oneDNN's emulated bfloat16.  mxamp's modes
+  then run bfloat16 parameters with FP32
+  compute: they measure that emulation (casts, master weights), not bfloat16
+  arithmetic; every result says which (``mxamp_compute``: ``'native'`` or
+  ``'bfloat16 storage, FP32 compute'``).
 
 Output: a text table on stdout and a JSON file (``--output``, default
 ``benchmark.json``) with every measured value (per-repetition img/s included).
@@ -96,6 +107,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import mxamp  # noqa: E402  (first: enables AMX before oneDNN's first primitive)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from mxamp import hardware  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
 try:
@@ -225,6 +237,19 @@ def build_training(mode, name, x, y):
     return run
 
 
+def skip_reason(mode):
+    """Why `mode` is not measured on this CPU (one line), or None when it is."""
+    if mode == 'contrib.amp' and hardware.cpu_class() == hardware.AVX2:
+        return ("MXNet's AMP computes in bfloat16, which oneDNN cannot do on this CPU (%s)"
+                % hardware.describe_cpu_class())
+    return None
+
+
+def mxamp_compute():
+    """How the mxamp modes compute here: 'native' or 'bfloat16 storage, FP32 compute'."""
+    return 'native' if hardware.computes_bfloat16() else 'bfloat16 storage, FP32 compute'
+
+
 def build(task, mode, name, batch, image_size):
     x, y = make_data(batch, image_size)
     if task == 'inference':
@@ -319,6 +344,9 @@ def run_worker(spec, timeout):
 def bench(network, task, args, progress):
     modes = [m for m in (INFERENCE_MODES if task == 'inference' else TRAINING_MODES)
              if m in args.modes]
+    reasons = {m: skip_reason(m) for m in modes}
+    skipped = {m: reason for m, reason in reasons.items() if reason}
+    modes = [m for m in modes if m not in skipped]
     local = [m for m in modes if not (task == 'training' and m == 'contrib.amp')]
     runners = {}
     for mode in local:
@@ -326,7 +354,7 @@ def bench(network, task, args, progress):
     raw = measure(runners, args.batch, args.warmup, args.steps, args.repeats, progress)
     spec_args = {k: getattr(args, k) for k in ('batch', 'image_size', 'warmup', 'steps', 'repeats')}
     result = {'network': network, 'task': task, 'batch': args.batch,
-              'image_size': args.image_size, 'modes': {}}
+              'image_size': args.image_size, 'mxamp_compute': mxamp_compute(), 'modes': {}}
     for mode in local:
         result['modes'][mode] = dict(raw[mode], process='main', baseline='fp32')
     if task == 'training' and 'contrib.amp' in modes:
@@ -350,6 +378,7 @@ def bench(network, task, args, progress):
                 entry['memory_error'] = mem['error']
             else:
                 entry.update(mem)
+    result['modes'].update((m, {'skipped': reason}) for m, reason in skipped.items())
     derive(result)
     return result
 
@@ -403,8 +432,9 @@ def format_table(results):
             ratio = num('ratio_vs_fp32', '%.2f')
             if e.get('baseline', 'fp32') != 'fp32' and ratio != '-':
                 ratio += '*'
-            rows.append((res['network'], res['task'], str(res['batch']), mode,
-                         num('median_img_per_s', '%.2f') if 'error' not in e else 'error',
+            measured = 'error' if 'error' in e else 'skipped' if 'skipped' in e else \
+                num('median_img_per_s', '%.2f')
+            rows.append((res['network'], res['task'], str(res['batch']), mode, measured,
                          ratio, num('paired_ratio_vs_fp32', '%.2f'),
                          num('median_update_ms', '%.0f'), num('peak_rss_mb', '%.0f'),
                          num('rss_ratio_vs_fp32', '%.2f')))
@@ -418,6 +448,12 @@ def format_table(results):
                  'median of the per-repetition ratios')
     if any(e.get('baseline', 'fp32') != 'fp32' for r in results for e in r['modes'].values()):
         notes.append('* against the FP32 net measured in the contrib.amp process')
+    if any(r.get('mxamp_compute', 'native') != 'native' for r in results):
+        notes.append('mxamp modes: bfloat16 storage, FP32 compute (this CPU has no native '
+                     'bfloat16): they measure that emulation, not bfloat16 arithmetic')
+    skips = {(mode, e['skipped']) for r in results for mode, e in r['modes'].items()
+             if 'skipped' in e}
+    notes.extend('%s skipped: %s' % (mode, reason) for mode, reason in sorted(skips))
     for res in results:
         for name, o in sorted(res.get('mxamp_overhead', {}).items()):
             notes.append('%s training: %s per-step overhead (update vs FP32) %.0f ms = %.1f%% '
@@ -435,7 +471,6 @@ def format_table(results):
 
 
 def meta(args):
-    from mxamp import hardware
     return {'schema_version': SCHEMA_VERSION,
             'date': datetime.datetime.now().isoformat(timespec='seconds'),
             'command': ' '.join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
@@ -495,7 +530,7 @@ def main(argv=None):
     total = 0
     for task in args.tasks:
         modes = [m for m in (INFERENCE_MODES if task == 'inference' else TRAINING_MODES)
-                 if m in args.modes]
+                 if m in args.modes and not skip_reason(m)]
         per = args.warmup + args.steps * args.repeats
         total += len(modes) * per + (per if task == 'training' and 'contrib.amp' in modes else 0)
         if args.memory:

@@ -2,12 +2,17 @@
 
 Trains a small ResNet (GluonCV ``cifar_resnet20_v1``) on scikit-learn's
 handwritten digits, packed as MXNet RecordIO (``scripts/digits_rec.py``), with
-``scripts/train_imagenet.py``: once in FP32 and once in mixed precision
-(``--dtype auto``: bfloat16 on a CPU, float16 on a GPU), for each seed.  Every
-run is its own process, so its peak RSS is its own; FP32 and mixed runs
-alternate, so a noisy machine disturbs both alike.  Prints a table (top-1,
-top-5, img/s, peak RSS, skipped steps) and writes a PNG of the loss and
-accuracy curves (mean over seeds) and the throughput.
+``scripts/train_imagenet.py``: once in FP32 and once in mixed precision,
+bfloat16, for each seed.  On a CPU with AVX512-BF16 or AMX that is ``--dtype
+auto`` and bfloat16 computes natively; on other CPUs ``auto`` would stay FP32,
+so the mixed runs ask for ``--dtype bfloat16``: bfloat16 parameters, FP32
+compute (MXNet's oneDNN has no bfloat16 kernels without AVX-512, only slow
+emulated ones without AVX512-BF16), still the accuracy of bfloat16 weights.
+Every run is its own process, so its peak RSS is its own; FP32 and mixed runs
+alternate, so a noisy machine disturbs both alike.  Prints a table (precision,
+how it computed, top-1, top-5, img/s, peak RSS, skipped steps) with the CPU
+class that decided how, and writes a PNG of the loss and accuracy curves (mean
+over seeds) and the throughput.
 
 Usage::
 
@@ -54,6 +59,13 @@ def _mean_rows(all_rows):
             for i in range(min(len(rows) for rows in all_rows))]
 
 
+def _plot_label(summary):
+    """'FP32', 'bfloat16 (native)', or how an emulated precision ran ('bfloat16 storage, ...')."""
+    if summary['compute'] in ('FP32', 'native'):
+        return 'FP32' if summary['dtype'] == 'float32' else '%s (native)' % summary['dtype']
+    return summary['compute']
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -70,9 +82,13 @@ def main(argv=None):
     if args.seeds < 1 or args.epochs < 1:
         parser.error('--seeds and --epochs must be at least 1')
     import train_imagenet
+    from mxamp import hardware
     from tqdm import tqdm
 
-    dtypes = ('float32', 'auto')
+    # 'auto' stays FP32 on CPUs without native bfloat16 (mxamp.hardware.resolve_dtype);
+    # the demo compares precisions, so there it asks for bfloat16 storage, FP32 compute.
+    mixed = 'auto' if hardware.computes_bfloat16() else 'bfloat16'
+    dtypes = ('float32', mixed)
     results = {dtype: [] for dtype in dtypes}
     rows = {dtype: [] for dtype in dtypes}
     started = time.time()
@@ -86,12 +102,17 @@ def main(argv=None):
                     os.path.join(save_dir, 'digits-metrics.csv')))
                 bar.update()
 
-    labels = {dtype: 'FP32' if dtype == 'float32' else
-              'mixed (%s)' % results[dtype][0]['dtype'] for dtype in dtypes}
+    # What ran and how, as the training runs report it (summary 'dtype', 'compute').
+    ran = {dtype: results[dtype][0] for dtype in dtypes}
+    labels = {dtype: 'FP32' if dtype == 'float32' else 'mixed (%s)' % ran[dtype]['dtype']
+              for dtype in dtypes}
+    plot_labels = {dtype: _plot_label(ran[dtype]) for dtype in dtypes}
     print('\n%s on the digits (%d train / 297 val images), %d epochs, %d seed(s), %s'
           % (args.model, 1500, args.epochs, args.seeds, time.strftime('%Y-%m-%d')))
-    header = '%-18s %16s %8s %10s %14s %8s' % ('precision', 'top-1 (mean±sd)', 'top-5',
-                                               'img/s', 'peak RSS MiB', 'skipped')
+    how_width = max(len(ran[dtype]['compute']) for dtype in dtypes)
+    header = '%-18s %-*s %16s %8s %10s %14s %8s' % ('precision', how_width, 'how',
+                                                    'top-1 (mean±sd)', 'top-5', 'img/s',
+                                                    'peak RSS MiB', 'skipped')
     print(header)
     print('-' * len(header))
     table = {}
@@ -103,21 +124,26 @@ def main(argv=None):
                  'top5_mean': float(np.mean([r['val_top5'] for r in runs]) * 100),
                  'img_per_sec': float(np.median([r['img_per_sec'] for r in runs])),
                  'peak_rss_mb': float(np.max([r['peak_rss_mb'] for r in runs])),
-                 'skipped_steps': int(sum(r['skipped_steps'] for r in runs))}
+                 'skipped_steps': int(sum(r['skipped_steps'] for r in runs)),
+                 'dtype': ran[dtype]['dtype'], 'compute': ran[dtype]['compute']}
         table[labels[dtype]] = entry
-        print('%-18s %9.2f ± %4.2f %7.2f%% %10.0f %14.0f %8d'
-              % (labels[dtype], entry['top1_mean'], entry['top1_std'], entry['top5_mean'],
-                 entry['img_per_sec'], entry['peak_rss_mb'], entry['skipped_steps']))
-    fp32, mixed = table[labels['float32']], table[labels['auto']]
-    print('\nmixed - FP32: top-1 %+.2f points, throughput x%.2f (median img/s over seeds; '
-          'total %.0f s)' % (mixed['top1_mean'] - fp32['top1_mean'],
-                             mixed['img_per_sec'] / fp32['img_per_sec'], time.time() - started))
+        print('%-18s %-*s %9.2f ± %4.2f %7.2f%% %10.0f %14.0f %8d'
+              % (labels[dtype], how_width, entry['compute'], entry['top1_mean'],
+                 entry['top1_std'], entry['top5_mean'], entry['img_per_sec'],
+                 entry['peak_rss_mb'], entry['skipped_steps']))
+    device = ran[mixed]['device']
+    print('\nwhy: %s' % device)
+    fp32, low = table[labels['float32']], table[labels[mixed]]
+    print('mixed - FP32: top-1 %+.2f points, throughput x%.2f (median img/s over seeds; '
+          'total %.0f s)' % (low['top1_mean'] - fp32['top1_mean'],
+                             low['img_per_sec'] / fp32['img_per_sec'], time.time() - started))
     plot = args.plot or os.path.join(args.out_dir, 'digits_fp32_vs_mixed.png')
-    train_imagenet.plot_runs([(labels[d], _mean_rows(rows[d])) for d in dtypes], plot,
-                             title='%s on digits, mean of %d seed(s)' % (args.model, args.seeds))
+    train_imagenet.plot_runs([(plot_labels[d], _mean_rows(rows[d])) for d in dtypes], plot,
+                             title='%s on digits, mean of %d seed(s); CPU class %r'
+                             % (args.model, args.seeds, hardware.cpu_class()))
     with open(os.path.join(args.out_dir, 'results.json'), 'w') as handle:
         json.dump({'model': args.model, 'epochs': args.epochs, 'seeds': args.seeds,
-                   'results': table}, handle, indent=1)
+                   'device': device, 'results': table}, handle, indent=1)
     print('plot: %s\nresults: %s' % (plot, os.path.join(args.out_dir, 'results.json')))
     return 0
 

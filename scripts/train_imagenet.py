@@ -1,8 +1,11 @@
 """Train ResNet-50 (or any GluonCV classifier) on ImageNet with mixed precision.
 
-float16 on NVIDIA GPUs, bfloat16 on CPUs (``--dtype auto``), through mxamp:
-the Gluon path converts a GluonCV model with ``mxamp.convert`` and trains it
-with ``mxamp.Trainer``; the Symbol path (``--symbol resnet``) builds the
+float16 on NVIDIA GPUs, bfloat16 on CPUs with AVX512-BF16 or AMX (``--dtype
+auto``), through mxamp.  On other CPUs MXNet's oneDNN has no bfloat16 kernels
+(no AVX-512) or only slow emulated ones: ``auto`` is FP32 there, and ``--dtype
+bfloat16`` stores the parameters in bfloat16 and computes in FP32.  The Gluon
+path converts a GluonCV model with ``mxamp.convert`` and trains it with
+``mxamp.Trainer``; the Symbol path (``--symbol resnet``) builds the
 ResNet of ``symbols/`` and trains it with ``mx.mod.Module``, mxamp's FP32
 master weights and its loss scaler.  Data is ImageNet in MXNet RecordIO (made
 by ``im2rec``), read by ``ImageRecordIter``; ``--dataset digits`` packs
@@ -22,8 +25,10 @@ BatchNorm and biases)::
         --momentum 0.875 --wd 3.0517578125e-05 --no-wd --save-dir runs/r50_fp16
 
 The same with the Symbol API: ``--symbol resnet --num-layers 50`` instead of
-``--model``.  On a CPU: ``--dtype bfloat16`` (or ``auto``).  Continue after an
-interruption, bit-exactly: add ``--resume``.
+``--model``.  On a CPU: ``--dtype auto`` (or ``bfloat16``).  The log and the
+summary say how the precision ran (native, or bfloat16 storage with FP32
+compute) and on which CPU class.  Continue after an interruption, bit-exactly:
+add ``--resume``.
 
 Seconds-long runs on built-in data (what ``make demo`` and the tests use)::
 
@@ -81,6 +86,7 @@ import random
 import re
 import resource
 import sys
+import textwrap
 import time
 import warnings
 
@@ -95,6 +101,7 @@ for _path in (_HERE, os.path.dirname(_HERE)):   # digits_rec; the repository's s
 import mxamp  # noqa: E402
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
+from mxamp import hardware  # noqa: E402
 from mxamp.dtypes import cast, name_of_array  # noqa: E402
 from mxamp.hardware import resolve_dtype  # noqa: E402
 
@@ -151,7 +158,8 @@ def build_parser():
                        help='--symbol resnet version')
     model.add_argument('--dtype', default='auto',
                        help='float32, float16, bfloat16 or auto (float16 on GPUs, bfloat16 on '
-                            'CPUs)')
+                            'CPUs with AVX512-BF16 or AMX, float32 on other CPUs, where '
+                            'bfloat16 stores parameters in bfloat16 and computes in FP32)')
     model.add_argument('--loss-scale', default='auto',
                        help="'auto' (dynamic for float16, none otherwise), 'dynamic', 'none' "
                             "or a fixed number")
@@ -953,7 +961,7 @@ def plot_runs(runs, path, title=None):
     ax_acc.set(xlabel='epoch', ylabel='top-1 (%)', title='validation accuracy')
     bars = ax_speed.bar(range(len(speeds)), speeds, color=['C%d' % i for i in range(len(speeds))])
     ax_speed.set_xticks(range(len(labels)))
-    ax_speed.set_xticklabels(labels, fontsize=8)
+    ax_speed.set_xticklabels([textwrap.fill(label, 20) for label in labels], fontsize=8)
     ax_speed.set(ylabel='img/s', title='training throughput (median epoch)')
     for bar, value in zip(bars, speeds):
         ax_speed.annotate('%.0f' % value, (bar.get_x() + bar.get_width() / 2, value),
@@ -970,14 +978,34 @@ def plot_runs(runs, path, title=None):
     plt.close(fig)
 
 
+def describe_precision(dtype, contexts):
+    """How `dtype` computes on `contexts`, and why: ``(how, why)``, two phrases.
+
+    `how` is ``'FP32'``, ``'native'``, ``'bfloat16 storage, FP32 compute'``
+    (bfloat16 on a CPU without native bfloat16: mxamp stores the parameters in
+    bfloat16 and every op computes in FP32) or ``'float16 storage, GEMMs in
+    FP32'`` (float16 on a CPU, which has no float16 GEMM).  `why` names the
+    device: the CPU class (`mxamp.hardware.describe_cpu_class`) or ``'GPU'``.
+    """
+    if contexts[0].device_type == 'gpu':
+        return ('FP32' if dtype == 'float32' else 'native'), 'GPU'
+    why = hardware.describe_cpu_class()
+    if dtype == 'bfloat16':
+        return ('native' if hardware.computes_bfloat16() else 'bfloat16 storage, FP32 compute'), why
+    if dtype == 'float16':
+        return 'float16 storage, GEMMs in FP32', why
+    return 'FP32', why
+
+
 def _format_summary(summary):
     def pct(value):
         return '-' if value is None or not math.isfinite(value) else '%.2f%%' % (100 * value)
-    return ('%s %s (%s): top-1 %s, top-5 %s, %.1f img/s, %d skipped steps, loss scale %g, '
+    return ('%s %s [%s] (%s): top-1 %s, top-5 %s, %.1f img/s, %d skipped steps, loss scale %g, '
             'peak RSS %.0f MiB, %.1f s'
-            % (summary['model'], summary['dtype'], summary['path'], pct(summary['val_top1']),
-               pct(summary['val_top5']), summary['img_per_sec'], summary['skipped_steps'],
-               summary['loss_scale'], summary['peak_rss_mb'], summary['train_time']))
+            % (summary['model'], summary['dtype'], summary['compute'], summary['path'],
+               pct(summary['val_top1']), pct(summary['val_top5']), summary['img_per_sec'],
+               summary['skipped_steps'], summary['loss_scale'], summary['peak_rss_mb'],
+               summary['train_time']))
 
 
 # ---------------------------------------------------------------------------------------
@@ -1046,9 +1074,12 @@ def train(args):
         steps_per_epoch = min(steps_per_epoch, args.max_batches)
     base_lr = args.lr if args.lr is not None else 0.256 * global_batch / 256
     path = 'symbol' if args.symbol else 'gluon'
-    _LOG.info('%s %s, %s, dtype %s on %s, %d worker(s), global batch %d, lr %g, %d steps/epoch',
-              path, prefix, 'synthetic data' if spec.synthetic else spec.train_rec, dtype,
-              contexts, num_workers, global_batch, base_lr, steps_per_epoch)
+    compute, device = describe_precision(dtype, contexts)
+    _LOG.info('%s %s, %s, dtype %s (%s) on %s, %d worker(s), global batch %d, lr %g, '
+              '%d steps/epoch', path, prefix, 'synthetic data' if spec.synthetic else
+              spec.train_rec, dtype, compute, contexts, num_workers, global_batch, base_lr,
+              steps_per_epoch)
+    _LOG.info('device: %s', device)
 
     csv_path = os.path.join(save_dir, '%s-metrics.csv' % prefix)
     rows, start_epoch, global_step, resume = [], 0, 0, None
@@ -1153,7 +1184,8 @@ def train(args):
     # The first epoch pays for graph construction and memory planning.
     steady = speeds[1:] if len(speeds) > 1 else speeds
     last = rows[-1] if rows else {}
-    summary = {'model': prefix, 'path': path, 'dtype': dtype, 'epochs': len(rows),
+    summary = {'model': prefix, 'path': path, 'dtype': dtype, 'compute': compute,
+               'device': device, 'epochs': len(rows),
                'val_top1': last.get('val_top1'), 'val_top5': last.get('val_top5'),
                'img_per_sec': float(np.median(steady)) if steady else 0.0,
                'skipped_steps': runner.skipped_steps, 'loss_scale': runner.loss_scale,

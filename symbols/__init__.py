@@ -28,7 +28,7 @@ __all__ = ['with_dtype', 'Float32Init']
 INPUTS = ('data', 'softmax_label')
 
 
-def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None):
+def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None, cpu_class='auto'):
     """`symbol` (an FP32 graph) in the precision `dtype`, through `mxamp.convert_symbol`.
 
     Every variable except `inputs` is a parameter: those that feed only
@@ -42,7 +42,8 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None):
         The FP32 network.
     dtype : str
         ``'float32'`` (returns `symbol` unchanged), ``'float16'``, ``'bfloat16'``
-        or ``'auto'`` (``'float16'`` on a GPU, ``'bfloat16'`` on a CPU; see
+        or ``'auto'`` (``'float16'`` on a GPU, ``'bfloat16'`` on a CPU that
+        computes it natively, ``'float32'`` on other CPUs; see
         `mxamp.hardware.resolve_dtype`).
     ctx : mx.Context or list of Context, optional
         Where the network runs.  float16 with a CPU context computes convolutions
@@ -55,6 +56,13 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None):
         with them, bfloat16 keeps the convolutions oneDNN cannot run in blocked
         bfloat16 layouts (the 3-channel stem) in FP32, as `mxamp.convert_model`
         does for a checkpoint.
+    cpu_class : str or None
+        bfloat16 only: the CPU class the graph is for (see
+        `mxamp.convert_symbol`).  ``'auto'`` (default): this machine's, so the
+        graph runs here; on CPUs without native bfloat16 it stores its
+        parameters in bfloat16 and computes in FP32 (MXNet's oneDNN has no
+        bfloat16 kernels on CPUs without AVX-512).  None: a CPU that computes
+        bfloat16.
 
     Returns
     -------
@@ -66,7 +74,8 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None):
         return symbol
     names = symbol.list_arguments() + symbol.list_auxiliary_states()
     params = [name for name in names if name not in inputs]
-    return mxamp.convert_symbol(symbol, dtype, params=params, ctx=ctx, input_shapes=input_shapes)
+    return mxamp.convert_symbol(symbol, dtype, params=params, ctx=ctx, input_shapes=input_shapes,
+                                cpu_class=cpu_class)
 
 
 class Float32Init(mx.init.Initializer):

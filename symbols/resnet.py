@@ -201,14 +201,17 @@ def get_symbol(num_classes, num_layers, image_shape, dtype='float32', version='1
         by `mxamp.convert_symbol` (see :func:`symbols.with_dtype`): convolutions
         and ``fc1`` run in low precision and their weights are declared in it;
         BatchNorm's parameters and statistics, the softmax and the output stay
-        FP32.  ``'auto'`` picks float16 on a GPU and bfloat16 on a CPU.
+        FP32.  ``'auto'`` picks float16 on a GPU and, on a CPU, bfloat16 where
+        it computes natively, else FP32 (`mxamp.hardware.resolve_dtype`).
     version : {'1.5', '1'}
         Where a downsampling bottleneck strides: its 3x3 convolution (v1.5) or
         its first 1x1 convolution (v1).  No effect on depths 18 and 34.
     **kwargs
         ``ctx`` (where the network will run: float16 on a CPU context computes
         GEMMs in FP32 between float16 casts, without it float16 targets a GPU),
-        ``bn_mom`` (default 0.9), ``conv_workspace`` (MB, default 256).  Other
+        ``cpu_class`` (bfloat16: the CPU class the graph is for, by default this
+        machine's; see :func:`symbols.with_dtype`), ``bn_mom`` (default 0.9),
+        ``conv_workspace`` (MB, default 256).  Other
         keywords are ignored, so a training script may pass all its options.
 
     Returns
@@ -256,4 +259,5 @@ def get_symbol(num_classes, num_layers, image_shape, dtype='float32', version='1
     symbol = resnet(UNITS[num_layers], filter_list, bottleneck, num_classes, shape,
                     stride_in_3x3=version == '1.5', bn_mom=kwargs.get('bn_mom', 0.9),
                     workspace=kwargs.get('conv_workspace', 256))
-    return with_dtype(symbol, dtype, ctx=kwargs.get('ctx'), input_shapes={'data': (1,) + shape})
+    return with_dtype(symbol, dtype, ctx=kwargs.get('ctx'), input_shapes={'data': (1,) + shape},
+                      cpu_class=kwargs.get('cpu_class', 'auto'))

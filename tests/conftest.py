@@ -45,3 +45,33 @@ def require_corpus():
     if not os.path.isfile(MANIFEST):
         pytest.skip('the shared symbol corpus (%s) is absent: it lives beside the project '
                     'root in the developers\' workspace, not in a clone' % CORPUS)
+
+
+def _bf16_skip_reason():
+    from mxamp import hardware
+    return ('this CPU computes no bfloat16 (%s): the test runs a graph that computes in '
+            'bfloat16' % hardware.describe_cpu_class())
+
+
+def needs_bfloat16_compute(test):
+    """Skip `test` (with the CPU class as the reason) where no bfloat16 kernel runs.
+
+    For tests that run graphs computing in bfloat16 (e.g. a convolution's
+    zero-channel padding); tests of numerics build their graphs for this CPU
+    instead (``cpu_class='auto'``) and run everywhere.
+    """
+    from mxamp import hardware
+    return pytest.mark.skipif(not hardware.computes_bfloat16(), reason=_bf16_skip_reason())(test)
+
+
+def computes_in(dtype):
+    """The precision that `dtype`'s low-precision ops compute in on this machine.
+
+    float16: float16 (GPU kernels; on a CPU the GEMMs are emulated but the graph
+    still says float16); bfloat16: bfloat16 on CPUs with bfloat16 kernels, FP32
+    elsewhere (bfloat16 storage only).
+    """
+    from mxamp import hardware
+    if dtype == 'bfloat16' and not hardware.computes_bfloat16():
+        return 'float32'
+    return dtype

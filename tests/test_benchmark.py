@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from mxamp import hardware
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, 'scripts', 'benchmark.py')
 
@@ -45,6 +47,30 @@ def test_derive_computes_medians_and_ratios_from_measurements():
     assert 'contrib.amp' in table and '2.27' in table and '2.00*' in table
 
 
+def test_contrib_amp_is_skipped_with_its_reason_where_bfloat16_is_not_native(monkeypatch):
+    bench = _load()
+    for klass, native in (('amx', True), ('avx512_bf16', True), ('avx512', False)):
+        monkeypatch.setattr(bench.hardware, 'cpu_class', lambda: klass)
+        assert bench.skip_reason('contrib.amp') is None        # runs (emulated on avx512)
+        assert bench.mxamp_compute() == ('native' if native else 'bfloat16 storage, FP32 compute')
+    monkeypatch.setattr(bench.hardware, 'cpu_class', lambda: 'avx2')
+    reason = bench.skip_reason('contrib.amp')
+    assert 'oneDNN cannot do on this CPU' in reason and "'avx2'" in reason
+    assert bench.skip_reason('mxamp') is None and bench.skip_reason('fp32') is None
+    assert bench.mxamp_compute() == 'bfloat16 storage, FP32 compute'
+    result = {'network': 'n', 'task': 'inference', 'batch': 4, 'image_size': 32,
+              'mxamp_compute': bench.mxamp_compute(), 'modes': {
+                  'fp32': {'img_per_s': [10.0], 'baseline': 'fp32'},
+                  'mxamp': {'img_per_s': [9.0], 'baseline': 'fp32'},
+                  'contrib.amp': {'skipped': reason}}}
+    bench.derive(result)
+    table = bench.format_table([result])
+    row = [line for line in table.splitlines() if line.startswith('n ') and 'contrib.amp' in line]
+    assert len(row) == 1 and 'skipped' in row[0]
+    assert 'contrib.amp skipped: ' + reason in table.splitlines()
+    assert 'mxamp modes: bfloat16 storage, FP32 compute' in table
+
+
 @pytest.mark.slow
 def test_tiny_run_writes_a_complete_json(tmp_path):
     out = tmp_path / 'bench.json'
@@ -60,13 +86,21 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
     results = {(r['network'], r['task']): r for r in data['results']}
     assert set(results) == {('tiny', 'inference'), ('tiny', 'training')}
     inference, training = results[('tiny', 'inference')], results[('tiny', 'training')]
+    native = hardware.computes_bfloat16()
     assert set(inference['modes']) == {'fp32', 'fp32+fusion', 'mxamp', 'mxamp+fusion',
                                        'contrib.amp'}
-    assert set(training['modes']) == {'fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp',
-                                      'fp32@contrib.amp process'}
+    assert set(training['modes']) == {'fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp'} | (
+        {'fp32@contrib.amp process'} if hardware.cpu_class() != 'avx2' else set())
     for result in (inference, training):
+        assert result['mxamp_compute'] == ('native' if native else
+                                           'bfloat16 storage, FP32 compute')
         modes = result['modes']
         for name, entry in modes.items():
+            if hardware.cpu_class() == 'avx2' and name == 'contrib.amp':
+                # MXNet's AMP would fail (no bfloat16 in oneDNN without AVX-512): not measured.
+                assert entry == {'skipped': entry['skipped']}, entry
+                assert 'contrib.amp skipped: ' + entry['skipped'] in proc.stdout
+                continue
             assert 'error' not in entry and 'memory_error' not in entry, (name, entry)
             assert len(entry['img_per_s']) == 1
             assert entry['median_img_per_s'] == statistics.median(entry['img_per_s'])
@@ -79,7 +113,9 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
                 assert entry['peak_rss_mb'] >= entry['base_rss_mb'] > 0
                 assert entry['rss_ratio_vs_fp32'] == pytest.approx(
                     entry['peak_rss_mb'] / modes['fp32']['peak_rss_mb'])
-    assert training['modes']['contrib.amp']['baseline'] == 'fp32@contrib.amp process'
+    if native:
+        assert training['modes']['contrib.amp']['baseline'] == 'fp32@contrib.amp process'
     assert set(training['mxamp_overhead']) == {'mxamp', 'mxamp+scaling'}
     for entry in training['modes'].values():
-        assert len(entry['update_ms']) == 1 and entry['median_step_ms'] > 0
+        if 'skipped' not in entry:
+            assert len(entry['update_ms']) == 1 and entry['median_step_ms'] > 0

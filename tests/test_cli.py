@@ -9,7 +9,7 @@ import pytest
 
 import mxnet as mx
 
-from mxamp import cli
+from mxamp import cli, hardware
 from mxamp.dtypes import BFLOAT16
 
 from test_graph import params_of, small_cnn
@@ -40,11 +40,52 @@ def test_converts_symbol_and_params(model, tmp_path, capsys):
     symbol, args, auxs = mx.model.load_checkpoint(out_prefix, 0)
     assert args['conv0_weight'].dtype == BFLOAT16 and args['bn0_gamma'].dtype == np.float32
     assert all(v.dtype == np.float32 for v in auxs.values())
+    if not hardware.computes_bfloat16():
+        # The default graph computes in bfloat16; this CPU runs the one built for it.
+        status, out, err = convert(capsys, model + '-symbol.json', '--params', model + '-0000.params',
+                                   '-o', out_prefix, '--dtype', 'bfloat16', '--cpu-class', 'auto')
+        assert status == 0, err
+        symbol, args, auxs = mx.model.load_checkpoint(out_prefix, 0)
     module = mx.mod.Module(symbol, context=mx.cpu())
     module.bind(data_shapes=[('data', (2, 16, 8, 8))], label_shapes=[('softmax_label', (2,))], for_training=False)
     module.set_params(args, auxs)
     module.forward(mx.io.DataBatch([mx.nd.ones((2, 16, 8, 8))], [mx.nd.zeros(2)]), is_train=False)
     assert module.get_outputs()[0].dtype == np.float32
+    assert np.isfinite(module.get_outputs()[0].asnumpy()).all()
+
+
+@pytest.mark.parametrize('cpu_class', ['avx2', 'avx512'])
+def test_cpu_class_without_bfloat16_gives_fp32_compute_and_the_same_params(model, tmp_path, capsys,
+                                                                           cpu_class):
+    common = [model + '-symbol.json', '--params', model + '-0000.params', '--dtype', 'bfloat16',
+              '--report']
+    status, native_report, err = convert(capsys, *(common + ['-o', str(tmp_path / 'native')]))
+    assert status == 0, err
+    status, out, err = convert(capsys, *(common + ['-o', str(tmp_path / 'cpu'),
+                                                   '--cpu-class', cpu_class]))
+    assert status == 0, err
+    assert 'casts inserted: ' in out and 'float32->bfloat16' not in out
+    _, native_args, _ = mx.model.load_checkpoint(str(tmp_path / 'native'), 0)
+    symbol, args, auxs = mx.model.load_checkpoint(str(tmp_path / 'cpu'), 0)
+    assert {k: v.dtype for k, v in args.items()} == {k: v.dtype for k, v in native_args.items()}
+    # Every op computes in FP32 here, so the graph runs on any CPU.
+    module = mx.mod.Module(symbol, context=mx.cpu())
+    module.bind(data_shapes=[('data', (2, 16, 8, 8))], label_shapes=[('softmax_label', (2,))],
+                for_training=False)
+    module.set_params(args, auxs)
+    module.forward(mx.io.DataBatch([mx.nd.ones((2, 16, 8, 8))], [mx.nd.zeros(2)]), is_train=False)
+    assert np.isfinite(module.get_outputs()[0].asnumpy()).all()
+
+
+def test_cpu_class_is_for_bfloat16(model, tmp_path, capsys):
+    status, out, err = convert(capsys, model + '-symbol.json', '-o', str(tmp_path / 'x'),
+                               '--dtype', 'float16', '--cpu-class', 'avx2')
+    assert status == 2 and '--cpu-class applies to --dtype bfloat16' in err
+    assert not os.listdir(str(tmp_path)) or not any(f.startswith('x') for f in os.listdir(str(tmp_path)))
+    with pytest.raises(SystemExit) as exit_info:     # argparse's own usage error
+        cli.main(['convert', model + '-symbol.json', '-o', str(tmp_path / 'x'),
+                  '--dtype', 'bfloat16', '--cpu-class', 'avx3'])
+    assert exit_info.value.code == 2 and "invalid choice: 'avx3'" in capsys.readouterr().err
 
 
 def test_symbol_only_and_overrides(model, tmp_path, capsys):

@@ -16,6 +16,8 @@ from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 import mxamp.gluon as mg
+import mxamp.hardware as hw
+from conftest import computes_in, needs_bfloat16_compute
 import mxamp.optimizer as mo
 from mxamp.dtypes import BFLOAT16, cast, dtype_name, to_float32_numpy
 
@@ -41,6 +43,7 @@ def dname(param):
 def quiet_float16_warning():
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='mxamp: float16 on a CPU')
+        warnings.filterwarnings('ignore', message='mxamp: bfloat16 on this')
         yield
 
 
@@ -187,7 +190,7 @@ def test_custom_block_softmax_sum_exp_run_in_fp32(dtype):
     assert by_op['softmax'] == {'float32'}
     assert by_op['sum'] == {'float32'}
     assert by_op['exp'] == {'float32'}
-    assert by_op['FullyConnected'] == {dtype}
+    assert by_op['FullyConnected'] == {computes_in(dtype)}
     assert dname(net.dense.weight) == dtype
     text = mg.summary(net, print_fn=None)
     assert 'softmax' in text and 'float32' in text
@@ -203,6 +206,7 @@ def test_child_called_directly_uses_the_policy():
     assert mg.is_converted(inner)
 
 
+@needs_bfloat16_compute
 @pytest.mark.parametrize('deferred', [True, False])
 def test_rgb_stem_runs_in_bfloat16_on_a_zero_padded_channel(deferred):
     # oneDNN has no blocked bfloat16 kernel for 3 input channels, but has one for
@@ -228,6 +232,45 @@ def test_rgb_stem_runs_in_bfloat16_on_a_zero_padded_channel(deferred):
     grad = net[0].weight.grad()
     assert grad.dtype == BFLOAT16 and grad.shape == (16, 3, 3, 3)
     assert np.abs(to_float32_numpy(grad)).sum() > 0
+
+
+@pytest.mark.parametrize('cpu_class', ['avx2', 'avx512'])
+def test_bfloat16_without_bfloat16_kernels_stores_bfloat16_and_computes_fp32(monkeypatch, cpu_class):
+    # What an AVX2 or AVX-512-without-BF16 CPU gets (simulated: every op here is FP32,
+    # so it runs on any CPU): the same parameters in the same dtypes as on a bfloat16
+    # CPU, every op computing in FP32, one warning per process, trainable.
+    monkeypatch.setattr(hw, 'cpu_class', lambda: cpu_class)
+    monkeypatch.setattr(mg, '_warned_bfloat16_storage_only', False)
+    net = make(in_channels=3)
+    x = data((2, 3, 16, 16))
+    reference = net(x).asnumpy()
+    net = make(in_channels=3)
+    mg.convert(net, 'bfloat16')
+    net.hybridize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        out = net(x)
+        net(x)
+    messages = [str(w.message) for w in caught if 'bfloat16 on this' in str(w.message)]
+    assert len(messages) == 1 and repr(cpu_class) in messages[0] and 'FP32' in messages[0]
+    conversion = net._mxamp_conversion
+    assert set(conversion.node_precision.values()) == {'float32'}
+    assert {name for name, p in net.collect_params().items() if p.dtype == BFLOAT16} == \
+        set(conversion.lp_params) == {net[0].weight.name, net[0].bias.name, net[3].weight.name,
+                                      net[3].bias.name, net[7].weight.name, net[7].bias.name}
+    # Within bfloat16 rounding of the weights: closer to FP32 than real bfloat16 compute.
+    assert rel_err(out.asnumpy(), reference) < tolerance('bfloat16') / 4
+    text = mg.summary(net, print_fn=None)
+    assert 'bfloat16 storage, FP32 compute' in text and repr(cpu_class) in text
+    assert '->bfloat16' not in text and '+1 zero channel' not in text
+    trainer = gluon.Trainer(net.collect_params(), mo.create('sgd', learning_rate=0.5))
+    before = to_float32_numpy(net[0].weight.data())
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    assert net[0].weight.grad().dtype == BFLOAT16
+    trainer.step(2)
+    assert np.abs(to_float32_numpy(net[0].weight.data()) - before).max() > 0
 
 
 # ---------------------------------------------------------------------------
@@ -358,8 +401,9 @@ def test_export_imports_same_outputs(tmp_path, dtype):
     net.export(prefix)
     symbol_text = open(prefix + '-symbol.json').read()
     assert '_mxamp_cast_' in symbol_text  # cast nodes survive export
-    if dtype == 'bfloat16':
+    if computes_in(dtype) == 'bfloat16':
         assert '"amp_cast"' in symbol_text    # activations cast with amp_cast (fast on CPU)
+    if dtype == 'bfloat16':
         with pytest.raises(ValueError, match='amp_cast nodes are part of'):
             net.export(prefix, remove_amp_cast=True)
     with warnings.catch_warnings():
@@ -388,7 +432,7 @@ def test_exclude_keeps_blocks_in_fp32(how):
     assert dname(net[0].weight) == 'bfloat16'
     precision = net._mxamp_conversion.node_precision
     assert [v for k, v in precision.items() if k.startswith(dense.prefix)] == ['float32']
-    assert precision[net[0].prefix + 'fwd'] == 'bfloat16'
+    assert precision[net[0].prefix + 'fwd'] == computes_in('bfloat16')
 
 
 def test_exclude_unknown_raises():
@@ -442,9 +486,28 @@ def test_float32_is_a_no_op():
     assert mg.convert(net, 'float32') is net and type(net) is klass
 
 
-def test_auto_on_cpu_is_bfloat16():
-    net = mg.convert(make(), 'auto')
-    assert net._mxamp_settings.dtype == 'bfloat16'
+def test_auto_on_cpu_is_bfloat16_where_the_cpu_computes_it():
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')   # 'auto' stays in float32: said once per process
+        net = mg.convert(make(), 'auto')
+    if hw.computes_bfloat16():
+        assert net._mxamp_settings.dtype == 'bfloat16'
+    else:
+        assert not mg.is_converted(net)
+        text = mg.summary(net, print_fn=None)
+        assert 'runs in float32' in text and repr(hw.cpu_class()) in text
+        assert len(text.splitlines()) == 1
+
+
+def test_auto_on_a_cpu_without_bfloat16_stays_float32(monkeypatch):
+    monkeypatch.setattr(hw, 'cpu_class', lambda: 'avx2')
+    monkeypatch.setattr(hw, '_warned_auto_float32', False)
+    net = make()
+    klass = type(net)
+    with pytest.warns(RuntimeWarning, match="stays in float32 on this 'avx2'"):
+        assert mg.convert(net, 'auto') is net
+    assert type(net) is klass and dname(net[0].weight) == 'float32'
+    assert "dtype='auto' kept it in float32" in mg.summary(net, print_fn=None)
 
 
 def test_summary_lists_ops_dtypes_and_casts(capsys):
@@ -452,7 +515,11 @@ def test_summary_lists_ops_dtypes_and_casts(capsys):
     text = mg.summary(net)                     # before any forward: symbolic build
     assert text == capsys.readouterr().out.rstrip('\n')
     assert 'Convolution' in text and 'BatchNorm' in text
-    assert 'data->bfloat16' in text            # the input cast
-    assert 'outputs cast back' in text
-    assert 'casts: ' in text and 'float32->bfloat16' in text
+    if computes_in('bfloat16') == 'bfloat16':
+        assert 'data->bfloat16' in text        # the input cast
+        assert 'outputs cast back' in text
+        assert 'casts: ' in text and 'float32->bfloat16' in text
+    else:
+        assert 'bfloat16 storage, FP32 compute' in text
+        assert 'casts: ' in text and 'bfloat16->float32' in text   # the weights, read in FP32
     assert 'parameters: ' in text

@@ -7,7 +7,8 @@ import pytest
 
 import mxnet as mx
 
-from mxamp import convert_model, convert_symbol
+from conftest import needs_bfloat16_compute
+from mxamp import convert_model, convert_symbol, hardware
 from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy
 from mxamp.graph import CAST_SUFFIX, PAD_SUFFIX, GraphError, check_graph, convert_graph, format_report, load_graph
 from mxamp.policy import Policy
@@ -73,7 +74,8 @@ def test_outputs_are_float32_and_close():
     args, auxs = params_of(symbol)
     data = mx.nd.random.uniform(shape=(2, 16, 8, 8))
     reference = run(symbol, args, auxs, data)[0]
-    converted, c_args, c_auxs = convert_model(symbol, args, auxs, 'bfloat16')
+    # Built for this CPU: bfloat16 compute where it has kernels, FP32 compute otherwise.
+    converted, c_args, c_auxs = convert_model(symbol, args, auxs, 'bfloat16', cpu_class='auto')
     _, out_types, _ = converted.infer_type(data=np.float32)
     assert out_types == [np.float32]
     got = run(converted, c_args, c_auxs, data)[0]
@@ -91,7 +93,8 @@ def test_without_params_every_variable_is_an_fp32_input():
     assert len(casts(converted)) == len(weights) + 2
     args, auxs = params_of(symbol)
     data = mx.nd.random.uniform(shape=(2, 16, 8, 8))
-    assert np.abs(run(converted, args, auxs, data)[0] - run(symbol, args, auxs, data)[0]).max() < 0.02
+    here = convert_symbol(symbol, 'bfloat16', cpu_class='auto')
+    assert np.abs(run(here, args, auxs, data)[0] - run(symbol, args, auxs, data)[0]).max() < 0.02
 
 
 def test_no_cast_chains_and_one_cast_per_tensor():
@@ -272,8 +275,9 @@ def test_bfloat16_unary_activations_run_as_onednn_activation():
     from mxamp.dtypes import cast
     low = dict(args, conv_weight=cast(args['conv_weight'], 'bfloat16'),
                conv_bias=cast(args['conv_bias'], 'bfloat16'))
-    got = conv_bf16.symbol.eval(ctx=mx.cpu(), **{k: v for k, v in low.items()
-                                               if k in conv_bf16.symbol.list_arguments()})
+    here = convert_graph(out, Policy('bfloat16', cpu_class=hardware.cpu_class()),
+                         params=['conv_weight', 'conv_bias']).symbol
+    got = here.eval(ctx=mx.cpu(), **{k: v for k, v in low.items() if k in here.list_arguments()})
     assert abs(got[0].asnumpy() - ref).max() < 0.05 * abs(ref).max() + 1e-3
     # float16 graphs are left alone (GPU kernels exist for the ops themselves).
     fp16 = convert_graph(out, Policy('float16'))
@@ -319,6 +323,21 @@ def test_bfloat16_rgb_stem_gets_a_zero_channel():
     without_shapes = convert_graph(symbol, Policy('bfloat16'), params=list(args) + list(auxs))
     assert without_shapes.lp_params == conversion.lp_params
     assert not any(PAD_SUFFIX in n['name'] for n in nodes(without_shapes.symbol))
+    # On a CPU without bfloat16 kernels the stem computes in FP32: nothing to pad.
+    storage_only = convert_graph(symbol, Policy('bfloat16', cpu_class='avx2'),
+                                 params=list(args) + list(auxs), shapes=shapes)
+    assert storage_only.lp_params == conversion.lp_params
+    assert not any(PAD_SUFFIX in n['name'] for n in nodes(storage_only.symbol))
+    assert set(storage_only.node_precision.values()) == {'float32'}
+
+
+@needs_bfloat16_compute
+def test_bfloat16_rgb_stem_with_zero_channel_runs_close_to_fp32():
+    symbol = stem_cnn()
+    shapes = {'data': (2, 3, 8, 8)}
+    args, auxs = params_of(symbol, data_shape=shapes['data'])
+    converted, c_args, c_auxs = convert_model(symbol, args, auxs, 'bfloat16', input_shapes=shapes)
+    assert any(PAD_SUFFIX in n['name'] for n in nodes(converted))
     data = mx.nd.random.uniform(shape=shapes['data'])
     got = run(converted, c_args, c_auxs, data)[0]
     assert np.abs(got - run(symbol, args, auxs, data)[0]).max() < 0.02
@@ -343,7 +362,9 @@ def test_bfloat16_convolution_without_blocked_kernel_runs_in_float32():
     # Without shapes the check cannot tell the layout rule from a bug, and says so.
     assert any("'stem'" in p for p in check_graph(converted, Policy('bfloat16')))
     data = mx.nd.random.uniform(shape=shapes['data'])
-    got = run(converted, c_args, c_auxs, data)[0]
+    here, h_args, h_auxs = convert_model(symbol, args, auxs, 'bfloat16', input_shapes=shapes,
+                                         cpu_class='auto')
+    got = run(here, h_args, h_auxs, data)[0]
     assert np.abs(got - run(symbol, args, auxs, data)[0]).max() < 0.02
 
 
@@ -380,6 +401,7 @@ def test_activation_casts_are_amp_cast_unless_portable():
     assert len(nodes(fast.symbol)) == len(nodes(portable.symbol)) - 2
 
 
+@needs_bfloat16_compute
 @pytest.mark.parametrize('kernel, data_shape', [((3,), (2, 5, 12)), ((3, 3), (2, 3, 8, 8))])
 def test_zero_channel_padding_is_exact_in_forward_and_backward(kernel, data_shape):
     # 1-D and 2-D, with a gradient for the data too (the padding's Concat slices it back).

@@ -18,9 +18,18 @@ from mxamp.dtypes import BFLOAT16
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+AVX512_CORE = ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq')
+
+
 @pytest.fixture
 def flags(monkeypatch):
-    """Set the CPU flags and GPU count hardware sees: flags('avx512_bf16', gpus=1)."""
+    """Set the CPU flags and GPU count hardware sees: flags('avx512_bf16', gpus=1).
+
+    Clears DNNL_MAX_CPU_ISA (CI runs part of the suite with it set) and AMX enabling.
+    """
+    monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
+    monkeypatch.setattr(hardware, '_amx_enabled', False)
+
     def set_flags(*names, gpus=0):
         monkeypatch.setattr(hardware, 'cpu_flags', lambda: frozenset(names))
         monkeypatch.setattr(hardware, 'gpu_count', lambda: gpus)
@@ -79,7 +88,9 @@ def test_gpu_count_on_cpu_build():
 
 def test_describe():
     info = hardware.describe()
-    assert set(info) == {'avx512_bf16', 'amx_bf16', 'amx_enabled', 'gpus'}
+    assert set(info) == {'avx512_bf16', 'amx_bf16', 'amx_enabled', 'cpu_class',
+                         'dnnl_max_cpu_isa', 'gpus'}
+    assert info['cpu_class'] == hardware.cpu_class() in hardware.CPU_CLASSES
     assert info['avx512_bf16'] == ('avx512_bf16' in hardware.cpu_flags())
     assert isinstance(info['gpus'], int) and isinstance(info['amx_enabled'], bool)
 
@@ -102,11 +113,50 @@ def test_resolve_unknown_raises(dtype):
         hardware.resolve_dtype(dtype)
 
 
+# --- CPU classes -------------------------------------------------------------
+
+@pytest.mark.parametrize('cpu, amx_enabled, expected', [
+    (('sse2', 'avx', 'avx2', 'fma'), False, 'avx2'),
+    (('avx2', 'avx512f'), False, 'avx2'),                       # no avx512_core (bw/vl/dq)
+    (('avx2',) + AVX512_CORE, False, 'avx512'),                 # Skylake-SP, Cascade Lake
+    (('avx2', 'avx512_bf16') + AVX512_CORE, False, 'avx512_bf16'),  # Cooper Lake, Zen 4
+    (('avx512_bf16', 'amx_bf16') + AVX512_CORE, False, 'avx512_bf16'),  # AMX not enabled
+    (('avx512_bf16', 'amx_bf16') + AVX512_CORE, True, 'amx'),
+])
+def test_cpu_class_from_flags(flags, monkeypatch, cpu, amx_enabled, expected):
+    flags(*cpu)
+    monkeypatch.setattr(hardware, '_amx_enabled', amx_enabled)
+    assert hardware.cpu_class() == expected
+    assert hardware.computes_bfloat16() is (expected in ('avx512_bf16', 'amx'))
+    assert repr(expected) in hardware.describe_cpu_class()
+
+
+@pytest.mark.parametrize('isa, expected', [
+    ('AVX2', 'avx2'), ('sse41', 'avx2'), ('AVX512_MIC', 'avx2'), ('AVX512_CORE', 'avx512'),
+    ('avx512_core_vnni', 'avx512'), ('AVX512_CORE_BF16', 'avx512_bf16'),
+    ('AVX512_CORE_AMX', 'amx'), ('ALL', 'amx'), ('NO_SUCH_ISA', 'amx'),
+])
+def test_dnnl_max_cpu_isa_lowers_the_class(flags, monkeypatch, isa, expected):
+    flags('avx512_bf16', 'amx_bf16', *AVX512_CORE)
+    monkeypatch.setattr(hardware, '_amx_enabled', True)
+    monkeypatch.setenv('DNNL_MAX_CPU_ISA', isa)
+    assert hardware.cpu_class() == expected
+    if expected != 'amx':
+        assert 'DNNL_MAX_CPU_ISA=%s' % isa in hardware.describe_cpu_class()
+
+
+def test_dnnl_max_cpu_isa_never_raises_the_class(flags, monkeypatch):
+    flags('avx2')
+    monkeypatch.setenv('DNNL_MAX_CPU_ISA', 'AVX512_CORE_AMX')
+    assert hardware.cpu_class() == 'avx2'
+    assert 'DNNL_MAX_CPU_ISA' not in hardware.describe_cpu_class()
+
+
 def test_resolve_auto_gpu(flags):
-    flags('avx512_bf16', gpus=0)
+    flags('avx512_bf16', *AVX512_CORE, gpus=0)
     assert hardware.resolve_dtype('auto', mx.gpu(0)) == 'float16'
     assert hardware.resolve_dtype('AUTO', [mx.gpu(0), mx.gpu(1)]) == 'float16'
-    flags('avx512_bf16', gpus=2)
+    flags('avx512_bf16', *AVX512_CORE, gpus=2)
     assert hardware.resolve_dtype('auto') == 'float16'
     # An explicit CPU context wins over the GPUs the machine has.
     assert hardware.resolve_dtype('auto', mx.cpu()) == 'bfloat16'
@@ -114,21 +164,35 @@ def test_resolve_auto_gpu(flags):
 
 @pytest.mark.parametrize('cpu_flag', ['avx512_bf16', 'amx_bf16'])
 def test_resolve_auto_bf16_cpu(flags, cpu_flag):
-    flags('sse2', cpu_flag)
+    flags('sse2', cpu_flag, *AVX512_CORE)
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         assert hardware.resolve_dtype('auto') == 'bfloat16'
         assert hardware.resolve_dtype('auto', [mx.cpu(0)]) == 'bfloat16'
 
 
-def test_resolve_auto_cpu_without_bf16_warns_once(flags, monkeypatch):
-    flags('sse2', 'avx2')
-    monkeypatch.setattr(hardware, '_warned_slow_bf16', False)
-    with pytest.warns(RuntimeWarning, match='slower than float32'):
-        assert hardware.resolve_dtype('auto') == 'bfloat16'
+@pytest.mark.parametrize('cpu, isa, named', [
+    (('sse2', 'avx2'), None, "'avx2'"),
+    (('avx2',) + AVX512_CORE, None, "'avx512'"),
+    (('avx512_bf16',) + AVX512_CORE, 'AVX2', 'DNNL_MAX_CPU_ISA=AVX2'),
+])
+def test_resolve_auto_cpu_without_bf16_stays_float32_and_says_so_once(flags, monkeypatch,
+                                                                       cpu, isa, named):
+    flags(*cpu)
+    if isa:
+        monkeypatch.setenv('DNNL_MAX_CPU_ISA', isa)
+    monkeypatch.setattr(hardware, '_warned_auto_float32', False)
+    with pytest.warns(RuntimeWarning) as record:
+        assert hardware.resolve_dtype('auto') == 'float32'
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert named in message and 'float32' in message and 'AVX512-BF16 or AMX' in message
+    assert '\n' not in message
     with warnings.catch_warnings():
         warnings.simplefilter('error')
-        assert hardware.resolve_dtype('auto', mx.cpu()) == 'bfloat16'
+        assert hardware.resolve_dtype('auto', mx.cpu()) == 'float32'
+        assert hardware.resolve_dtype('bfloat16', mx.cpu()) == 'bfloat16'  # explicit: kept
+        assert hardware.resolve_dtype('auto', mx.gpu(0)) == 'float16'
 
 
 # --- enable_amx (fake permission) ------------------------------------------
@@ -223,11 +287,19 @@ def conv_kernels(output):
             if line.startswith('dnnl_verbose,exec,cpu,convolution,')]
 
 
+# These fresh processes run without DNNL_MAX_CPU_ISA, so what counts is the CPU itself.
+needs_bf16_kernels = pytest.mark.skipif(
+    not set(AVX512_CORE) <= hardware.cpu_flags(),
+    reason="this CPU has no AVX-512 (avx512_core): MXNet 1.9.1's oneDNN has no bfloat16 "
+           "convolution to run here")
+
+
 @pytest.fixture(scope='module')
 def bf16_conv_run():
     return run_python(BF16_CONV)
 
 
+@needs_bf16_kernels
 def test_bf16_conv_after_enable_amx_exits_cleanly(bf16_conv_run):
     returncode, output = bf16_conv_run
     assert returncode == 0, output[-2000:]  # -4 would be SIGILL
@@ -238,6 +310,7 @@ def test_bf16_conv_after_enable_amx_exits_cleanly(bf16_conv_run):
         assert 'ENABLED=False ISA=None' in output
 
 
+@needs_bf16_kernels
 def test_bf16_conv_uses_amx_kernel(bf16_conv_run):
     if not hardware.has_amx_bf16():
         pytest.skip('this CPU has no amx_bf16 (/proc/cpuinfo), so no AMX kernel to look for')
@@ -248,6 +321,7 @@ def test_bf16_conv_uses_amx_kernel(bf16_conv_run):
     assert any('amx' in kernel for kernel in conv_kernels(output)), output[-2000:]
 
 
+@needs_bf16_kernels
 def test_bf16_conv_with_opt_out():
     returncode, output = run_python(BF16_CONV, MXAMP_AMX='0')
     assert returncode == 0, output[-2000:]

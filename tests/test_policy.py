@@ -1,5 +1,6 @@
 """The precision policy classifies every registered MXNet operator, and its
 bfloat16 claims hold on this MXNet build."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import pytest
 
 import mxnet as mx
 
+from mxamp import hardware
 from mxamp import policy as policy_mod
 from mxamp.policy import CLASSES, FLOAT32, LOW, NEUTRAL, WIDEST, Policy
 
@@ -162,17 +164,108 @@ _BF16_CHECK = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize('dtype', ['bfloat16'])
-def test_bfloat16_kernel_claims_hold_on_this_build(dtype):
-    claimed = {'Convolution', 'Deconvolution', 'FullyConnected', 'BatchNorm', 'Activation',
-               'LeakyReLU', 'Pooling', 'Flatten', 'relu', 'sigmoid', 'abs', 'sqrt', 'BlockGrad',
-               'clip', 'Reshape', 'expand_dims', 'SwapAxis', 'slice_axis', 'SliceChannel', 'max',
-               '_contrib_AdaptiveAvgPooling2D', 'elemwise_add', 'concat', 'add_n', 'stack',
-               'broadcast_mul', '_mul_scalar', '_plus_scalar', '_div_scalar', '_maximum'}
-    assert {policy_mod.canonical(op) for op in claimed} <= policy_mod.BFLOAT16_CPU_KERNELS
-    result = subprocess.run([sys.executable, '-c', _BF16_CHECK], capture_output=True, text=True,
-                            timeout=120)
+# DNNL_MAX_CPU_ISA that makes oneDNN behave like each CPU class (None: mxamp's own
+# setting, which enables AMX where the CPU and Linux allow it).
+_CLASS_ISA = {'avx2': 'AVX2', 'avx512': 'AVX512_CORE', 'avx512_bf16': 'AVX512_CORE_BF16',
+              'amx': None}
+
+
+def _reachable(klass):
+    """Whether this machine can behave like CPU class `klass` (a cap only lowers)."""
+    flags = hardware.cpu_flags()
+    if klass == 'avx2':
+        return 'avx2' in flags
+    if not {'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'} <= flags:
+        return False
+    if klass == 'avx512_bf16':
+        return 'avx512_bf16' in flags or 'amx_bf16' in flags
+    if klass == 'amx':
+        return 'amx_bf16' in flags and hardware._request_amx_permission()
+    return True
+
+
+def _run_claims(klass, script):
+    env = {k: v for k, v in os.environ.items() if k != 'DNNL_MAX_CPU_ISA'}
+    if _CLASS_ISA[klass]:
+        env['DNNL_MAX_CPU_ISA'] = _CLASS_ISA[klass]
+    return subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          timeout=180, env=env)
+
+
+_CLAIMED_KERNELS = {
+    'Convolution', 'Deconvolution', 'FullyConnected', 'BatchNorm', 'Activation', 'LeakyReLU',
+    'Pooling', 'Flatten', 'relu', 'sigmoid', 'abs', 'sqrt', 'BlockGrad', 'clip', 'Reshape',
+    'expand_dims', 'SwapAxis', 'slice_axis', 'SliceChannel', 'max',
+    '_contrib_AdaptiveAvgPooling2D', 'elemwise_add', 'concat', 'add_n', 'stack', 'broadcast_mul',
+    '_mul_scalar', '_plus_scalar', '_div_scalar', '_maximum'}
+
+
+@pytest.mark.parametrize('klass', ['avx512', 'avx512_bf16', 'amx'])
+def test_bfloat16_kernel_claims_hold_per_cpu_class(klass):
+    """Every claimed kernel runs forward and backward in bfloat16 on the classes with kernels."""
+    if not _reachable(klass):
+        pytest.skip('this CPU cannot behave like the %r class (DNNL_MAX_CPU_ISA only lowers '
+                    'the ISA): its bfloat16 kernels cannot run here' % klass)
+    assert {policy_mod.canonical(op) for op in _CLAIMED_KERNELS} <= policy_mod.BFLOAT16_CPU_KERNELS
+    result = _run_claims(klass, _BF16_CHECK)
     assert result.returncode == 0 and 'ALL OK' in result.stdout, result.stderr[-2000:]
+
+
+# Below avx512_core oneDNN 2.4.4 has no bfloat16 primitive: each of these raises.
+_NO_BF16_CHECK = textwrap.dedent('''
+    import mxnet as mx
+    from mxamp.dtypes import cast
+    one = (2, 16, 6, 6)
+    def bf16(*shape):
+        return cast(mx.nd.random.uniform(0.1, 1, shape=shape), 'bfloat16')
+    gamma, beta, mean, var = mx.nd.ones(16), mx.nd.zeros(16), mx.nd.zeros(16), mx.nd.ones(16)
+    cases = {
+        'Convolution': lambda: mx.nd.Convolution(bf16(*one), bf16(16, 16, 3, 3), kernel=(3, 3),
+                                                 num_filter=16, no_bias=True),
+        'FullyConnected': lambda: mx.nd.FullyConnected(bf16(2, 16), bf16(4, 16), num_hidden=4,
+                                                       no_bias=True),
+        'BatchNorm': lambda: mx.nd.BatchNorm(bf16(*one), gamma, beta, mean, var),
+        'Pooling': lambda: mx.nd.Pooling(bf16(*one), kernel=(2, 2), pool_type='max'),
+        'Activation': lambda: mx.nd.Activation(bf16(*one), act_type='relu'),
+    }
+    for name, fn in cases.items():
+        try:
+            fn().wait_to_read()
+            print('RAN', name)
+        except mx.base.MXNetError:
+            print('RAISED', name)
+''')
+
+
+def test_no_bfloat16_kernels_below_avx512_core():
+    """The 'avx2' class claims no bfloat16 compute: oneDNN's main bfloat16 ops raise there."""
+    assert not policy_mod.BFLOAT16_CPU_OPS_BY_CLASS['avx2']
+    if not _reachable('avx2'):
+        pytest.skip('this CPU has no AVX2')
+    result = _run_claims('avx2', _NO_BF16_CHECK)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for op in ('Convolution', 'FullyConnected', 'BatchNorm', 'Pooling', 'Activation'):
+        assert 'RAISED %s' % op in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize('klass', ['avx2', 'avx512'])
+def test_cpu_classes_without_native_bfloat16_compute_nothing_in_it(klass):
+    policy = Policy('bfloat16', cpu_class=klass)
+    assert policy.bfloat16_storage_only
+    conv = {'kernel': '(3, 3)', 'num_filter': '64'}
+    # The storage decision is the same on every class; the compute decision is not.
+    assert policy.op_class('Convolution', conv, 'conv') == LOW
+    assert policy.layout('Convolution', conv, [None, (64, 64, 3, 3)]) == FLOAT32
+    for op in ('Convolution', 'BatchNorm', 'Activation', 'Concat', 'elemwise_add', 'Reshape'):
+        assert not policy.computes_low(op, {'act_type': 'relu'}), op
+    assert not Policy('bfloat16', cpu_class=klass, lp_ops=['Convolution']).computes_low('Convolution')
+    assert not Policy('bfloat16', cpu_class='avx512_bf16').bfloat16_storage_only
+    assert Policy('bfloat16', cpu_class='amx').computes_low('Convolution', conv)
+    # float16 is not a CPU-class matter.
+    assert not Policy('float16', cpu_class=klass).bfloat16_storage_only
+    assert Policy('float16', cpu_class=klass).computes_low('Convolution')
+    with pytest.raises(ValueError, match='cpu_class'):
+        Policy('bfloat16', cpu_class='avx3')
 
 
 def test_slow_bfloat16_kernels_run_in_float32():

@@ -23,6 +23,10 @@ sys.path.insert(0, SCRIPTS)
 import digits_rec  # noqa: E402
 import launch_local  # noqa: E402
 import train_imagenet  # noqa: E402
+from mxamp import hardware  # noqa: E402
+
+# How bfloat16 runs on this CPU: natively, or stored in bfloat16 and computed in FP32.
+BFLOAT16_COMPUTE = 'native' if hardware.computes_bfloat16() else 'bfloat16 storage, FP32 compute'
 
 
 @pytest.fixture(scope='session')
@@ -91,6 +95,9 @@ def test_train_digits(digits_dir, tmp_path, network, dtype):
     assert status == 0
     summary = _summary(tmp_path)
     assert summary['dtype'] == dtype
+    assert summary['compute'] == {'float32': 'FP32', 'bfloat16': BFLOAT16_COMPUTE,
+                                  'float16': 'float16 storage, GEMMs in FP32'}[dtype]
+    assert summary['device'] == hardware.describe_cpu_class()
     assert summary['path'] == ('symbol' if '--symbol' in network else 'gluon')
     assert 0.0 <= summary['val_top1'] <= summary['val_top5'] <= 1.0
     if dtype == 'float16':
@@ -123,7 +130,9 @@ def test_synthetic_and_plot(tmp_path):
                                   '--plot', str(png)])
     assert status == 0
     summary = _summary(tmp_path)
-    assert summary['dtype'] == 'bfloat16' and summary['img_per_sec'] > 0
+    # 'auto' on a CPU: bfloat16 where it computes natively, FP32 elsewhere.
+    assert summary['dtype'] == ('bfloat16' if hardware.computes_bfloat16() else 'float32')
+    assert summary['img_per_sec'] > 0
     assert summary['val_top1'] is None or summary['val_top1'] != summary['val_top1']  # NaN
     assert png.stat().st_size > 1000
 
@@ -228,6 +237,38 @@ def test_missing_index_is_reported(tmp_path):
     with pytest.raises(train_imagenet.UsageError, match='train.idx is missing'):
         args = train_imagenet.build_parser().parse_args(['--data-train', str(rec)])
         train_imagenet.resolve_data(args)
+
+
+# --------------------------------------------------------------------------------------
+# make demo
+
+@pytest.mark.slow
+@pytest.mark.parametrize('isa', [None, 'AVX2'], ids=['this-cpu', 'DNNL_MAX_CPU_ISA=AVX2'])
+def test_demo_compares_fp32_with_bfloat16_and_says_how_and_why(digits_dir, tmp_path, isa):
+    env = dict(os.environ)
+    if isa is not None:
+        env['DNNL_MAX_CPU_ISA'] = isa      # on AVX-512 machines: a CPU without AVX-512
+    out = tmp_path / 'demo'
+    result = _run([os.path.join(SCRIPTS, 'demo.py'), '--seeds', '1', '--epochs', '1',
+                   '--data-dir', digits_dir, '--out-dir', str(out)], timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    how = BFLOAT16_COMPUTE if isa is None else 'bfloat16 storage, FP32 compute'
+    rows = {line.split('  ')[0]: line for line in result.stdout.splitlines()
+            if line.startswith(('FP32 ', 'mixed ('))}
+    assert set(rows) == {'FP32', 'mixed (bfloat16)'}, result.stdout
+    assert how in rows['mixed (bfloat16)']
+    why = [line[len('why: '):] for line in result.stdout.splitlines() if line.startswith('why: ')]
+    assert len(why) == 1, result.stdout
+    if isa is None:
+        assert why[0] == hardware.describe_cpu_class()
+    else:
+        assert "'avx2'" in why[0]
+    assert 'mixed - FP32: top-1 ' in result.stdout
+    with open(out / 'results.json') as handle:
+        results = json.load(handle)['results']
+    assert results['mixed (bfloat16)']['compute'] == how
+    assert results['FP32']['compute'] == 'FP32'
+    assert (out / 'digits_fp32_vs_mixed.png').stat().st_size > 1000
 
 
 # --------------------------------------------------------------------------------------

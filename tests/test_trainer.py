@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ import pytest
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
+import mxamp
 from mxamp import optimizer as mo
-from mxamp.dtypes import cast, dtype_name, numpy_dtype, to_float32_numpy
+from mxamp.dtypes import BFLOAT16, cast, dtype_name, numpy_dtype, to_float32_numpy
 from mxamp.trainer import LossScaler, OverflowInfo, Trainer
 
 CTXS = [mx.cpu(0), mx.cpu(1)]
@@ -32,6 +34,13 @@ class Linear(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, w, b):
         return F.broadcast_add(F.sum(F.broadcast_mul(x, w), axis=1), b)
+
+
+def convert_quietly(net, dtype='bfloat16'):
+    """mxamp.convert without its once-per-process notes (float16 or bfloat16 on this CPU)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return mxamp.convert(net, dtype)
 
 
 def make_net(dtype='float16', ctx=None, seed=0, grad_req='write'):
@@ -261,13 +270,15 @@ def test_bfloat16_dense_network_trains_with_master_weights():
     mx.random.seed(0)
     net = gluon.nn.Dense(1, in_units=8)
     net.initialize()
-    net.cast(numpy_dtype('bfloat16'))
+    # bfloat16 weights on every CPU (computing in bfloat16 where the CPU can).
+    convert_quietly(net)
+    assert net.weight.dtype == BFLOAT16
     trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 1e-4})
-    x = cast(nd.ones((4, 8)), 'bfloat16')
+    x = nd.ones((4, 8))
     start = to_float32_numpy(net.weight.data())
     for _ in range(60):
         with autograd.record():
-            loss = cast(net(x), 'float32')                  # d loss / d w = 1 per sample
+            loss = net(x)                                   # d loss / d w = 1 per sample
             with trainer.scale_loss(loss) as scaled:
                 autograd.backward(scaled)
         assert trainer.step(4) is True                      # no scaling, no skipping
@@ -636,7 +647,7 @@ def _dense_run(dtype, ctxs, kvstore, steps=3, **trainer_kwargs):
     for param in net.collect_params().values():
         param.set_data(nd.array(_bf16_round(param.data(ctxs[0]).asnumpy())))
     if dtype != 'float32':
-        net.cast(numpy_dtype(dtype))
+        convert_quietly(net, dtype)
     trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
                       kvstore=kvstore, **trainer_kwargs)
     rng = np.random.RandomState(0)
@@ -645,7 +656,7 @@ def _dense_run(dtype, ctxs, kvstore, steps=3, **trainer_kwargs):
             losses = []
             for ctx in ctxs:
                 x = nd.array(_bf16_round(rng.uniform(-1, 1, (2, 8))), ctx=ctx)
-                out = cast(net(cast(x, dtype)), 'float32')
+                out = net(x)
                 losses.append(nd.sum(nd.square(out - 0.5)))
         autograd.backward(losses)
         trainer.step(2 * len(ctxs))
@@ -751,21 +762,26 @@ _BF16_WORKER = textwrap.dedent('''
     import json, sys, numpy as np, mxnet as mx
     from mxnet import autograd, gluon, nd
     sys.path.insert(0, {root!r})
-    from mxamp.dtypes import cast, numpy_dtype, to_float32_numpy
+    import warnings
+    import mxamp
+    from mxamp.dtypes import cast, to_float32_numpy
     from mxamp.trainer import Trainer
     kv = mx.kv.create('dist_sync')
     rank = kv.rank
     mx.random.seed(rank)                       # different: the broadcast must win
     net = gluon.nn.Dense(3, in_units=4)
     net.initialize(mx.init.Uniform(0.5))
-    net.cast(numpy_dtype('bfloat16'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')        # bfloat16 storage only on CPUs without it
+        mxamp.convert(net, 'bfloat16')
     start = [to_float32_numpy(p.data()).ravel().tolist() for p in (net.weight, net.bias)]
     tr = Trainer(net.collect_params(), 'sgd', {{'learning_rate': 0.1}}, kvstore=kv)
     i, j = np.meshgrid(np.arange(2), np.arange(4), indexing='ij')
-    x = cast(nd.array(0.1 * (rank + 1) * (i + j + 1)), 'bfloat16')
+    # Rounded to bfloat16 values (nearest even), so bfloat16 and FP32 compute read the same x.
+    x = cast(cast(nd.array(0.1 * (rank + 1) * (i + j + 1)), 'bfloat16'), 'float32')
     for step in range(3):
         with autograd.record():
-            loss = nd.sum(cast(net(x), 'float32'))
+            loss = nd.sum(net(x))
         loss.backward()
         tr.step(4)
     end = [to_float32_numpy(p.data()).ravel().tolist() for p in (net.weight, net.bias)]
