@@ -1,5 +1,6 @@
 # Two commands set up a fresh machine: `make demo` and `make test`.
-# Both create .venv (from the constraints that keep MXNet 1.9.1 importable) when it is missing.
+# Both create .venv (from the constraints that keep MXNet 1.9.1 importable) when it is missing,
+# with $(PYTHON): Python 3.8 to 3.12 (e.g. `make test PYTHON=python3.12`).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,8 +10,23 @@ STAMP := $(VENV)/.mxamp-installed
 
 venv: $(STAMP)
 
-$(STAMP): setup.py constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# MXNet 1.9.1 needs numpy < 2, which has wheels for Python 3.8 to 3.12 only: on another Python
+# pip would spend minutes failing to build numpy from source, so stop at once with one line.
+# It asks the Python that will run the project: .venv's when it exists, else $(PYTHON).
+define CHECK_PYTHON
+import sys
+v = sys.version_info[:2]
+if not (3, 8) <= v <= (3, 12):
+    sys.exit("mxamp needs Python 3.8 to 3.12 (MXNet 1.9.1 needs numpy < 2), not %d.%d (%s): "
+             "install Python 3.12, then run: make clean; make test PYTHON=python3.12" % (v + (sys.executable,)))
+endef
+export CHECK_PYTHON
+
+# A venv that failed half-way (Debian/Ubuntu without the python3.X-venv package) is removed, not reused.
+# The start-up hook is copied into site-packages even by `pip install -e`: a change reinstalls it.
+$(STAMP): setup.py constraints.txt _mxamp_numpy_aliases.py
+	@py=$(PY); test -x $$py || py=$(PYTHON); $$py -c "$$CHECK_PYTHON"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,demo]'
 	touch $(STAMP)

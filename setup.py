@@ -6,10 +6,40 @@ default; set ``MXAMP_MXNET_BUILD=cu112`` when installing on an NVIDIA machine to
 depend on ``mxnet-cu112`` instead (the ``cu112`` extra names it explicitly)::
 
     MXAMP_MXNET_BUILD=cu112 pip install -c constraints.txt '.[cu112]'
+
+Python 3.8 to 3.12: MXNet 1.9.1 needs numpy < 2, and numpy 1.x has no wheels for
+Python 3.13.  On Python 3.12 (numpy 1.26) two things that MXNet 1.9.1 takes for
+granted are gone: distutils (setuptools provides it) and numpy's ``bool``/``int``/
+``float`` aliases (the start-up hook ``_mxamp_numpy_aliases.py`` restores them).
 """
 import os
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# The start-up hook: a module and a .pth file that imports it at every interpreter start
+# (site.py runs the .pth files of site-packages), so numpy's aliases are back before
+# anyone's first `import mxnet` (see _mxamp_numpy_aliases.py).
+_HOOK_MODULE = '_mxamp_numpy_aliases.py'
+_HOOK_PTH = 'mxamp-numpy-aliases.pth'
+
+
+class BuildPyWithStartupHook(build_py):
+    """build_py that also puts the start-up hook's two files at the top of the wheel (site-packages)."""
+
+    def run(self):
+        super().run()
+        if getattr(self, 'editable_mode', False):
+            # `pip install -e` (setuptools >= 64 builds an editable wheel): build_lib is thrown
+            # away there, and the wheel's top is the `install` command's install_lib.
+            top = self.get_finalized_command('install').install_lib
+        else:
+            top = self.build_lib
+        self.mkpath(top)
+        self.copy_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), _HOOK_MODULE),
+                       os.path.join(top, _HOOK_MODULE))
+        with open(os.path.join(top, _HOOK_PTH), 'w') as handle:
+            handle.write('import _mxamp_numpy_aliases\n')
 
 _MXNET_BUILDS = {'cpu': 'mxnet==1.9.1', 'cu112': 'mxnet-cu112==1.9.1'}
 _build = os.environ.get('MXAMP_MXNET_BUILD', 'cpu')
@@ -24,10 +54,14 @@ setup(
     long_description_content_type='text/x-rst',
     license='Apache-2.0',
     packages=find_packages(include=['mxamp', 'mxamp.*']),
-    python_requires='>=3.8',
+    python_requires='>=3.8,<3.13',
     install_requires=[
         _MXNET_BUILDS[_build],
-        'numpy<1.24',
+        # numpy 2 removed np.PZERO & co., used by MXNet 1.9.1.  numpy 1.23, the last with the
+        # aliases (np.bool...), has no Python 3.12 wheels; 1.26 is the first numpy that has.
+        'numpy<1.24; python_version < "3.12"',
+        'numpy>=1.26,<2; python_version >= "3.12"',
+        'setuptools; python_version >= "3.12"',  # distutils, which MXNet 1.9.1 imports, left the stdlib in 3.12
         'gluoncv==0.10.5.post0',
         'opencv-python<4.12',
         'tqdm',
@@ -38,6 +72,7 @@ setup(
         'demo': ['scikit-learn', 'matplotlib'],
     },
     entry_points={'console_scripts': ['mxamp = mxamp.cli:main']},
+    cmdclass={'build_py': BuildPyWithStartupHook},
     classifiers=[
         'Programming Language :: Python :: 3',
         'Topic :: Scientific/Engineering :: Artificial Intelligence',
