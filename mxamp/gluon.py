@@ -363,7 +363,7 @@ def _warn_float16_cpu():
         warnings.warn('mxamp: float16 on a CPU: MXNet 1.9.1 has no float16 convolution, '
                       'fully-connected or GEMM kernels on CPU, so these ops compute in FP32 '
                       'between float16 casts (float16 storage, FP32 accumulation, like '
-                      'tensor cores); other ops run in float16', RuntimeWarning, stacklevel=4)
+                      'tensor cores); other ops run in float16', RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
 
 def _warn_bfloat16_storage_only():
@@ -372,8 +372,9 @@ def _warn_bfloat16_storage_only():
         _warned_bfloat16_storage_only = True
         warnings.warn('mxamp: bfloat16 on this %s: parameters are stored in bfloat16 and every '
                       'op computes in FP32 between casts (results within bfloat16 rounding of a '
-                      'bfloat16 CPU; speed about FP32)' % hardware.describe_cpu_class(),
-                      RuntimeWarning, stacklevel=4)
+                      'bfloat16 CPU; for memory and portability, slightly slower than FP32)'
+                      % hardware.describe_cpu_class(),
+                      RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
 
 def _input_names(block):

@@ -245,8 +245,24 @@ def resolve_dtype(dtype, ctx=None):
         warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; bfloat16 pays on "
                       "CPUs with AVX512-BF16 or AMX (dtype='bfloat16' still works here: "
                       "bfloat16 parameters, FP32 compute)" % describe_cpu_class(),
-                      RuntimeWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=user_stacklevel())
     return 'float32'
+
+
+def user_stacklevel():
+    """The ``stacklevel`` of ``warnings.warn`` that points at the first frame outside mxamp and MXNet.
+
+    mxamp's notes come from deep inside a conversion or a first forward pass
+    (MXNet's Gluon machinery calls back into mxamp); they should name the
+    user's line.
+    """
+    import mxnet
+    skip = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                 for module in (sys.modules[__name__.rpartition('.')[0]], mxnet))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _request_amx_permission():
