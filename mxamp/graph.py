@@ -1,25 +1,31 @@
 """The graph rewrite: an FP32 MXNet Symbol in, a mixed-precision Symbol out.
 
-`convert_graph` walks the graph once in topological order and decides, with a
-`mxamp.policy.Policy`, in which precision each node runs.  It inserts ``Cast``
-nodes only where a tensor crosses a precision boundary: one cast per tensor and
-dtype, no cast chains (a consumer that needs back the precision a tensor was
-cast from gets the original tensor), graph inputs accepted in FP32 and graph
-outputs cast back to FP32.  Casts of parameters and graph inputs are ``Cast``
-nodes.  Casts of activations are ``amp_cast`` nodes unless ``portable=True``:
-MXNet 1.9.1's ``amp_cast`` converts oneDNN blocked tensors with one reorder, 20x
-faster than ``Cast`` (which first reorders to a plain layout and then converts
-element by element), but MXNet's ``tojson``/``save``/``export`` drop
-``amp_cast`` nodes by default, so graphs meant to be saved by anyone use
-``Cast`` only.
+`plan_node` is where a node's precision is decided, once: from the node, a
+`mxamp.policy.Policy`, the precisions of its inputs and their known shapes it
+gives a `NodePlan` (the precision the node runs in, the dtype each floating
+input must arrive in, FP32 compute between casts, zero-channel padding, the
+oneDNN Activation it runs as, the precisions of its outputs).
+`convert_graph` walks the graph once in topological order, plans each node and
+emits what the plan says; `check_graph` plans each node of a converted graph
+from the types MXNet infers for it and lists where the graph differs.
+
+The rewrite inserts ``Cast`` nodes only where a tensor crosses a precision
+boundary: one cast per tensor and dtype, no cast chains (a consumer that needs
+back the precision a tensor was cast from gets the original tensor), graph
+inputs accepted in FP32 and graph outputs cast back to FP32.  Casts of
+parameters and graph inputs are ``Cast`` nodes.  Casts of activations are
+``amp_cast`` nodes unless ``portable=True``: MXNet 1.9.1's ``amp_cast`` converts
+oneDNN blocked tensors with one reorder, 20x faster than ``Cast`` (which first
+reorders to a plain layout and then converts element by element), but MXNet's
+``tojson``/``save``/``export`` drop ``amp_cast`` nodes by default, so graphs
+meant to be saved by anyone use ``Cast`` only.
 
 Only entries that are float32 in the FP32 graph take part: integer tensors,
 index inputs and tensors the graph itself casts keep their types.  Parameters
 listed in ``params`` whose consumers all run in low precision are declared in
 the target dtype (``__dtype__`` attribute), so their values are stored in low
 precision instead of being cast on every forward pass; `convert_model` casts the
-values accordingly.  `check_graph` re-derives the types of a converted graph
-with MXNet's own type inference and lists every invariant it breaks.
+values accordingly.
 """
 import collections
 import json
@@ -58,6 +64,15 @@ Conversion = collections.namedtuple('Conversion', [
     'node_op',       # {node name: op name} for the same nodes
     'casts',         # Counter {(from, to): number of cast nodes inserted}
     'fp32_compute',  # frozenset of the low-precision nodes computing in FP32 between casts
+])
+
+NodePlan = collections.namedtuple('NodePlan', [
+    'precision',     # 'float32' | dtype it runs in; None for a cast op (its attribute decides)
+    'inputs',        # per input: the dtype it must arrive in, None where it is left as it is
+    'compute_fp32',  # computes in FP32 between casts (low-precision storage around it)
+    'pad_channels',  # a zero input channel is appended to its data and weight
+    'activation',    # act_type of the oneDNN Activation it runs as, None to keep its op
+    'outputs',       # per output: 'float32' | dtype read by its consumers, None if not floating
 ])
 
 
@@ -232,6 +247,76 @@ def _float_name(dtype):
         return None
 
 
+def plan_node(node, policy, input_states, input_shapes, float_outputs):
+    """How one op node runs under `policy`: the only place a node's precision is decided.
+
+    Parameters
+    ----------
+    node : dict
+        The JSON node: ``'op'``, ``'name'`` and optionally ``'attrs'``.
+    policy : mxamp.policy.Policy
+    input_states : list
+        Per input, ``'float32'``, ``policy.dtype`` or None (not floating): the
+        precision the input has where it reaches the node, before any cast the
+        plan asks for.
+    input_shapes : list
+        Per input, its shape when known (variables only), else None.
+    float_outputs : list of bool
+        Per output, whether it is a floating tensor that takes part in the rewrite.
+
+    Returns
+    -------
+    NodePlan
+
+    Examples
+    --------
+    >>> from mxamp.policy import Policy
+    >>> plan_node({'op': 'BatchNorm', 'name': 'bn_data'}, Policy('bfloat16'),
+    ...           ['float32'] * 5, [None] * 5, [True, True, True]).precision
+    'float32'
+    """
+    op, attrs = node['op'], node.get('attrs', {})
+    if policy_mod.canonical(op) in policy_mod.CAST_OPS:
+        # Its output dtype is its attribute: nothing to cast, nothing to decide.
+        return NodePlan(None, (None,) * len(input_states), False, False, None,
+                        tuple('float32' if f else None for f in float_outputs))
+    low = policy.dtype
+    index = policy.index_inputs(op, attrs)
+    floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
+    cls = policy.op_class(op, attrs, node['name'])
+    layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
+    if cls == LOW and policy.follows_data(op) and input_states[0] == 'float32':
+        precision = 'float32'   # its data stays FP32 (see Policy.follows_data)
+    elif cls == LOW:
+        # Stored parameters keep their low precision under an FP32 layout (read
+        # through an exact cast), so they do not depend on whether shapes were known.
+        precision = 'float32' if layout == FLOAT32 else low
+    elif cls != FLOAT32 and floating and all(input_states[pos] == low for pos in floating):
+        precision = low     # widest / neutral: low precision only when every floating input is
+    else:
+        precision = 'float32'
+    if precision == low and not policy.computes_low(op, attrs):
+        precision = 'float32'   # no kernel for the target dtype on this CPU class
+    compute_fp32 = precision == low and policy.computes_in_float32(op)
+    fixed_in = policy.float32_inputs(op) if precision == low else ()
+    fixed_out = policy.float32_outputs(op) if precision == low else ()
+    inputs = tuple(None if pos not in floating
+                   else 'float32' if compute_fp32 or pos in fixed_in else precision
+                   for pos in range(len(input_states)))
+    # Outputs of a node computing in FP32 between casts are stored in low precision too.
+    outputs = tuple(None if not f else 'float32' if k in fixed_out else precision
+                    for k, f in enumerate(float_outputs))
+    pad_channels = precision == low and layout == policy_mod.PAD_CHANNELS
+    activation = ONEDNN_ACTIVATIONS.get(policy_mod.canonical(op)) if precision == 'bfloat16' else None
+    return NodePlan(precision, inputs, compute_fp32, pad_channels, activation, outputs)
+
+
+def _as_onednn_activation(node, act_type):
+    """`node` as the ``Activation`` node computing the same function (see ONEDNN_ACTIVATIONS)."""
+    hidden = {k: v for k, v in node.get('attrs', {}).items() if k.startswith('__')}
+    return dict(node, op='Activation', attrs=dict(hidden, act_type=act_type))
+
+
 class _Builder(object):
     """Accumulates the nodes of the converted graph and the precision of each entry."""
 
@@ -299,15 +384,34 @@ class _Builder(object):
                         'inputs': [[entry[0], entry[1], 0], [zero, 0, 0]]}, [state])
         return (nid, 0)
 
+    def pad_convolution(self, name, inputs, weight_shape):
+        """A convolution's `inputs` with a zero input channel appended to data and weight (exact).
 
-def _lp_storable(graph, policy, params, classes):
-    """Parameters whose every consumer takes them in low precision."""
+        `weight_shape` is the shape of the unpadded weight.
+        """
+        # MXNet infers no shape backwards through Concat: the weight variable
+        # declares its shape (Gluon's deferred initialisation reads it there).
+        variable = self.nodes[_through_cast(self.nodes, inputs[1][0])]
+        if variable['op'] == 'null':
+            variable['attrs']['__shape__'] = str(tuple(weight_shape))
+        data = self.pad_channels(inputs[0], name + PAD_SUFFIX + 'data')
+        weight = self.pad_channels(inputs[1], name + PAD_SUFFIX + 'weight',
+                                   (weight_shape[0], 1) + tuple(weight_shape[2:]))
+        return [data, weight] + inputs[2:]
+
+
+def _lp_storable(graph, policy, params):
+    """Parameters whose every consumer takes them in low precision.
+
+    Decided on operator classes alone, not on shapes or the CPU class, so that a
+    network has the same parameters, in the same dtypes, wherever it runs.
+    """
     storable = {node['name'] for node in graph['nodes'] if node['op'] == 'null'
                 and node['name'] in params}
-    for nid, node in enumerate(graph['nodes']):
+    for node in graph['nodes']:
         if node['op'] == 'null':
             continue
-        cls = classes[nid]
+        cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
         fixed = set(policy.float32_inputs(node['op'])) | set(policy.index_inputs(node['op'], node.get('attrs')))
         for pos, (src, _, _) in enumerate(node['inputs']):
             source = graph['nodes'][src]
@@ -357,10 +461,7 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
     types = infer_entry_types(graph, input_types)
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
-    # Keyed by node index: real graphs repeat node names (a VGG with two 'conv1_2').
-    classes = {nid: policy.op_class(node['op'], node.get('attrs'), node['name'])
-               for nid, node in enumerate(nodes) if node['op'] != 'null'}
-    lp_params = _lp_storable(graph, policy, params, classes)
+    lp_params = _lp_storable(graph, policy, params)
     low = policy.dtype
     out = _Builder(low, portable)
     new_entry = {}
@@ -381,77 +482,27 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
                 node['attrs']['__dtype__'] = str(type_flag(state))
             new_entry[(nid, 0)] = (out.add(node, [state]), 0)
             continue
-        op = node['op']
-        attrs = node.get('attrs', {})
         inputs = [new_entry[(src, k)] for src, k, _ in node['inputs']]
-        floating = [pos for pos, entry in enumerate(inputs)
-                    if pos not in policy.index_inputs(op, attrs) and out.state.get(entry) is not None]
-        cls = classes[nid]
         input_shapes = [variable_shapes.get(src) for src, _, _ in node['inputs']]
-        layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
-        compute_fp32 = False
-        if policy_mod.canonical(op) in policy_mod.CAST_OPS:
-            run_in = None
-        elif cls == LOW and policy.follows_data(op) and out.state.get(inputs[0]) == 'float32':
-            run_in = 'float32'
-        elif layout == FLOAT32:
-            # Stored parameters keep their low precision (read through an exact cast),
-            # so they do not depend on whether shapes were known.
-            run_in = 'float32'
-        elif cls == LOW:
-            compute_fp32 = policy.computes_in_float32(op)
-            run_in = low
-        elif cls == FLOAT32:
-            run_in = 'float32'
-        elif floating:
-            # widest / neutral: low precision only when every floating input already is.
-            states = {out.state[inputs[pos]] for pos in floating}
-            run_in = low if states == {low} else 'float32'
-        else:
-            run_in = 'float32'
-        if run_in == low and not policy.computes_low(op, attrs):
-            run_in = 'float32'   # no kernel for the target dtype on this CPU class
-        if run_in is not None:
-            fixed32 = policy.float32_inputs(op) if run_in == low else ()
-            for pos in floating:
-                want = 'float32' if (compute_fp32 or pos in fixed32 or run_in == 'float32') else low
-                inputs[pos] = out.to(inputs[pos], want)
-        if run_in == low and layout == policy_mod.PAD_CHANNELS:
-            # MXNet infers no shape backwards through Concat: the weight variable
-            # declares its shape (Gluon's deferred initialisation reads it there).
-            weight = input_shapes[1]
-            variable = out.nodes[_through_cast(out.nodes, inputs[1][0])]
-            if variable['op'] == 'null':
-                variable['attrs']['__shape__'] = str(tuple(weight))
-            inputs[0] = out.pad_channels(inputs[0], node['name'] + PAD_SUFFIX + 'data')
-            inputs[1] = out.pad_channels(inputs[1], node['name'] + PAD_SUFFIX + 'weight',
-                                         (weight[0], 1) + tuple(weight[2:]))
-        states = []
-        fixed_out = policy.float32_outputs(op) if run_in == low else ()
-        for k, original_type in enumerate(original):
-            if original_type != 'float32' or run_in is None:
-                states.append(None if original_type != 'float32' else 'float32')
-            elif compute_fp32 or k in fixed_out:
-                states.append('float32')
-            else:
-                states.append(run_in)
+        plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
+                         [t == 'float32' for t in original])
+        inputs = [entry if dtype is None else out.to(entry, dtype)
+                  for entry, dtype in zip(inputs, plan.inputs)]
+        if plan.pad_channels:
+            inputs = out.pad_convolution(node['name'], inputs, input_shapes[1])
         new_node = dict(node, inputs=[[e[0], e[1], 0] for e in inputs])
-        act_type = ONEDNN_ACTIVATIONS.get(policy_mod.canonical(op))
-        if act_type is not None and run_in == 'bfloat16':
-            hidden = {k: v for k, v in attrs.items() if k.startswith('__')}
-            new_node['op'] = op = 'Activation'
-            new_node['attrs'] = dict(hidden, act_type=act_type)
-        new_id = out.add(new_node, states)
-        node_precision[node['name']] = run_in or 'float32'
-        node_op[node['name']] = op
-        if compute_fp32:
+        if plan.activation is not None:
+            new_node = _as_onednn_activation(new_node, plan.activation)
+        # A node computing in FP32 between casts writes FP32; its consumers read
+        # a cast of it to the low-precision storage the plan gives its outputs.
+        written = ['float32' if plan.compute_fp32 and state else state for state in plan.outputs]
+        new_id = out.add(new_node, written)
+        for k, state in enumerate(plan.outputs):
+            new_entry[(nid, k)] = out.to((new_id, k), state)
+        node_precision[node['name']] = plan.precision or 'float32'
+        node_op[node['name']] = new_node['op']
+        if plan.compute_fp32:
             fp32_compute.add(node['name'])
-        for k in range(counts[nid]):
-            entry = (new_id, k)
-            if compute_fp32 and states[k] == 'float32' and k not in fixed_out and original[k] == 'float32':
-                # Low-precision storage around an op that computes in FP32.
-                entry = out.to(entry, low)
-            new_entry[(nid, k)] = entry
 
     heads = [out.to(new_entry[(nid, k)], 'float32') for nid, k, _ in graph['heads']]
     converted = _assemble(out.nodes, heads, graph.get('attrs'))
@@ -494,18 +545,20 @@ def _assemble(nodes, heads, attrs):
 def check_graph(symbol, policy, input_types=None, shapes=None):
     """Invariant violations of a converted graph, as a list of strings (empty: all hold).
 
-    Types come from MXNet's own inference with every non-declared input in FP32:
-    no FP32-class op receives a low-precision input, every low-precision op
-    receives low-precision data (except BatchNorm statistics and ops computing in
-    FP32 on CPU), no Cast converts a tensor to the dtype it has, no Cast feeds
-    another Cast, no tensor is cast twice to the same dtype, every output is
-    FP32 when the FP32 graph's was.  A BatchNorm whose data is FP32 runs in
-    FP32; `shapes` (as given to `convert_graph`) tell which convolutions compute
-    in FP32 between casts.
+    Types come from MXNet's own inference with every non-declared input in FP32.
+    Every op node receives each floating input in the dtype `plan_node` asks
+    for, given the types the node receives: no FP32 op receives a low-precision
+    input, a low-precision op receives low-precision data (FP32 for BatchNorm
+    statistics and for ops computing in FP32 between casts), an op whose
+    floating inputs must agree receives one dtype.  No Cast converts a tensor
+    to the dtype it has, no Cast feeds another Cast, no tensor is cast twice to
+    the same dtype, every output is FP32 when the FP32 graph's was.  `shapes`
+    (as given to `convert_graph`) tell which convolutions run in FP32.
     """
     graph = load_graph(symbol)
     nodes = graph['nodes']
     types = infer_entry_types(graph, input_types)
+    counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
     low = policy.dtype
     problems = []
@@ -513,13 +566,12 @@ def check_graph(symbol, policy, input_types=None, shapes=None):
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             continue
-        op, attrs, name = node['op'], node.get('attrs', {}), node['name']
-        in_types = [types.get((src, k)) for src, k, _ in node['inputs']]
-        is_cast = CAST_SUFFIX in name
-        if is_cast:
+        op, name = node['op'], node['name']
+        states = [_state(types.get((src, k)), low) for src, k, _ in node['inputs']]
+        if CAST_SUFFIX in name:
             src = tuple(node['inputs'][0][:2])
-            target = attrs['dtype']
-            if in_types[0] == target:
+            target = node['attrs']['dtype']
+            if states[0] == target:
                 problems.append("cast '%s' converts a %s tensor to %s" % (name, target, target))
             if CAST_SUFFIX in nodes[src[0]]['name']:
                 problems.append("cast '%s' feeds cast '%s' (cast chain)" % (nodes[src[0]]['name'], name))
@@ -527,30 +579,26 @@ def check_graph(symbol, policy, input_types=None, shapes=None):
                 problems.append("tensor %s is cast to %s twice" % (nodes[src[0]]['name'], target))
             seen_casts.add((src, target))
             continue
-        cls = policy.op_class(op, attrs, name)
-        skip = set(policy.index_inputs(op, attrs))
-        floats = [(pos, t) for pos, t in enumerate(in_types) if pos not in skip and t in ('float32', low)]
-        if cls == LOW and policy.follows_data(op) and in_types and in_types[0] == 'float32':
-            cls = FLOAT32
         # A cast of a low-precision weight reads as that weight's shape.
         input_shapes = [variable_shapes.get(_through_cast(nodes, src)) for src, _, _ in node['inputs']]
-        if cls == LOW and policy.layout(op, attrs, input_shapes) == FLOAT32:
-            cls = FLOAT32
-        if cls != FLOAT32 and not policy.computes_low(op, attrs):
-            cls = FLOAT32
-        if cls == FLOAT32:
-            bad = [pos for pos, t in floats if t == low]
-            if bad:
-                problems.append("float32 op '%s' (%s) receives %s at input %s" % (name, op, low, bad))
-        elif cls == LOW and not policy.computes_in_float32(op):
-            fixed = set(policy.float32_inputs(op))
-            bad = [pos for pos, t in floats if pos not in fixed and t != low]
-            if bad:
-                problems.append("low-precision op '%s' (%s) receives float32 at input %s" % (name, op, bad))
+        plan = plan_node(node, policy, states, input_shapes,
+                         [_state(types.get((nid, k)), low) is not None for k in range(counts[nid])])
+        bad = [pos for pos, (state, dtype) in enumerate(zip(states, plan.inputs))
+               if dtype not in (None, state)]
+        if bad:
+            runs_in = 'float32 between %s casts' % low if plan.compute_fp32 else plan.precision
+            received = ', '.join('%s at input %s' % (got, [pos for pos in bad if states[pos] == got])
+                                 for got in sorted({states[pos] for pos in bad}))
+            problems.append("'%s' (%s) runs in %s but receives %s" % (name, op, runs_in, received))
     for nid, k, _ in graph['heads']:
         if types.get((nid, k)) == low:
             problems.append("output '%s' is %s, not float32" % (nodes[nid]['name'], low))
     return problems
+
+
+def _state(dtype, low):
+    """The precision state of a tensor of type `dtype` in a graph converted to `low`."""
+    return dtype if dtype in ('float32', low) else None
 
 
 def _through_cast(nodes, nid):

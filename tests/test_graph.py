@@ -10,7 +10,8 @@ import mxnet as mx
 from conftest import needs_bfloat16_compute
 from mxamp import convert_model, convert_symbol, hardware
 from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy
-from mxamp.graph import CAST_SUFFIX, PAD_SUFFIX, GraphError, check_graph, convert_graph, format_report, load_graph
+from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, check_graph, convert_graph,
+                         format_report, load_graph, plan_node)
 from mxamp.policy import Policy
 from mxamp.symbol import make_policy
 
@@ -49,6 +50,42 @@ def run(symbol, args, auxs, data):
     executor = symbol.bind(mx.cpu(), args=dict(args, data=data, softmax_label=mx.nd.zeros(data.shape[0])),
                            aux_states=dict(auxs), grad_req='null')
     return [to_float32_numpy(o) for o in executor.forward()]
+
+
+F32, BF16, F16 = 'float32', 'bfloat16', 'float16'
+
+
+def plan(precision, inputs, outputs, compute_fp32=False, pad_channels=False, activation=None):
+    return NodePlan(precision, inputs, compute_fp32, pad_channels, activation, outputs)
+
+
+@pytest.mark.parametrize('op, attrs, policy, states, shapes, expected', [
+    # BatchNorm follows its data; its statistics stay FP32 either way.
+    ('BatchNorm', {}, Policy(BF16), [F32] * 5, [None] * 5, plan(F32, (F32,) * 5, (F32,) * 3)),
+    ('BatchNorm', {}, Policy(BF16), [BF16] + [F32] * 4, [None] * 5,
+     plan(BF16, (BF16,) + (F32,) * 4, (BF16, F32, F32))),
+    # float16 on a CPU: FP32 compute between float16 casts.
+    ('FullyConnected', {}, Policy(F16, emulate_float16=True), [F32, F16, F16], [None] * 3,
+     plan(F16, (F32,) * 3, (F16,), compute_fp32=True)),
+    # The convolution layout rule: an RGB stem gets a zero channel, 24 channels run in FP32.
+    ('Convolution', {}, Policy(BF16), [F32, F32], [None, (16, 3, 3, 3)],
+     plan(BF16, (BF16, BF16), (BF16,), pad_channels=True)),
+    ('Convolution', {}, Policy(BF16), [F32, BF16], [None, (24, 3, 3, 3)], plan(F32, (F32, F32), (F32,))),
+    # A CPU class without bfloat16 kernels: FP32 compute, nothing padded.
+    ('Convolution', {}, Policy(BF16, cpu_class='avx2'), [F32, BF16], [None, (16, 3, 3, 3)],
+     plan(F32, (F32, F32), (F32,))),
+    # Unary activations run as oneDNN's Activation in bfloat16 only.
+    ('relu', {}, Policy(BF16), [BF16], [None], plan(BF16, (BF16,), (BF16,), activation='relu')),
+    ('relu', {}, Policy(F16), [F16], [None], plan(F16, (F16,), (F16,))),
+    # Widest: low precision only when every floating input is; indices are never cast.
+    ('elemwise_add', {}, Policy(F16), [F16, F32], [None] * 2, plan(F32, (F32, F32), (F32,))),
+    ('take', {}, Policy(F16), [F16, F32], [None] * 2, plan(F16, (F16, None), (F16,))),
+    # A cast's attribute gives its output dtype.
+    ('Cast', {'dtype': 'float32'}, Policy(F16), [F16], [None], plan(None, (None,), (F32,))),
+])
+def test_plan_node_decides_each_rule(op, attrs, policy, states, shapes, expected):
+    node = {'op': op, 'name': 'node', 'attrs': attrs}
+    assert plan_node(node, policy, states, shapes, [True] * len(expected.outputs)) == expected
 
 
 def test_casts_only_at_boundaries_with_low_precision_params():
