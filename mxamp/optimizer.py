@@ -49,6 +49,7 @@ import numpy as np
 
 import mxnet as mx
 
+from . import kvkeys
 from .dtypes import BFLOAT16, amp_cast, cast_into, widen
 
 __all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
@@ -56,19 +57,8 @@ __all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
 _FLOAT16 = np.dtype(np.float16)
 _LOW = (_FLOAT16, BFLOAT16)
 
-#: Reserved kvstore key used by :class:`mxamp.Trainer` to agree on overflow
-#: between distributed workers when updates run on the kvstore servers.  A
-#: mixed-in optimizer running on a server copies the summed value of this key
-#: into the store instead of treating it as a weight.
-OVERFLOW_FLAG_KEY = 2 ** 30 - 7
-
-#: Length of the value under :data:`OVERFLOW_FLAG_KEY`.  Each worker pushes
-#: ``[non-finite count, rescale_grad, 1, 0]``; the kvstore sums them.  A server
-#: running a mixed-in optimizer stores that sum with the last element set to 1
-#: (see :meth:`MultiPrecision._mxamp_overflow_flag`).  A server without one keeps
-#: the plain sum, last element 0: MXNet 1.9.1's server stores pushed sums as they
-#: are when it has no optimizer, weights included, so the workers must not go on.
-OVERFLOW_FLAG_SIZE = 4
+#: The kvstore key of LossScaler's overflow agreement: not a weight (see :mod:`mxamp.kvkeys`).
+_FLAG_KEY = kvkeys.reserved_key('overflow')
 
 
 def _is_low(array):
@@ -122,7 +112,7 @@ class MultiPrecision(object):
     the ``mxamp`` package on a server must not import ``mxnet.gluon``.  A server
     that fails to unpickle the optimizer only logs "Exception ignored on calling
     ctypes callback function"; :class:`mxamp.Trainer` detects it (see
-    :data:`OVERFLOW_FLAG_SIZE`) and raises.
+    :mod:`mxamp.kvkeys`) and raises.
     """
 
     def __init__(self, *args, **kwargs):
@@ -165,7 +155,7 @@ class MultiPrecision(object):
         depthwise convolution after an inference pass), hence
         :func:`mxamp.dtypes.amp_cast`.
         """
-        if index == OVERFLOW_FLAG_KEY:
+        if index == _FLAG_KEY:
             return None
         if self._mxamp_generic(weight):
             master = amp_cast(weight, np.float32)
@@ -182,10 +172,10 @@ class MultiPrecision(object):
         Asynchronous: queues MXNet operators, never synchronises with the host.
         """
         if isinstance(index, (list, tuple)):
-            if OVERFLOW_FLAG_KEY in index:
-                keep = [i for i, idx in enumerate(index) if idx != OVERFLOW_FLAG_KEY]
+            if _FLAG_KEY in index:
+                keep = [i for i, idx in enumerate(index) if idx != _FLAG_KEY]
                 for i, idx in enumerate(index):
-                    if idx == OVERFLOW_FLAG_KEY:
+                    if idx == _FLAG_KEY:
                         self._mxamp_overflow_flag(weight[i], grad[i])
                 if not keep:
                     return
@@ -193,7 +183,7 @@ class MultiPrecision(object):
                                               for seq in (index, weight, grad, state))
             first = weight[0]
         else:
-            if index == OVERFLOW_FLAG_KEY:
+            if index == _FLAG_KEY:
                 self._mxamp_overflow_flag(weight, grad)
                 return
             first = weight
@@ -213,22 +203,10 @@ class MultiPrecision(object):
             cast_into(master, weight)
 
     def _mxamp_overflow_flag(self, stored, merged):
-        """Server side of mxamp.Trainer's overflow agreement (see OVERFLOW_FLAG_KEY).
-
-        `merged` is the sum over workers of ``[non-finite count, rescale_grad,
-        1, 0]``.  Keep it as the stored value, so that the workers pull the sum,
-        with the last element set to 1 to tell them that this server runs a
-        mixed-in optimizer, and adopt the workers' mean ``rescale_grad`` (loss
-        scale and batch size folded in), which the server's copy of the
-        optimizer cannot otherwise learn.  Synchronises the server with its
-        engine.
-        """
-        values = merged.asnumpy()
-        if values.shape == (OVERFLOW_FLAG_SIZE,):
-            if values[2] > 0:
-                self.rescale_grad = float(values[1] / values[2])
-            values[-1] = 1.0
-        stored[:] = values
+        """Server side of LossScaler's overflow agreement: :func:`mxamp.kvkeys.store_overflow_sum`."""
+        rescale_grad = kvkeys.store_overflow_sum(stored, merged)
+        if rescale_grad is not None:
+            self.rescale_grad = rescale_grad
 
     # -- pickling of classes made by mixed_class() --------------------------
     def __reduce_ex__(self, protocol):

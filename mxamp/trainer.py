@@ -51,7 +51,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from . import diagnose
+from . import diagnose, kvkeys
 from . import optimizer as _mp_optimizer
 from .dtypes import BFLOAT16, LOW_PRECISION, amp_cast, cast_into, dtype_name, widen
 
@@ -207,7 +207,7 @@ class LossScaler(object):
         self._steps = 0
         self._out_grads = {}
         self._base_rescale = weakref.WeakKeyDictionary()
-        self._flag_kvstores = weakref.WeakKeyDictionary()
+        self._flag_kvstores = weakref.WeakKeyDictionary()   # overflow key initialised there
 
     def _configure(self, cfg):
         scale = _positive('loss_scale', cfg['loss_scale'])
@@ -315,13 +315,13 @@ class LossScaler(object):
             bfloat16, float32; row_sparse gradients are checked on their values).
         kvstore : KVStore, optional
             With a distributed kvstore, the verdict is agreed between workers by
-            summing a flag through the kvstore (``pushpull`` of one reserved key),
-            so every worker skips the same steps.  Ignored for local kvstores.
+            summing a flag through the kvstore (:func:`mxamp.kvkeys.agree_overflow`:
+            ``pushpull`` of one reserved key), so every worker skips the same
+            steps.  Ignored for local kvstores.
         rescale_grad : float, optional
             Sent along with the flag so that kvstore servers that run the
-            optimizer (``update_on_kvstore=True``) apply it; see
-            :data:`mxamp.optimizer.OVERFLOW_FLAG_KEY`.  Give it only when the
-            servers run the optimizer: they must then run an mxamp (mixed-in)
+            optimizer (``update_on_kvstore=True``) apply it.  Give it only when
+            the servers run the optimizer: they must then run an mxamp (mixed-in)
             optimizer, or ``RuntimeError`` is raised before anything is pushed.
 
         Raises
@@ -332,47 +332,17 @@ class LossScaler(object):
         """
         flags = _finite_flags(_flat_grads(arrays))
         if kvstore is not None and 'dist' in kvstore.type:
-            return self._agree(kvstore, flags, rescale_grad)
+            cpu = mx.cpu()
+            bad = mx.nd.zeros((1,), ctx=cpu)
+            for flag in flags:
+                bad += 1.0 - flag.as_in_context(cpu)
+            return kvkeys.agree_overflow(kvstore, bad, rescale_grad, self._flag_kvstores)
         if not flags:
             return False
         if len(flags) == 1:
             return flags[0].asscalar() != 1.0
         gathered = mx.nd.concat(*[f.as_in_context(mx.cpu()) for f in flags], dim=0)
         return bool((gathered.asnumpy() != 1.0).any())
-
-    def _agree(self, kvstore, flags, rescale_grad):
-        """Sum [non-finite count, rescale_grad, 1, 0] over workers; one host sync.
-
-        The server's mixed-in optimizer sets the last element to 1
-        (:data:`mxamp.optimizer.OVERFLOW_FLAG_SIZE`).  When the workers rely on it
-        (`rescale_grad` given: ``update_on_kvstore=True``) and it is 0, the server
-        runs no mxamp optimizer.  The usual cause: it could not unpickle it,
-        which MXNet's server only logs; it then stores the pushed gradient sums
-        as the weights.  Every worker pulls the same value, so every worker
-        raises, before pushing any gradient.
-        """
-        key = _mp_optimizer.OVERFLOW_FLAG_KEY
-        cpu = mx.cpu()
-        bad = mx.nd.zeros((1,), ctx=cpu)
-        for flag in flags:
-            bad += 1.0 - flag.as_in_context(cpu)
-        payload = mx.nd.concat(bad, mx.nd.array(
-            [1.0 if rescale_grad is None else rescale_grad, 1.0, 0.0], ctx=cpu), dim=0)
-        if kvstore not in self._flag_kvstores:
-            kvstore.init(key, mx.nd.zeros((_mp_optimizer.OVERFLOW_FLAG_SIZE,), ctx=cpu))
-            self._flag_kvstores[kvstore] = True
-        kvstore.pushpull(key, payload, out=payload)
-        summed = payload.asnumpy()
-        if rescale_grad is not None and summed[-1] != 1.0:
-            raise RuntimeError(
-                'mxamp: the kvstore server does not run the mxamp optimizer that '
-                'update_on_kvstore=True sends it, so it would store summed gradients as '
-                'weights.  Most likely it failed to unpickle it: MXNet 1.9.1 runs the server '
-                'inside `import mxnet`, where importing a module that needs mxnet.gluon '
-                'fails; see the server log ("Exception ignored on calling ctypes callback '
-                'function").  Use update_on_kvstore=False (the default for distributed '
-                'kvstores) or make mxamp importable on the server.')
-        return bool(summed[0] > 0)
 
     def update(self, overflow, details=None):
         """Record the outcome of a step and adjust the scale.  No host sync.

@@ -101,7 +101,7 @@ for _path in (_HERE, os.path.dirname(_HERE)):   # digits_rec; the repository's s
 import mxamp  # noqa: E402
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
-from mxamp import hardware  # noqa: E402
+from mxamp import hardware, kvkeys  # noqa: E402
 from mxamp.dtypes import cast, name_of_array  # noqa: E402
 from mxamp.hardware import resolve_dtype  # noqa: E402
 
@@ -489,8 +489,8 @@ class Fp32Allreduce(object):
             _pushpull(self.kvstore, key, per_device)
 
 
-# Keys for BatchNorm statistics, clear of the parameter keys and of mxamp's overflow key.
-_STATS_KEY = 2 ** 29
+# Keys for BatchNorm statistics (consecutive from this one), clear of every other key.
+_STATS_KEY = kvkeys.reserved_key('statistics')
 
 
 def average_statistics(kvstore, stats, initialized):
@@ -518,8 +518,8 @@ def average_statistics(kvstore, stats, initialized):
             array *= 1.0 / (kvstore.num_workers * len(per_device))
 
 
-# Key of the resume agreement, clear of the parameter and statistics keys.
-_RESUME_KEY = 2 ** 28
+# Key of the resume agreement, clear of every other key.
+_RESUME_KEY = kvkeys.reserved_key('resume')
 _RESUME_SLOTS = 4096
 
 

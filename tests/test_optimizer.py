@@ -8,6 +8,7 @@ import pytest
 
 import mxnet as mx
 
+from mxamp import kvkeys
 from mxamp import optimizer as mo
 from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy
 
@@ -198,21 +199,31 @@ def test_overflow_flag_key_is_summed_not_optimized():
     """On a kvstore server the reserved flag key keeps the workers' sum."""
     opt = mo.create('sgd', learning_rate=0.1, momentum=0.9)
     updater = mx.optimizer.get_updater(opt)
-    stored = mx.nd.zeros((mo.OVERFLOW_FLAG_SIZE,))
+    key = kvkeys.reserved_key('overflow')
+    stored = mx.nd.zeros((kvkeys.OVERFLOW_FLAG_SIZE,))
     merged = mx.nd.array([1.0, 2 * 0.125, 2.0, 0.0])   # two workers, rescale_grad 0.125 each
-    updater(mo.OVERFLOW_FLAG_KEY, merged, stored)
+    updater(key, merged, stored)
     # The sum, marked (last element 1) as handled by an mxamp optimizer.
     assert stored.asnumpy().tolist() == [1.0, 0.25, 2.0, 1.0]
     assert opt.rescale_grad == 0.125
     # Mixed with ordinary keys in one aggregated call, the others are still updated.
     w = mx.nd.ones((2,))
-    updater([5, mo.OVERFLOW_FLAG_KEY], [mx.nd.ones((2,)), merged], [w, stored])
+    updater([5, key], [mx.nd.ones((2,)), merged], [w, stored])
     assert np.allclose(w.asnumpy(), 1.0 - 0.1 * 0.125)
+
+
+def test_reserved_keys_are_fixed():
+    """Workers and servers of any mxamp version must use the same keys."""
+    assert [kvkeys.reserved_key(p) for p in ('resume', 'statistics', 'overflow')] \
+        == [2 ** 28, 2 ** 29, 2 ** 30 - 7]
+    with pytest.raises(ValueError, match='expected one of overflow, resume, statistics'):
+        kvkeys.reserved_key('weights')
 
 
 def test_module_needs_no_mx_nd_alias():
     """A dist kvstore server unpickles the optimizer while ``import mxnet`` is still
     running (the server loop starts inside it), before ``mx.nd`` exists."""
-    source = inspect.getsource(mo)
-    assert not re.search(r'\bmx\.(nd|sym|symbol|gluon|np|npx)\.', source)
-    assert not re.search(r'^\s*(from|import) mxnet(\.gluon| import .*\bgluon\b)', source, re.M)
+    for module in (mo, kvkeys):
+        source = inspect.getsource(module)
+        assert not re.search(r'\bmx\.(nd|sym|symbol|gluon|np|npx)\.', source)
+        assert not re.search(r'^\s*(from|import) mxnet(\.gluon| import .*\bgluon\b)', source, re.M)
