@@ -51,8 +51,11 @@ MXNet internals relied on (MXNet 1.9.1), each used in one place below:
 ``HybridBlock._get_graph`` / ``_cached_graph`` (the hook that builds the graph),
 ``_build_cache`` (deferred initialisation, then CachedOp), ``_call_cached_op``,
 ``_cached_op``, ``_clear_cached_op``, ``_active``, ``_reg_params``,
-``_children``, ``Block._collect_params_with_prefix``, and ``Parameter._data`` /
-``_grad`` / ``_dtype`` / ``_var`` / ``_deferred_init``.
+``_children``, ``Block._collect_params_with_prefix``, ``Parameter._data`` /
+``_grad`` / ``_dtype`` / ``_var`` / ``_deferred_init``, and the names
+``HybridBlock`` gives its graph inputs (``data``, or ``data0``, ``data1``, ...):
+the symbolic build in :func:`convert` names its inputs the same, so that its
+graph is the one MXNet builds later.
 """
 import fnmatch
 import inspect

@@ -36,6 +36,30 @@ What it does differently from ``mxnet.contrib.amp``
   parameters whose gradients are inf/NaN, and, with ``diagnose_net=net``, the
   first layer whose output is not finite.
 * Nothing is monkey-patched: MXNet is left exactly as it was.
+
+MXNet internals relied on (MXNet 1.9.1):
+
+* ``gluon.Trainer``: ``_params`` (the parameters in kvstore-key order: what
+  is checked, reduced and reported), ``_param2idx`` (a parameter's key, for the
+  FP32 broadcast of bfloat16 values), ``_params_to_init`` and ``_init_params``
+  (the initial broadcast, overridden to send bfloat16 as FP32 and to wait for
+  the pulls), ``_kv_initialized`` and ``_init_kvstore`` (the lazy kvstore,
+  created before the first check), ``_allreduce_grads`` (overridden: bfloat16
+  gradients through FP32), ``_update`` (the per-context updaters, run only
+  after the verdict), ``_check_and_rescale_grad`` and ``_optimizer`` (the
+  loss scale folded into ``rescale_grad``), ``_scale`` (the ``rescale_grad``
+  the optimizer came with), ``_kvstore``, ``_update_on_kvstore`` and
+  ``_distributed`` (which path a step takes, and where the workers agree);
+* ``gluon.Parameter``: ``_data`` (None before initialisation),
+  ``_deferred_init`` (shape still unknown), ``_stype`` (only dense bfloat16
+  crosses the kvstore as FP32) and ``_check_and_get`` (the arrays of every
+  context, for that broadcast);
+* ``NDArray._fresh_grad``: gluon's stale-gradient flag, reset by a skipped step
+  as by an applied one;
+* ``mx.mod.Module`` (:meth:`LossScaler.update_module`): ``_exec_group``'s
+  ``param_names`` and ``grad_arrays`` (the gradients to check, per device),
+  ``_optimizer`` (its ``rescale_grad`` takes the loss scale), ``_kvstore`` and
+  ``_update_on_kvstore`` (the agreement between workers).
 """
 import collections
 import contextlib

@@ -73,6 +73,22 @@ loss scaler), ``<prefix>-<epoch>.json`` (epoch, step, seeds, metrics),
 ``<prefix>-metrics.csv`` (one row per epoch), ``<prefix>-summary.json`` and
 ``train.log``.  Bad input (missing data, unknown model or dtype, nothing to
 resume) prints one line and exits with status 2.
+
+Internals relied on (MXNet 1.9.1 and mxamp):
+
+* ``mx.mod.Module``: ``_exec_group``'s ``param_names`` (weight decay per
+  name), ``param_arrays`` (the initial broadcast), ``grad_arrays`` (the
+  reduction across workers) and ``aux_arrays`` (BatchNorm statistics to
+  average), ``_sync_params_from_devices`` (fresh values before a checkpoint)
+  and ``_updater``'s ``get_states`` / ``set_states`` (optimizer states in the
+  checkpoint);
+* ``mx.optimizer.Optimizer``: ``_all_index_update_counts`` and
+  ``_index_update_count`` (per-weight update counts, saved and restored so that
+  a resumed run continues bit-exactly);
+* ``gluon.nn.Conv2D._channels`` (the stem's width, to replace it for small
+  images);
+* ``mxamp.Trainer._ensure_kvstore`` (the broadcast of worker 0's parameters
+  before the first forward pass).
 """
 import argparse
 import csv
