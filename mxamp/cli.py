@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from .hardware import CPU_CLASSES
+from .hardware import AVX2, CPU_CLASSES, cpu_class, describe_cpu_class
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
@@ -110,6 +110,10 @@ def _convert(args):
         print(format_report(conversion))
     for path in written:
         print('wrote %s' % path)
+    if args.dtype == 'bfloat16' and args.cpu_class is None and cpu_class() == AVX2:
+        # The graph is for a machine with bfloat16 kernels; say so where it cannot run.
+        sys.stderr.write('mxamp: note: the graph computes in bfloat16, which this %s cannot run; '
+                         '--cpu-class auto writes one for this CPU\n' % describe_cpu_class())
 
 
 def main(argv=None):
