@@ -21,6 +21,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, '%s: error: %s\n' % (self.prog, message))
 
 
+def _low_precision(text):
+    from .dtypes import LOW_PRECISION, dtype_name
+    try:
+        return dtype_name(text, allowed=LOW_PRECISION)
+    except ValueError:
+        raise argparse.ArgumentTypeError("unknown dtype '%s': expected float16 (fp16, half) or "
+                                         "bfloat16 (bf16)" % text)
+
+
 def _input_shape(text):
     name, _, dims = text.partition('=')
     try:
@@ -43,8 +52,8 @@ def build_parser():
     convert.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')
     convert.add_argument('-o', '--output', required=True, metavar='OUT_PREFIX',
                          help='writes OUT_PREFIX-symbol.json (and OUT_PREFIX-0000.params)')
-    convert.add_argument('--dtype', required=True, choices=['float16', 'bfloat16'],
-                         help='target low precision')
+    convert.add_argument('--dtype', required=True, type=_low_precision, metavar='{float16,bfloat16}',
+                         help='target low precision (also fp16, half, bf16, as in Python)')
     convert.add_argument('--params', metavar='IN.params',
                          help='parameters to convert with the graph (arg:/aux: keys)')
     convert.add_argument('--exclude', nargs='+', default=[], metavar='NAME',
@@ -73,6 +82,7 @@ def _convert(args):
     import mxnet as mx
 
     from .graph import GraphError, convert_graph, format_report, load_graph
+    from .policy import canonical_ops
     from .symbol import convert_model, load_params, make_policy, save_model
 
     if not os.path.isfile(args.symbol):
@@ -87,6 +97,9 @@ def _convert(args):
     except GraphError as err:
         raise GraphError('%s: %s' % (args.symbol, err))
     ctx = mx.cpu() if args.cpu else None
+    # Operator names are checked here so that errors name the options as typed.
+    canonical_ops(args.fp32_ops, '--fp32-ops')
+    canonical_ops(args.lp_ops, '--lp-ops')
     if args.cpu_class is not None and args.dtype != 'bfloat16':
         raise ValueError('--cpu-class applies to --dtype bfloat16 (float16 graphs for a CPU: --cpu)')
     overrides = dict(exclude=args.exclude, fp32_ops=args.fp32_ops, lp_ops=args.lp_ops, ctx=ctx,

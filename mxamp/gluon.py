@@ -501,7 +501,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
         float32 on other CPUs, see `mxamp.hardware.resolve_dtype`; decided from
         the context of the net's parameters, else from the machine),
         ``'float16'`` or ``'bfloat16'`` (aliases ``'fp16'``, ``'bf16'``...).
-        ``'float32'`` leaves `net` untouched.  bfloat16 on a CPU without
+        ``'float32'`` leaves `net` untouched (`summary` says so).  bfloat16 on a CPU without
         bfloat16 kernels (`mxamp.hardware.cpu_class` ``'avx2'`` or
         ``'avx512'``) stores the same parameters in bfloat16 and computes every
         op in FP32 (one warning per process).
@@ -541,10 +541,12 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     ctxs = _net_contexts(net)
     name = resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
+        # Not converted; summary() says why ('auto': resolve_dtype warned once already).
         if isinstance(dtype, str) and dtype.lower() == 'auto':
-            # Not converted; summary() says why (resolve_dtype warned once already).
-            net._mxamp_auto_float32 = ("dtype='auto' kept it in float32 on this %s"
-                                       % hardware.describe_cpu_class())
+            net._mxamp_float32_reason = ("dtype='auto' kept it in float32 on this %s"
+                                         % hardware.describe_cpu_class())
+        else:
+            net._mxamp_float32_reason = 'mxamp.convert was asked for float32 (%r)' % (dtype,)
         return net
     fp32 = _fp32_graph(net)
     node_names = [n['name'] for n in json.loads(fp32.tojson())['nodes'] if n['op'] != 'null']
@@ -605,9 +607,9 @@ def summary(net, print_fn=print):
     -------
     str
     """
-    auto_float32 = getattr(net, '_mxamp_auto_float32', None)
-    if auto_float32 is not None and not is_converted(net):
-        text = 'mxamp summary: %s runs in float32: %s' % (_describe(net), auto_float32)
+    float32_reason = getattr(net, '_mxamp_float32_reason', None)
+    if float32_reason is not None and not is_converted(net):
+        text = 'mxamp summary: %s runs in float32: %s' % (_describe(net), float32_reason)
         if print_fn is not None:
             print_fn(text)
         return text

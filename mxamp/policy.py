@@ -388,6 +388,22 @@ def canonical(op):
     return registered_ops()[op]
 
 
+def canonical_ops(ops, what):
+    """Canonical names of operator names `ops`; ValueError naming `what` for an unknown one.
+
+    `what` is the option as the caller's interface spells it (``'fp32_ops'`` in
+    Python, ``'--fp32-ops'`` on the command line).
+    """
+    out = []
+    for op in ops:
+        try:
+            out.append(canonical(op))
+        except KeyError:
+            raise ValueError('%s: operator %r is not registered in MXNet %s'
+                             % (what, op, mx.__version__))
+    return out
+
+
 def base_class(op):
     """The dtype-independent class of a canonical op: one of CLASSES or 'conditional'."""
     if op in _CONDITIONAL:
@@ -447,8 +463,8 @@ class Policy(object):
     def __init__(self, dtype, fp32_ops=(), lp_ops=(), exclude=(), batchnorm_data='low',
                  emulate_float16=False, cpu_class=AVX512_BF16):
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
-        self.fp32_ops = frozenset(self._canonical_list(fp32_ops, '--fp32-ops'))
-        self.lp_ops = frozenset(self._canonical_list(lp_ops, '--lp-ops'))
+        self.fp32_ops = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
+        self.lp_ops = frozenset(canonical_ops(lp_ops, 'lp_ops'))
         both = self.fp32_ops & self.lp_ops
         if both:
             raise ValueError('operators both forced to FP32 and to low precision: %s'
@@ -461,17 +477,6 @@ class Policy(object):
         if cpu_class not in CPU_CLASSES:
             raise ValueError('cpu_class=%r: expected one of %s' % (cpu_class, ', '.join(CPU_CLASSES)))
         self.cpu_class = cpu_class
-
-    @staticmethod
-    def _canonical_list(ops, what):
-        out = []
-        for op in ops:
-            try:
-                out.append(canonical(op))
-            except KeyError:
-                raise ValueError('%s: operator %r is not registered in MXNet %s'
-                                 % (what, op, mx.__version__))
-        return out
 
     def __repr__(self):
         return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, cpu_class=%r)'

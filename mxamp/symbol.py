@@ -61,8 +61,12 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     ----------
     sym : mx.sym.Symbol or str
         The FP32 graph, or its JSON text.
-    dtype : {'bfloat16', 'float16'}
-        Target low precision.
+    dtype : str
+        Target low precision: ``'bfloat16'`` or ``'float16'`` (aliases
+        ``'bf16'``, ``'fp16'``, ``'half'``), or ``'auto'``: the fastest
+        precision this machine computes (`mxamp.hardware.resolve_dtype`, with
+        `ctx`).  ``'float32'`` (also what ``'auto'`` gives on a CPU without
+        native bfloat16) returns the graph unchanged, as `mxamp.convert` does.
     params : iterable of str, optional
         Names of the variables that are parameters.  Those consumed only by
         low-precision ops are declared in `dtype`, so their values must be stored
@@ -108,6 +112,9 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     >>> bf16 = mxamp.convert_symbol(sym, 'bfloat16')
     >>> bf16.save('resnet50_bf16-symbol.json')
     """
+    dtype = hardware.resolve_dtype(dtype, ctx)
+    if dtype == 'float32':
+        return _fp32_symbol(sym)
     policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
     return convert_graph(sym, policy, params=params or (), input_types=input_types,
                          shapes=input_shapes, portable=portable).symbol
@@ -130,7 +137,9 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     -------
     (mx.sym.Symbol, dict, dict)
         The converted symbol and its ``arg_params``, ``aux_params``; with
-        ``return_conversion=True`` a fourth item, the `mxamp.graph.Conversion`.
+        ``return_conversion=True`` a fourth item, the `mxamp.graph.Conversion`
+        (None when `dtype` is, or ``'auto'`` resolves to, ``'float32'``: then
+        the checkpoint comes back unchanged).
 
     Raises
     ------
@@ -145,6 +154,10 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     """
     graph = load_graph(sym)
     check_params(graph, arg_params, aux_params, input_shapes)
+    dtype = hardware.resolve_dtype(dtype, ctx)
+    if dtype == 'float32':
+        result = (_fp32_symbol(sym), arg_params, aux_params)
+        return result + (None,) if return_conversion else result
     policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
     names = list(arg_params) + list(aux_params)
     shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
@@ -157,6 +170,13 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
                 for name, value in values.items()}
     result = (conversion.symbol, converted(arg_params), converted(aux_params))
     return result + (conversion,) if return_conversion else result
+
+
+def _fp32_symbol(source):
+    """`source` (Symbol, JSON text or parsed graph) as a Symbol, unchanged."""
+    if isinstance(source, mx.sym.Symbol):
+        return source
+    return mx.sym.load_json(json.dumps(load_graph(source)))
 
 
 def check_params(graph, arg_params, aux_params, input_shapes=None):

@@ -161,10 +161,29 @@ def test_unknown_dtype_and_bad_shape_option_exit_2(model, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(['convert', model + '-symbol.json', '-o', 'x', '--dtype', 'float8'])
     assert exit_info.value.code == 2
-    assert "invalid choice: 'float8'" in capsys.readouterr().err
+    assert "unknown dtype 'float8'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         cli.main(['convert', model + '-symbol.json', '-o', 'x', '--dtype', 'float16', '--input-shape', 'data=a'])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize('alias, dtype', [('fp16', 'float16'), ('half', 'float16'),
+                                          ('bf16', 'bfloat16'), ('BFloat16', 'bfloat16')])
+def test_dtype_aliases_are_those_of_the_python_api(model, tmp_path, capsys, alias, dtype):
+    status, out, err = convert(capsys, model + '-symbol.json', '-o', str(tmp_path / 'x'),
+                               '--dtype', alias, '--report')
+    assert status == 0, err
+    assert '  %s  ' % dtype in out.splitlines()[0]        # the report's header names the dtype
+
+
+def test_option_errors_name_the_command_line_option(model, tmp_path, capsys):
+    for option in ('--fp32-ops', '--lp-ops'):
+        status, _, err = convert(capsys, model + '-symbol.json', '-o', str(tmp_path / 'x'),
+                                 '--dtype', 'bfloat16', option, 'Convolutoin')
+        assert status == 2
+        assert err == "mxamp: error: %s: operator 'Convolutoin' is not registered in MXNet 1.9.1\n" \
+            % option
+    assert not any(name.startswith('x') for name in os.listdir(str(tmp_path)))
 
 
 def test_missing_output_directory_is_reported(model, tmp_path, capsys):

@@ -523,3 +523,10 @@ def test_summary_lists_ops_dtypes_and_casts(capsys):
         assert 'bfloat16 storage, FP32 compute' in text
         assert 'casts: ' in text and 'bfloat16->float32' in text   # the weights, read in FP32
     assert 'parameters: ' in text
+
+
+def test_float32_leaves_the_net_as_it_is_and_summary_says_so():
+    net = make()
+    assert mg.convert(net, 'fp32') is net and not mg.is_converted(net)
+    text = mg.summary(net, print_fn=None)
+    assert text.startswith('mxamp summary: ') and "asked for float32 ('fp32')" in text

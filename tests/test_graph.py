@@ -464,3 +464,29 @@ def test_zero_channel_padding_is_exact_in_forward_and_backward(kernel, data_shap
         want, got = grads['fp32'][key], grads['bf16'][key]
         assert got.shape == want.shape, key
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), key
+
+
+def test_auto_and_float32_mean_for_symbols_what_they_mean_for_gluon(monkeypatch):
+    # 'auto' is this machine's fastest precision; 'float32' (and 'auto' on a CPU
+    # without native bfloat16) leaves the checkpoint as it is, as mxamp.convert does.
+    import warnings
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    for klass, expected in (('avx2', 'float32'), ('avx512_bf16', 'bfloat16')):
+        monkeypatch.setattr(hardware, 'cpu_class', lambda: klass)
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')     # 'auto' stays float32: said once per process
+            sym, c_args, c_auxs, conversion = convert_model(symbol, args, auxs, 'auto',
+                                                            ctx=mx.cpu(), return_conversion=True)
+            graph_only = convert_symbol(symbol.tojson(), 'auto', ctx=mx.cpu())
+        if expected == 'float32':
+            assert conversion is None and sym is symbol and c_args is args and c_auxs is auxs
+            assert graph_only.tojson() == symbol.tojson()
+        else:
+            assert conversion.dtype == 'bfloat16' and c_args['conv0_weight'].dtype == BFLOAT16
+            assert CAST_SUFFIX in graph_only.tojson(remove_amp_cast=False)
+    assert convert_model(symbol, args, auxs, 'float32')[0] is symbol
+    assert convert_symbol(symbol, 'fp32') is symbol
+    assert convert_model(symbol, args, auxs, 'bf16')[1]['fc_weight'].dtype == BFLOAT16
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        convert_symbol(symbol, 'float8')

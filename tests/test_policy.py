@@ -98,7 +98,7 @@ def test_overrides_by_op_node_and_pattern():
 def test_policy_errors_are_precise():
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         Policy('float8')
-    with pytest.raises(ValueError, match="'NoSuchOp' is not registered"):
+    with pytest.raises(ValueError, match="^fp32_ops: operator 'NoSuchOp' is not registered"):
         Policy('float16', fp32_ops=['NoSuchOp'])
     with pytest.raises(ValueError, match='both forced'):
         Policy('float16', fp32_ops=['Pooling'], lp_ops=['Pooling'])
