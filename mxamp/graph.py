@@ -608,14 +608,21 @@ def _through_cast(nodes, nid):
 
 
 def format_report(conversion):
-    """A text table: per operator, how many nodes run in which precision; then the casts."""
+    """A text table: per operator, how many nodes compute in which precision; then the casts.
+
+    A node computing in FP32 between low-precision casts (float16 on a CPU)
+    counts as float32, the precision it computes in; a line after the table
+    says how many of them store their data in low precision.
+    """
     low = conversion.dtype
+    computes = {name: 'float32' if name in conversion.fp32_compute else precision
+                for name, precision in conversion.node_precision.items()}
     per_op = collections.OrderedDict()
     for name in sorted(conversion.node_op, key=lambda n: conversion.node_op[n]):
         counts = per_op.setdefault(conversion.node_op[name], collections.Counter())
-        counts[conversion.node_precision[name]] += 1
+        counts[computes[name]] += 1
     rows = [(op, str(sum(c.values())), str(c[low]), str(c['float32'])) for op, c in per_op.items()]
-    total = collections.Counter(conversion.node_precision.values())
+    total = collections.Counter(computes.values())
     rows.append(('total', str(sum(total.values())), str(total[low]), str(total['float32'])))
     header = ('operator', 'nodes', low, 'float32')
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(4)]
@@ -625,6 +632,9 @@ def format_report(conversion):
         return '  '.join(cell.ljust(w) if i == 0 else cell.rjust(w)
                          for i, (cell, w) in enumerate(zip(row, widths)))
     lines = [line(header), rule] + [line(r) for r in rows[:-1]] + [rule, line(rows[-1])]
+    if conversion.fp32_compute:
+        lines.append('of the float32 nodes, %d compute in FP32 between %s casts (%s storage, '
+                     'no %s kernel on this device)' % (len(conversion.fp32_compute), low, low, low))
     casts = ', '.join('%d %s->%s' % (n, a, b) for (a, b), n in sorted(conversion.casts.items()))
     lines.append('casts inserted: %s' % (casts or 'none'))
     lines.append('parameters stored in %s: %d' % (low, len(conversion.lp_params)))

@@ -195,6 +195,12 @@ def test_float16_on_cpu_computes_gemm_in_fp32_between_float16_casts():
     got = run(converted, c_args, c_auxs, data)[0]
     assert np.abs(got - run(symbol, args, auxs, data)[0]).max() < 0.01
     assert check_graph(converted, make_policy('float16', ctx=mx.cpu())) == []
+    # The report says what computes: the GEMMs in FP32, the rest in float16.
+    lines = format_report(conversion).splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:] if line[:1].isalpha()}
+    assert rows['Convolution'] == ['2', '0', '2'] and rows['FullyConnected'] == ['1', '0', '1']
+    assert rows['BatchNorm'] == ['1', '1', '0']
+    assert 'of the float32 nodes, 3 compute in FP32 between float16 casts' in '\n'.join(lines)
 
 
 def test_save_load_keeps_casts_and_types(tmp_path):
