@@ -70,9 +70,8 @@ from mxnet import autograd
 from mxnet.gluon import Block, HybridBlock
 
 from . import graph as graph_mod
-from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
 from . import hardware
-from .hardware import resolve_dtype
+from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
 from .policy import Policy
 
 __all__ = ['convert', 'summary', 'is_converted']
@@ -366,7 +365,8 @@ def _warn_float16_cpu():
         warnings.warn('mxamp: float16 on a CPU: MXNet 1.9.1 has no float16 convolution, '
                       'fully-connected or GEMM kernels on CPU, so these ops compute in FP32 '
                       'between float16 casts (float16 storage, FP32 accumulation, like '
-                      'tensor cores); other ops run in float16', RuntimeWarning, stacklevel=hardware.user_stacklevel())
+                      'tensor cores); other ops run in float16', RuntimeWarning,
+                      stacklevel=hardware.user_stacklevel())
 
 
 def _warn_bfloat16_storage_only():
@@ -539,7 +539,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
         raise ValueError('%s is already converted by mxamp (to %s)'
                          % (_describe(net), net._mxamp_settings.dtype))
     ctxs = _net_contexts(net)
-    name = resolve_dtype(dtype, ctxs[0] if ctxs else None)
+    name = hardware.resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
         # Not converted; summary() says why ('auto': resolve_dtype warned once already).
         if isinstance(dtype, str) and dtype.lower() == 'auto':

@@ -46,7 +46,7 @@ import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 
 from .dtypes import LOW_PRECISION, dtype_name
-from .hardware import AMX, AVX2, AVX512, AVX512_BF16, CPU_CLASSES
+from .hardware import AVX512_BF16, CPU_CLASSES, computes_bfloat16
 
 LOW, FLOAT32, WIDEST, NEUTRAL = 'low', 'float32', 'widest', 'neutral'
 CLASSES = (LOW, FLOAT32, WIDEST, NEUTRAL)
@@ -277,11 +277,11 @@ BFLOAT16_CPU_OPS = BFLOAT16_CPU_KERNELS - BFLOAT16_CPU_SLOW
 # AVX512-BF16): oneDNN emulates bfloat16 at about half FP32's speed (oneDNN's own
 # estimate; not measured on such a CPU by this project).  Both therefore compute
 # nothing in bfloat16.  'amx' uses the table measured on 'avx512_bf16': the
-# project's AMX measurements (README, "Performance") ran with it.
+# project's AMX measurements (README, "Performance") ran with it.  Which classes
+# compute bfloat16 at all is mxamp.hardware's answer (computes_bfloat16), so that
+# 'auto', the scripts and this table agree.
 BFLOAT16_CPU_OPS_BY_CLASS = {
-    AVX2: frozenset(), AVX512: frozenset(),
-    AVX512_BF16: BFLOAT16_CPU_OPS, AMX: BFLOAT16_CPU_OPS,
-}
+    klass: BFLOAT16_CPU_OPS if computes_bfloat16(klass) else frozenset() for klass in CPU_CLASSES}
 
 # Ops whose bfloat16 CPU kernel exists only for some attributes (measured; the
 # others fall back to MXNet's own kernels, which reject bfloat16).
@@ -519,7 +519,7 @@ class Policy(object):
         node): low-precision parameters are stored in bfloat16 and cast to FP32
         where they are used.
         """
-        return self.dtype == 'bfloat16' and not BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
+        return self.dtype == 'bfloat16' and not computes_bfloat16(self.cpu_class)
 
     def computes_low(self, op, attrs=None):
         """Whether a node that `op_class` puts in low precision computes in it on the target.
@@ -533,7 +533,7 @@ class Policy(object):
         op = canonical(op)
         if op in self.lp_ops:
             return not self.bfloat16_storage_only
-        return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class] or op in CAST_OPS
+        return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
 
     def computes_in_float32(self, op):
         """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""
