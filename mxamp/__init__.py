@@ -3,8 +3,9 @@
 float16 on NVIDIA GPUs, bfloat16 on CPUs with AVX512-BF16/AMX.  One precision
 policy (`mxamp.policy`) and one graph rewrite (`mxamp.graph`) serve the Symbol
 front (`convert_symbol`, `convert_model`, the ``mxamp convert`` tool) and the
-Gluon front (`convert`); FP32 master weights (`MultiPrecision`) and the
-loss-scaling `Trainer` work with either.
+Gluon front (`convert`); FP32 master weights (`MultiPrecision`), the
+loss-scaling `Trainer` (Gluon) and `ModuleTrainer` (``mx.mod.Module``) train
+what they produce.
 """
 import os
 
@@ -27,7 +28,8 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .graph import GraphError  # noqa: E402
     from .symbol import convert_model, convert_symbol  # noqa: E402
     from .trainer import LossScaler, Trainer  # noqa: E402
+    from .module import ModuleTrainer  # noqa: E402
 
 __version__ = '0.1.0'
-__all__ = ['convert', 'summary', 'convert_symbol', 'convert_model', 'Trainer', 'LossScaler', 'MultiPrecision',
+__all__ = ['convert', 'summary', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer']

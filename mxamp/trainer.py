@@ -550,8 +550,12 @@ def _as_param_list(params):
     return list(params)
 
 
-def _make_scaler(loss_scale, params):
-    """LossScaler or None for the Trainer's `loss_scale` argument."""
+def make_loss_scaler(loss_scale, trainable_dtypes):
+    """The LossScaler (or None) for a trainer's `loss_scale` argument.
+
+    ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes of the
+    trainable parameters) is float16, off otherwise; a number is a fixed scale.
+    """
     if isinstance(loss_scale, LossScaler):
         return loss_scale
     if loss_scale is None:
@@ -560,7 +564,7 @@ def _make_scaler(loss_scale, params):
         if loss_scale == 'dynamic':
             return LossScaler()
         if loss_scale == 'auto':
-            if any(_precision(p.dtype) == 'float16' for p in params if p.grad_req != 'null'):
+            if any(_precision(dtype) == 'float16' for dtype in trainable_dtypes):
                 return LossScaler()
             return None
         raise ValueError("loss_scale must be 'auto', 'dynamic', a positive number, None or a "
@@ -669,7 +673,8 @@ class Trainer(gluon.Trainer):
         else:
             raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %r'
                             % (optimizer,))
-        self._loss_scaler = _make_scaler(loss_scale, param_list)
+        self._loss_scaler = make_loss_scaler(
+            loss_scale, [p.dtype for p in param_list if p.grad_req != 'null'])
         self._fp32_buffers = {}
         kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
         # MXNet 1.9.1's kvstore servers abort on bfloat16 ("Unknown type enum 12"):

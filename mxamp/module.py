@@ -1,0 +1,352 @@
+"""Mixed-precision training with ``mx.mod.Module``: the Symbol API's `mxamp.Trainer`.
+
+This module owns :class:`ModuleTrainer`, which runs the training step of a
+bound Module whose graph came from `mxamp.convert_symbol` (or
+`mxamp.convert_model`): FP32 master weights (:mod:`mxamp.optimizer`), loss
+scaling (:class:`mxamp.LossScaler`), the sum of the gradients over devices and
+workers (bfloat16 included, which MXNet's kvstore servers abort on), and
+checkpoints of the whole training state (parameters in FP32, optimizer states,
+update counts, loss scaler), so that a resumed run continues bit-exactly.
+
+MXNet internals relied on (MXNet 1.9.1):
+
+* ``Module._exec_group``: ``param_names``, ``param_arrays``, ``grad_arrays``
+  and ``aux_names``/``aux_arrays`` (per parameter, its array on every device:
+  the initial broadcast, the gradient sum, the running statistics);
+* ``Module._sync_params_from_devices``: ``get_params()`` returns a cache that
+  only ``update()`` refreshes, but forward passes move BatchNorm's running
+  statistics also when every step was skipped;
+* ``Module._updater``'s ``get_states`` / ``set_states`` (the optimizer states
+  of a checkpoint);
+* ``mx.optimizer.Optimizer``'s ``_all_index_update_counts`` and
+  ``_index_update_count`` (the per-weight update counts that bias corrections
+  and schedules read: restored so a resumed run continues bit-exactly);
+* through :meth:`mxamp.LossScaler.update_module`: ``Module._optimizer``,
+  ``_kvstore`` and ``_update_on_kvstore``.
+"""
+import pickle
+import warnings
+
+import mxnet as mx
+
+from . import optimizer as _mp_optimizer
+from .dtypes import cast, cast_into, name_of_array
+from .trainer import make_loss_scaler
+
+__all__ = ['ModuleTrainer']
+
+_STATE_FORMAT = 'mxamp.ModuleTrainer/1'
+
+
+def _fp32_pushpull(kvstore, key, arrays):
+    """Sum `arrays` (one per device) over devices and workers, in place.  No host sync.
+
+    bfloat16 crosses the kvstore as FP32 copies and is rounded back once:
+    MXNet 1.9.1's servers abort on bfloat16 ("Unknown type enum 12").
+    """
+    wire = [cast(a, 'float32') if name_of_array(a) == 'bfloat16' else a for a in arrays]
+    kvstore.pushpull(key, wire, out=wire, priority=-key)
+    for value, target in zip(wire, arrays):
+        if value is not target:
+            cast_into(value, target)
+
+
+class ModuleTrainer(object):
+    """Train a bound ``mx.mod.Module`` in mixed precision.
+
+    The Symbol API's counterpart of :class:`mxamp.Trainer`: give it the Module
+    of a converted graph and call :meth:`backward` and :meth:`step` instead of
+    ``module.backward()`` and ``module.update()``.
+
+    * The optimizer gets FP32 master weights for float16 and bfloat16 weights
+      (:func:`mxamp.optimizer.create`).
+    * The loss scale reaches the gradients through ``backward``'s head
+      gradients, so the graph's outputs must be losses that take head
+      gradients (a per-sample loss, e.g. ``-log_softmax`` picked at the label);
+      ``SoftmaxOutput`` and ``MakeLoss`` ignore them.  Other outputs under
+      ``BlockGrad`` (logits for metrics) are fine.
+    * Gradients are summed over the Module's devices and, with a distributed
+      kvstore, over workers, before the overflow check: every worker sees the
+      same sums, so all of them skip the same steps.  The optimizer runs in
+      this process (the states are here for :meth:`save_states`).
+    * Initial weights are broadcast from worker 0 (or device 0) at
+      construction, as ``gluon.Trainer`` does.
+
+    Parameters
+    ----------
+    module : mx.mod.Module
+        Bound with ``for_training=True``, parameters initialised, no optimizer yet.
+    optimizer : str or mxamp optimizer
+        A name (``'sgd'``, ``'nag'``, ``'adam'``, ...: created with
+        `optimizer_params` by :func:`mxamp.optimizer.create`) or an optimizer
+        made by :func:`mxamp.optimizer.create`.
+    optimizer_params : dict, optional
+        Keyword arguments of the optimizer when `optimizer` is a name.  Without
+        ``rescale_grad``, it is ``1 / (batch size x number of workers)``:
+        gradients are sums over every sample of the step.
+    kvstore : str or mx.kv.KVStore or None, default 'device'
+        Where gradients are summed: a type for ``mx.kv.create`` (``'device'``,
+        ``'local'``, ``'dist_sync'``, ...) or a KVStore.  A local kvstore is
+        only created when the Module has more than one device.
+    loss_scale : 'auto', 'dynamic', float, None or LossScaler, default 'auto'
+        As for :class:`mxamp.Trainer`: ``'auto'`` is dynamic when a trainable
+        parameter is float16, off otherwise.
+
+    Examples
+    --------
+    >>> import mxnet as mx, mxamp
+    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=1, name='fc')
+    >>> loss = mx.sym.square(mx.sym.reshape(fc, (-1,)) - mx.sym.var('label'), name='loss')
+    >>> sym = mxamp.convert_symbol(loss, 'float16', params=['fc_weight', 'fc_bias'],
+    ...                            ctx=mx.cpu())
+    >>> mod = mx.mod.Module(sym, data_names=['data'], label_names=['label'])
+    >>> mod.bind(data_shapes=[('data', (8, 4))], label_shapes=[('label', (8,))])
+    >>> mod.init_params(mx.init.Zero())
+    >>> trainer = mxamp.ModuleTrainer(mod, 'sgd', {'learning_rate': 0.1})
+    >>> batch = mx.io.DataBatch([mx.nd.full((8, 4), 0.01)], [mx.nd.full((8,), 0.01)])
+    >>> mod.forward(batch, is_train=True)
+    >>> trainer.backward()
+    >>> trainer.step()          # False when skipped for overflow
+    True
+    """
+
+    def __init__(self, module, optimizer, optimizer_params=None, kvstore='device',
+                 loss_scale='auto'):
+        if not isinstance(module, mx.mod.Module):
+            raise TypeError('ModuleTrainer: module must be an mx.mod.Module, got %s'
+                            % type(module).__name__)
+        if not (module.binded and module.for_training and module.params_initialized):
+            raise RuntimeError('ModuleTrainer: bind the module with for_training=True and call '
+                               'init_params() first')
+        if module.optimizer_initialized:
+            raise RuntimeError('ModuleTrainer: the module already has an optimizer; '
+                               'ModuleTrainer creates it (do not call init_optimizer())')
+        self._module = module
+        group = module._exec_group
+        self._kvstore = self._create_kvstore(kvstore, len(group.contexts))
+        self._optimizer = self._create_optimizer(optimizer, optimizer_params or {})
+        with warnings.catch_warnings():
+            # Module warns when rescale_grad is not 1/batch: here it covers every
+            # worker's batch, and the loss scale, on purpose.
+            warnings.filterwarnings('ignore', message='Optimizer created manually')
+            module.init_optimizer(kvstore=None, optimizer=self._optimizer)
+        trainable = [name_of_array(per_device[0]) for per_device, grads
+                     in zip(group.param_arrays, group.grad_arrays) if grads[0] is not None]
+        self._scaler = make_loss_scaler(loss_scale, trainable)
+        self._backward_scaled = False
+        self._ones = {}
+        if self._kvstore is not None:
+            self._broadcast(group.param_arrays)
+
+    # -- construction --------------------------------------------------------------
+    @staticmethod
+    def _create_kvstore(kvstore, num_devices):
+        if kvstore is None or isinstance(kvstore, mx.kv.KVStore):
+            return kvstore
+        if not isinstance(kvstore, str):
+            raise TypeError('ModuleTrainer: kvstore must be a type name, a KVStore or None, '
+                            'got %r' % (kvstore,))
+        if 'dist' in kvstore or num_devices > 1:
+            return mx.kv.create(kvstore)
+        return None
+
+    def _create_optimizer(self, optimizer, params):
+        if isinstance(optimizer, str):
+            params = dict(params)
+            if 'rescale_grad' not in params:
+                workers = self._kvstore.num_workers if self._kvstore is not None else 1
+                params['rescale_grad'] = 1.0 / (self._module._exec_group.batch_size * workers)
+            return _mp_optimizer.create(optimizer, **params)
+        if params:
+            raise ValueError('ModuleTrainer: optimizer_params are for an optimizer given by '
+                             'name; %s is already created' % type(optimizer).__name__)
+        if not isinstance(optimizer, _mp_optimizer.MultiPrecision):
+            raise TypeError('ModuleTrainer: optimizer must be a name or made by '
+                            'mxamp.optimizer.create() (FP32 master weights), got %s'
+                            % type(optimizer).__name__)
+        return optimizer
+
+    def _broadcast(self, weights):
+        """Every device and worker starts from worker 0's device-0 weights (via FP32)."""
+        for key, per_device in enumerate(weights):
+            fp32 = [cast(w, 'float32') for w in per_device]
+            self._kvstore.init(key, fp32[0])
+            self._kvstore.pull(key, out=fp32, priority=-key)
+            for value, target in zip(fp32, per_device):
+                if value is not target:
+                    cast_into(value, target)
+        # The pulls write the weights, the first gradient push reads other arrays:
+        # without this wait the engine may serve the push first (see mxamp.Trainer).
+        for per_device in weights:
+            for weight in per_device:
+                weight.wait_to_read()
+
+    # -- state ---------------------------------------------------------------------
+    @property
+    def module(self):
+        """The Module being trained."""
+        return self._module
+
+    @property
+    def optimizer(self):
+        """The optimizer (with FP32 master weights)."""
+        return self._optimizer
+
+    @property
+    def kvstore(self):
+        """The KVStore summing gradients, or None (one device, one worker)."""
+        return self._kvstore
+
+    @property
+    def loss_scaler(self):
+        """The :class:`mxamp.LossScaler`, or None when loss scaling is off."""
+        return self._scaler
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (1.0 when scaling is off).  No host sync."""
+        return 1.0 if self._scaler is None else self._scaler.loss_scale
+
+    @property
+    def skipped_steps(self):
+        """Steps skipped for overflow so far."""
+        return 0 if self._scaler is None else self._scaler.skipped_steps
+
+    def aux_arrays(self):
+        """Per auxiliary state (BatchNorm's running statistics), its array on every device.
+
+        The live arrays (not copies): for averaging the statistics over
+        workers, whose data differ.
+        """
+        return self._module._exec_group.aux_arrays
+
+    # -- the step --------------------------------------------------------------------
+    def out_grads(self, outputs=None):
+        """Head gradients for ``module.backward``: the loss scale, shaped like `outputs`.
+
+        `outputs` defaults to ``module.get_outputs()``.  Calling this marks the
+        step as scaled (as :meth:`backward` does), for who calls
+        ``module.backward(trainer.out_grads())`` directly.  No host sync.
+        """
+        outputs = self._module.get_outputs() if outputs is None else outputs
+        self._backward_scaled = True
+        if self._scaler is not None:
+            return self._scaler.out_grads(outputs)
+        grads = []
+        for out in outputs:
+            name = name_of_array(out) or 'float32'
+            key = (out.shape, out.context, name)
+            if key not in self._ones:
+                self._ones[key] = cast(mx.nd.ones(out.shape, ctx=out.context), name)
+            grads.append(self._ones[key])
+        return grads
+
+    def backward(self):
+        """``module.backward`` with the loss scale as head gradient.  No host sync."""
+        self._module.backward(out_grads=self.out_grads())
+
+    def step(self):
+        """Sum the gradients, then update the weights or skip the step on overflow.
+
+        Call after :meth:`backward`, instead of ``module.update()``.
+        **One host sync** with loss scaling (the overflow check), none without.
+
+        Returns
+        -------
+        bool
+            True when the update was applied, False when it was skipped.
+
+        Raises
+        ------
+        RuntimeError
+            When no :meth:`backward` (or :meth:`out_grads`) came since the last
+            step: gradients from ``module.backward()`` without head gradients
+            are not scaled, and dividing them by the loss scale would shrink
+            every update without a word.
+        """
+        if not self._backward_scaled:
+            raise RuntimeError('ModuleTrainer.step(): no trainer.backward() since the last step; '
+                               'call trainer.backward() instead of module.backward() (it gives '
+                               'the loss scale as head gradient)')
+        self._backward_scaled = False
+        group = self._module._exec_group
+        if self._kvstore is not None:
+            for key, grads in enumerate(group.grad_arrays):
+                if grads[0] is not None:
+                    _fp32_pushpull(self._kvstore, key, grads)
+        if self._scaler is None:
+            self._module.update()
+            return True
+        return self._scaler.update_module(self._module)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save_params(self, fname):
+        """Write the parameters in FP32 (``arg:``/``aux:`` names, as
+        ``mx.model.save_checkpoint``): the FP32 network loads them too.  Host sync."""
+        self._module._sync_params_from_devices()
+        arg, aux = self._module.get_params()
+        values = {'arg:' + k: cast(v, 'float32') for k, v in arg.items()}
+        values.update({'aux:' + k: cast(v, 'float32') for k, v in aux.items()})
+        mx.nd.save(fname, values)
+
+    def load_params(self, fname):
+        """Load parameters saved by :meth:`save_params` (or any FP32 checkpoint), cast
+        to the dtypes of the Module's graph.
+
+        Raises
+        ------
+        KeyError
+            When `fname` lacks parameters of the Module (all are named).
+        """
+        loaded = mx.nd.load(fname)
+        arg, aux = self._module.get_params()
+        missing = [kind + name for kind, values in (('arg:', arg), ('aux:', aux))
+                   for name in values if kind + name not in loaded]
+        if missing:
+            raise KeyError('%s: missing parameters %s' % (fname, ', '.join(missing)))
+        for kind, values in (('arg:', arg), ('aux:', aux)):
+            for name, value in values.items():
+                values[name] = cast(loaded[kind + name], name_of_array(value))
+        self._module.set_params(arg, aux, force_init=True)
+
+    def state_dict(self):
+        """Optimizer states, update counts and the loss scaler, picklable.  Host sync."""
+        opt = self._optimizer
+        return {'format': _STATE_FORMAT,
+                'updater': self._module._updater.get_states(dump_optimizer=False),
+                'num_update': opt.num_update,
+                'index_update_counts': opt._all_index_update_counts,
+                'loss_scaler': None if self._scaler is None else self._scaler.state_dict()}
+
+    def load_state_dict(self, state):
+        """Restore what :meth:`state_dict` returned.
+
+        Raises
+        ------
+        ValueError
+            When `state` is not a ModuleTrainer state, or its loss scaling does
+            not match this trainer's (one has a scaler, the other not).
+        """
+        if not isinstance(state, dict) or state.get('format') != _STATE_FORMAT:
+            raise ValueError('not a ModuleTrainer state (expected format %r)' % _STATE_FORMAT)
+        if (state['loss_scaler'] is None) != (self._scaler is None):
+            raise ValueError('the state was saved %s loss scaling and this trainer runs %s it'
+                             % (('without', 'with') if self._scaler is not None
+                                else ('with', 'without')))
+        self._module._updater.set_states(state['updater'])
+        opt = self._optimizer
+        opt.num_update = state['num_update']
+        opt._all_index_update_counts = state['index_update_counts']
+        opt._index_update_count = opt._all_index_update_counts[0]
+        if self._scaler is not None:
+            self._scaler.load_state_dict(state['loss_scaler'])
+
+    def save_states(self, fname):
+        """Write :meth:`state_dict` to `fname` (pickle).  Host sync."""
+        with open(fname, 'wb') as handle:
+            pickle.dump(self.state_dict(), handle)
+
+    def load_states(self, fname):
+        """Restore what :meth:`save_states` wrote (see :meth:`load_state_dict`)."""
+        with open(fname, 'rb') as handle:
+            self.load_state_dict(pickle.load(handle))
