@@ -28,7 +28,11 @@ The same with the Symbol API: ``--symbol resnet --num-layers 50`` instead of
 ``--model``.  On a CPU: ``--dtype auto`` (or ``bfloat16``).  The log and the
 summary say how the precision ran (native, or bfloat16 storage with FP32
 compute) and on which CPU class.  Continue after an interruption, bit-exactly:
-add ``--resume``.
+add ``--resume``.  A job that may be pre-empted and restarted with the same
+command line: add ``--resume auto`` (continues from the newest checkpoint, or
+starts from scratch when there is none, and logs which).  ``--no-progress``
+hides the progress bar only; the log lines go to stderr and ``train.log``
+either way.
 
 Seconds-long runs on built-in data (what ``make demo`` and the tests use)::
 
@@ -70,9 +74,11 @@ Outputs in ``--save-dir`` (``<prefix>`` is ``--save-prefix``, by default the
 model name): ``<prefix>-<epoch>.params`` (FP32 values, loadable by an FP32
 network), ``<prefix>-<epoch>.states`` (optimizer state, FP32 master weights,
 loss scaler), ``<prefix>-<epoch>.json`` (epoch, step, seeds, metrics),
-``<prefix>-metrics.csv`` (one row per epoch), ``<prefix>-summary.json`` and
-``train.log``.  Bad input (missing data, unknown model or dtype, nothing to
-resume) prints one line and exits with status 2.
+``<prefix>-metrics.csv`` (one row per epoch: learning rate and loss scale at
+its end, training loss, validation top-1/top-5, img/s, seconds, steps skipped
+for inf/NaN gradients in the epoch and in total, peak RSS),
+``<prefix>-summary.json`` and ``train.log``.  Bad input (missing data, unknown
+model or dtype, nothing to resume) prints one line and exits with status 2.
 
 Internals relied on (MXNet 1.9.1 and mxamp):
 
@@ -107,6 +113,7 @@ import time
 import warnings
 
 import numpy as np
+from tqdm import tqdm
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _path in (_HERE, os.path.dirname(_HERE)):   # digits_rec; the repository's symbols/
@@ -128,8 +135,10 @@ OPTIMIZERS = ('sgd', 'nag')
 LR_MODES = ('cosine', 'step', 'linear')
 IMAGENET_MEAN = (123.68, 116.779, 103.939)
 IMAGENET_STD = (58.393, 57.12, 57.375)
+# skipped_in_epoch: steps skipped (inf/NaN gradients) in this epoch; skipped_total: since
+# the start of the training, across resumes.  loss_scale and lr: at the end of the epoch.
 CSV_FIELDS = ('epoch', 'lr', 'train_loss', 'val_top1', 'val_top5', 'img_per_sec', 'epoch_time',
-              'loss_scale', 'skipped_steps', 'peak_rss_mb')
+              'loss_scale', 'skipped_in_epoch', 'skipped_total', 'peak_rss_mb')
 
 
 class UsageError(Exception):
@@ -144,86 +153,133 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help where a default exists and the
+    help does not state it already (a default that depends on other options is
+    written into the help by hand)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ''
+        if action.default is None or action.default is False or action.default in ('', []) \
+                or action.default is argparse.SUPPRESS or 'default' in text:
+            return text
+        return (text + ' ' if text else '') + '(default: %(default)s)'
+
+
 def build_parser():
     """The command-line parser (argument names follow GluonCV's train_imagenet.py)."""
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0],
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0], formatter_class=_HelpFormatter,
+                epilog='Examples, outputs and multi-process runs: see the docstring at the '
+                       'top of this script.')
     data = p.add_argument_group('data')
-    data.add_argument('--data-train', help='training RecordIO file (its .idx beside it)')
-    data.add_argument('--data-val', help='validation RecordIO file (its .idx beside it)')
+    data.add_argument('--data-train', metavar='REC',
+                      help='training RecordIO file (its .idx beside it)')
+    data.add_argument('--data-val', metavar='REC',
+                      help='validation RecordIO file (its .idx beside it)')
     data.add_argument('--dataset', choices=('imagenet', 'digits'), default='imagenet',
-                      help='digits: scikit-learn\'s digits packed as RecordIO in --data-dir')
-    data.add_argument('--data-dir', default=None,
-                      help='cache directory of the digits RecordIO (default ~/.mxamp/digits)')
+                      help="digits: scikit-learn's digits packed as RecordIO in --data-dir")
+    data.add_argument('--data-dir', metavar='DIR',
+                      help='cache directory of the digits RecordIO (default: ~/.mxamp/digits)')
     data.add_argument('--synthetic', action='store_true',
                       help='random data on the device, for throughput; no validation')
-    data.add_argument('--num-classes', type=int, default=None, help='default: 1000 (digits: 10)')
-    data.add_argument('--image-shape', default=None,
-                      help="'channels,height,width' (default 3,224,224; digits 1,8,8)")
-    data.add_argument('--num-examples', type=int, default=1281167,
+    data.add_argument('--num-classes', type=int, metavar='N',
+                      help='classes of the classifier (default: 1000; with --dataset '
+                           'digits, 10)')
+    data.add_argument('--image-shape', metavar='C,H,W',
+                      help='channels,height,width (default: 3,224,224; with --dataset '
+                           'digits, 1,8,8)')
+    data.add_argument('--num-examples', type=int, default=1281167, metavar='N',
                       help='images per epoch with --synthetic')
-    data.add_argument('--data-nthreads', type=int, default=4,
-                      help='decoding threads per iterator (part of what --resume needs to be '
-                           'bit-exact)')
+    data.add_argument('--data-nthreads', type=int, default=4, metavar='N',
+                      help='decoding threads per iterator (--resume is bit-exact only with '
+                           'the same number)')
     model = p.add_argument_group('model')
-    model.add_argument('--model', default='resnet50_v1b', help='GluonCV model zoo name')
-    model.add_argument('--symbol', choices=('resnet',), default=None,
-                       help='train the Symbol-API network of symbols/ with mx.mod.Module')
-    model.add_argument('--num-layers', type=int, default=50, help='--symbol resnet depth')
+    model.add_argument('--model', default='resnet50_v1b', metavar='NAME',
+                       help='GluonCV model zoo name')
+    model.add_argument('--symbol', choices=('resnet',),
+                       help='train the Symbol-API network of symbols/ with mx.mod.Module '
+                            'instead of --model')
+    model.add_argument('--num-layers', type=int, default=50, choices=(18, 34, 50, 101, 152),
+                       help='depth of --symbol resnet')
     model.add_argument('--resnet-version', default='1.5', choices=('1', '1.5'),
-                       help='--symbol resnet version')
-    model.add_argument('--dtype', default='auto',
-                       help='float32, float16, bfloat16 or auto (float16 on GPUs, bfloat16 on '
-                            'CPUs with AVX512-BF16 or AMX, float32 on other CPUs, where '
-                            'bfloat16 stores parameters in bfloat16 and computes in FP32)')
-    model.add_argument('--loss-scale', default='auto',
+                       help='version of --symbol resnet')
+    model.add_argument('--dtype', default='auto', metavar='DTYPE',
+                       help='float32, float16, bfloat16 or auto (aliases fp32, fp16, half, '
+                            'bf16); auto: float16 on GPUs, bfloat16 on CPUs with AVX512-BF16 '
+                            'or AMX, float32 on other CPUs (where bfloat16 stores the '
+                            'parameters in bfloat16 and computes in FP32)')
+    model.add_argument('--loss-scale', default='auto', metavar='SCALE',
                        help="'auto' (dynamic for float16, none otherwise), 'dynamic', 'none' "
                             "or a fixed number")
     train = p.add_argument_group('training')
-    train.add_argument('--batch-size', type=int, default=32, help='images per device')
-    train.add_argument('--num-epochs', type=int, default=90)
-    train.add_argument('--max-batches', type=int, default=None,
-                       help='stop each epoch (training and validation) after this many batches')
-    train.add_argument('--optimizer', default='sgd', help='sgd or nag (momentum)')
-    train.add_argument('--lr', type=float, default=None,
-                       help='learning rate; default 0.256 per 256 images of the global batch')
-    train.add_argument('--momentum', type=float, default=0.875)
-    train.add_argument('--wd', type=float, default=1.0 / 32768)
+    train.add_argument('--batch-size', type=int, default=32, metavar='N',
+                       help='images per device')
+    train.add_argument('--num-epochs', type=int, default=90, metavar='N',
+                       help='epochs of the whole training (the learning-rate schedule spans '
+                            'them)')
+    train.add_argument('--max-batches', type=int, metavar='N',
+                       help='stop each epoch (training and validation) after N batches '
+                            '(default: the whole data set)')
+    train.add_argument('--optimizer', default='sgd', type=str.lower, choices=OPTIMIZERS,
+                       help='SGD or NAG, with --momentum')
+    train.add_argument('--lr', type=float,
+                       help='peak learning rate (default: 0.256 per 256 images of the global '
+                            'batch)')
+    train.add_argument('--momentum', type=float, default=0.875,
+                       help='momentum of --optimizer (0: none)')
+    train.add_argument('--wd', type=float, default=1.0 / 32768,
+                       help='weight decay (default: 1/32768)')
     train.add_argument('--no-wd', action='store_true',
-                       help='no weight decay on BatchNorm gamma/beta and on biases')
-    train.add_argument('--lr-mode', default='cosine', help='cosine, step or linear')
-    train.add_argument('--lr-decay', type=float, default=0.1, help='factor of --lr-mode step')
-    train.add_argument('--lr-decay-epoch', default='30,60,80', help='epochs of --lr-mode step')
-    train.add_argument('--warmup-epochs', type=float, default=5,
+                       help='exempt from weight decay the parameters named *_gamma or *_beta '
+                            '(BatchNorm scale and shift) and *_bias (without it, --wd applies '
+                            'to every parameter)')
+    train.add_argument('--lr-mode', default='cosine', type=str.lower, choices=LR_MODES,
+                       help='decay after the warm-up')
+    train.add_argument('--lr-decay', type=float, default=0.1,
+                       help='factor of --lr-mode step')
+    train.add_argument('--lr-decay-epoch', default='30,60,80', metavar='E,E,...',
+                       help='epochs of --lr-mode step')
+    train.add_argument('--warmup-epochs', type=float, default=5, metavar='E',
                        help='linear warm-up from 0 (fractions allowed)')
-    train.add_argument('--label-smoothing', type=float, default=0.1,
+    train.add_argument('--label-smoothing', type=float, default=0.1, metavar='EPS',
                        help='epsilon of label smoothing (0 disables it)')
-    train.add_argument('--seed', type=int, default=0)
+    train.add_argument('--seed', type=int, default=0,
+                       help='initial weights, data order and augmentation')
     dev = p.add_argument_group('devices')
-    dev.add_argument('--gpus', default='', help="GPU ids, e.g. '0,1'; none: CPU")
-    dev.add_argument('--num-gpus', type=int, default=0, help='use GPUs 0..N-1 (if no --gpus)')
+    dev.add_argument('--gpus', default='', metavar='IDS',
+                     help="GPU ids, e.g. '0,1' (default: --num-gpus, else the CPU)")
+    dev.add_argument('--num-gpus', type=int, default=0, metavar='N',
+                     help='use GPUs 0..N-1 (if no --gpus)')
     dev.add_argument('--kv-store', default='device',
-                     help='device, local, dist_sync, dist_device_sync')
+                     help='device, local, dist_sync or dist_device_sync (used with several '
+                          'devices or workers)')
     out = p.add_argument_group('output')
-    out.add_argument('--save-dir', default='params', help='checkpoints, metrics and log')
-    out.add_argument('--save-prefix', default=None, help='default: the model name')
-    out.add_argument('--save-frequency', type=int, default=1, help='checkpoint every N epochs')
-    out.add_argument('--keep-checkpoints', type=int, default=0,
-                     help='keep only the newest N checkpoints (0: all)')
-    out.add_argument('--resume', action='store_true',
-                     help='continue from the newest checkpoint in --save-dir')
-    out.add_argument('--resume-epoch', type=int, default=None,
-                     help='continue from the checkpoint of this epoch (implies --resume)')
-    out.add_argument('--stop-at-epoch', type=int, default=None, metavar='N',
+    out.add_argument('--save-dir', default='params', metavar='DIR',
+                     help='checkpoints, metrics and train.log')
+    out.add_argument('--save-prefix', metavar='PREFIX',
+                     help='file name prefix (default: the model name)')
+    out.add_argument('--save-frequency', type=int, default=1, metavar='N',
+                     help='checkpoint every N epochs (and after the last)')
+    out.add_argument('--keep-checkpoints', type=int, default=0, metavar='N',
+                     help='keep only the newest N checkpoints (default: 0, all)')
+    out.add_argument('--resume', nargs='?', const='newest', choices=('newest', 'auto'),
+                     help="continue from the newest checkpoint in --save-dir (an error if "
+                          "there is none); --resume auto: the same, or start from scratch "
+                          "when there is none (one command line for a job that may be "
+                          "pre-empted and restarted)")
+    out.add_argument('--resume-epoch', type=int, metavar='E',
+                     help='continue from the checkpoint of epoch E (an error if it is missing)')
+    out.add_argument('--stop-at-epoch', type=int, metavar='N',
                      help='end this run after epoch N (its checkpoint written); the schedule '
                           'still spans --num-epochs: split a run into jobs, then --resume')
-    out.add_argument('--log-interval', type=int, default=10,
+    out.add_argument('--log-interval', type=int, default=10, metavar='N',
                      help='batches between progress-bar updates (each one syncs the host)')
-    out.add_argument('--no-progress', action='store_true', help='no progress bar')
-    out.add_argument('--plot', default=None, metavar='PNG',
+    out.add_argument('--no-progress', action='store_true',
+                     help='no progress bar (the log lines still go to stderr and train.log)')
+    out.add_argument('--plot', metavar='PNG',
                      help='write loss/accuracy curves and throughput to this PNG')
     out.add_argument('--compare', nargs='*', default=[], metavar='CSV',
-                     help='other runs\' *-metrics.csv to draw in the --plot')
+                     help="other runs' *-metrics.csv to draw in the --plot")
     return p
 
 
@@ -246,14 +302,12 @@ def _contexts(args):
 
 def check_args(args):
     """Validate what argparse cannot; raise `UsageError` with one line."""
-    if args.dtype.lower() not in DTYPES:
-        raise UsageError('unknown dtype %r: expected one of %s' % (args.dtype, ', '.join(DTYPES)))
-    if args.optimizer.lower() not in OPTIMIZERS:
-        raise UsageError('unknown optimizer %r: expected one of %s'
-                         % (args.optimizer, ', '.join(OPTIMIZERS)))
-    if args.lr_mode not in LR_MODES:
-        raise UsageError('unknown --lr-mode %r: expected one of %s'
-                         % (args.lr_mode, ', '.join(LR_MODES)))
+    if args.dtype.lower() != 'auto':
+        try:
+            resolve_dtype(args.dtype)   # the names (and aliases) the Python API takes
+        except ValueError:
+            raise UsageError('unknown dtype %r: expected one of %s (or fp32, fp16, half, bf16)'
+                             % (args.dtype, ', '.join(DTYPES)))
     for name in ('batch_size', 'num_epochs', 'data_nthreads', 'log_interval', 'save_frequency'):
         if getattr(args, name) < 1:
             raise UsageError('--%s must be at least 1' % name.replace('_', '-'))
@@ -275,11 +329,9 @@ def check_args(args):
         if args.model.lower() not in get_model_list():
             raise UsageError('unknown model %r: not in the GluonCV model zoo (e.g. '
                              'resnet50_v1b, resnet18_v1b, cifar_resnet20_v1)' % args.model)
-    elif args.num_layers not in (18, 34, 50, 101, 152):
-        raise UsageError('--num-layers %d: ResNet is defined for 18, 34, 50, 101, 152 layers'
-                         % args.num_layers)
-    if args.resume_epoch is not None:
-        args.resume = True
+    if args.resume == 'auto' and args.resume_epoch is not None:
+        raise UsageError('--resume auto takes the newest checkpoint if any, --resume-epoch '
+                         'names one: give only one of them')
     try:
         [int(e) for e in args.lr_decay_epoch.split(',') if e.strip()]
     except ValueError:
@@ -930,12 +982,20 @@ def peak_rss_mb():
 
 
 def read_metrics(path):
-    """Rows of a ``*-metrics.csv`` as dicts of floats."""
+    """Rows of a ``*-metrics.csv`` as dicts of floats (`CSV_FIELDS`; the epoch and
+    the skipped-step counts as ints)."""
     with open(path, newline='') as handle:
         rows = [{k: float(v) if v not in ('', None) else float('nan') for k, v in row.items()}
                 for row in csv.DictReader(handle)]
+    total = 0
     for row in rows:
-        row['epoch'], row['skipped_steps'] = int(row['epoch']), int(row['skipped_steps'])
+        if 'skipped_steps' in row:
+            # A file of an earlier version of this script, whose skipped_steps was the
+            # running total: a run resumed over it keeps its rows.
+            row['skipped_total'] = row.pop('skipped_steps')
+            row['skipped_in_epoch'] = row['skipped_total'] - total
+        row['epoch'], row['skipped_in_epoch'] = int(row['epoch']), int(row['skipped_in_epoch'])
+        total = row['skipped_total'] = int(row['skipped_total'])
     return rows
 
 
@@ -960,10 +1020,16 @@ def plot_runs(runs, path, title=None):
     path : str
         Output PNG.
     title : str, optional
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure written (already closed).
     """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     fig, (ax_loss, ax_acc, ax_speed) = plt.subplots(1, 3, figsize=(11, 3.3))
     labels, speeds = [], []
     for label, rows in runs:
@@ -983,6 +1049,7 @@ def plot_runs(runs, path, title=None):
         ax_speed.annotate('%.0f' % value, (bar.get_x() + bar.get_width() / 2, value),
                           ha='center', va='bottom', fontsize=8)
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # epochs, not 1.25, 1.5, ...
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:
@@ -992,6 +1059,7 @@ def plot_runs(runs, path, title=None):
     os.makedirs(directory, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
+    return fig
 
 
 def describe_precision(dtype, contexts):
@@ -1013,13 +1081,17 @@ def describe_precision(dtype, contexts):
     return 'FP32', why
 
 
+def _percent(fraction):
+    """'12.34%', or '-' where there was no validation (None or NaN)."""
+    return '-' if fraction is None or not math.isfinite(fraction) else '%.2f%%' % (100 * fraction)
+
+
 def _format_summary(summary):
-    def pct(value):
-        return '-' if value is None or not math.isfinite(value) else '%.2f%%' % (100 * value)
-    return ('%s %s [%s] (%s): top-1 %s, top-5 %s, %.1f img/s, %d skipped steps, loss scale %g, '
-            'peak RSS %.0f MiB, %.1f s'
+    return ('%s %s [%s] (%s): top-1 %s, top-5 %s, %.1f img/s, %d skipped steps in all, '
+            'loss scale %g, peak RSS %.0f MiB, %.1f s of training'
             % (summary['model'], summary['dtype'], summary['compute'], summary['path'],
-               pct(summary['val_top1']), pct(summary['val_top5']), summary['img_per_sec'],
+               _percent(summary['val_top1']), _percent(summary['val_top5']),
+               summary['img_per_sec'],
                summary['skipped_steps'], summary['loss_scale'], summary['peak_rss_mb'],
                summary['train_time']))
 
@@ -1027,16 +1099,46 @@ def _format_summary(summary):
 # ---------------------------------------------------------------------------------------
 # Main loop
 
-def _setup_logging(directory, rank, quiet):
-    handlers = [logging.FileHandler(os.path.join(directory, 'train.log'))]
-    if not quiet:
-        handlers.append(logging.StreamHandler(sys.stderr))
+class _ConsoleHandler(logging.StreamHandler):
+    """Log lines to stderr through ``tqdm.write``: one logged while the progress bar
+    shows lands above the bar instead of breaking its line."""
+
+    def emit(self, record):
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None):
+    # A replacement for warnings.showwarning: mxamp's warnings (float16 on a CPU, the
+    # loss scale at its floor, ...) belong in train.log as much as on the console.
+    _LOG.warning('%s: %s', category.__name__, message)
+
+
+def _setup_logging(directory, rank):
+    """Log to stderr and ``train.log`` in `directory`, Python warnings included.
+
+    ``--no-progress`` hides the progress bar only: a batch job's console and log
+    file keep every line.  `main` restores ``warnings.showwarning`` and closes the
+    file.
+    """
+    handlers = [logging.FileHandler(os.path.join(directory, 'train.log')),
+                _ConsoleHandler(sys.stderr)]
     fmt = '%(asctime)s ' + ('[worker %d] ' % rank if rank is not None else '') + '%(message)s'
     for handler in handlers:
         handler.setFormatter(logging.Formatter(fmt, datefmt='%H:%M:%S'))
+    _close_logging()
     _LOG.handlers[:] = handlers
     _LOG.setLevel(logging.INFO)
     _LOG.propagate = False
+    warnings.showwarning = _log_warning
+
+
+def _close_logging():
+    for handler in _LOG.handlers:
+        handler.close()
+    _LOG.handlers[:] = []
 
 
 def _validate(runner, data_iter, max_batches):
@@ -1060,11 +1162,44 @@ def _validate(runner, data_iter, max_batches):
     return top1.get()[1], top5.get()[1]
 
 
+def _resume_point(args, save_dir, prefix, rank, dist_kvstore):
+    """The checkpoint to continue from: ``(epoch, directory)``, or ``(None, None)``.
+
+    None when no resume was asked for, or for ``--resume auto`` without a
+    checkpoint (logged).  Raises `UsageError` when ``--resume`` or
+    ``--resume-epoch`` finds none.  With `dist_kvstore`, every worker must call
+    it: they agree on the newest epoch that all of them hold.
+    """
+    if args.resume is None and args.resume_epoch is None:
+        return None, None
+    own = list_checkpoints(save_dir, prefix)
+    # Worker r > 0 may have been killed before its copy of a checkpoint was
+    # complete; rank 0's copy (the same bytes) serves when this machine sees it.
+    available = sorted(set(own) | set(list_checkpoints(args.save_dir, prefix)
+                                      if rank > 0 else ()))
+    if args.resume_epoch is not None:
+        available = [e for e in available if e == args.resume_epoch]
+    if dist_kvstore is not None:   # every worker must continue from the same epoch
+        available = common_epochs(dist_kvstore, available)
+    where = '%s in %s%s' % (prefix, save_dir,
+                            '' if dist_kvstore is None else ' that every worker has')
+    if available:
+        epoch = available[-1]
+        return epoch, save_dir if epoch in own else args.save_dir
+    if args.resume_epoch is not None:
+        raise UsageError('--resume-epoch %d: no checkpoint of that epoch of %s'
+                         % (args.resume_epoch, where))
+    if args.resume != 'auto':
+        raise UsageError('--resume: no checkpoint of %s (--resume auto starts from scratch '
+                         'then)' % where)
+    _LOG.info('--resume auto: no checkpoint of %s: starting from scratch', where)
+    return None, None
+
+
 def train(args):
     """Run training for parsed, checked `args`; returns the summary dict."""
     spec = resolve_data(args)
     contexts = _contexts(args)
-    dtype = resolve_dtype(args.dtype, contexts)
     kvstore = None
     rank, num_workers = 0, 1
     if 'dist' in args.kv_store or len(contexts) > 1:
@@ -1075,7 +1210,8 @@ def train(args):
                                   if args.symbol else args.model)
     save_dir = args.save_dir if rank == 0 else os.path.join(args.save_dir, 'rank%d' % rank)
     os.makedirs(save_dir, exist_ok=True)
-    _setup_logging(save_dir, rank if distributed else None, args.no_progress)
+    _setup_logging(save_dir, rank if distributed else None)
+    dtype = resolve_dtype(args.dtype, contexts)   # after the logging: its warning is logged
     stale = remove_stale_tmp(save_dir, prefix)
     if stale:
         _LOG.info('removed %d temporary file(s) of an interrupted run: %s', len(stale),
@@ -1099,30 +1235,18 @@ def train(args):
 
     csv_path = os.path.join(save_dir, '%s-metrics.csv' % prefix)
     rows, start_epoch, global_step, resume = [], 0, 0, None
-    if args.resume:   # checked before the (slow) model build
-        own = list_checkpoints(save_dir, prefix)
-        # Worker r > 0 may have been killed before its copy of a checkpoint was
-        # complete; rank 0's copy (the same bytes) serves when this machine sees it.
-        available = sorted(set(own) | set(list_checkpoints(args.save_dir, prefix)
-                                          if rank > 0 else ()))
-        if args.resume_epoch is not None:
-            available = [e for e in available if e == args.resume_epoch]
-        if distributed:   # every worker must continue from the same epoch
-            available = common_epochs(kvstore, available)
-        epoch = available[-1] if available else None
-        if epoch is None:
-            raise UsageError('--resume: no %s in %s%s' % (
-                'checkpoint of epoch %d' % args.resume_epoch if args.resume_epoch
-                else 'checkpoint', save_dir,
-                ' that every worker has' if distributed else ''))
-        resume = _paths(save_dir if epoch in own else args.save_dir, prefix, epoch)
+    # Found (or refused) before the slow model build.
+    found, directory = _resume_point(args, save_dir, prefix, rank,
+                                     kvstore if distributed else None)
+    if found is not None:
+        resume = _paths(directory, prefix, found)
         with open(resume[2]) as handle:
             meta = json.load(handle)
         for key, value in (('dtype', dtype), ('path', path), ('model', prefix)):
             if meta.get(key) != value:
                 raise UsageError('--resume: %s was trained with %s %s, not %s'
                                  % (resume[2], key, meta.get(key), value))
-        start_epoch, global_step = epoch, meta['global_step']
+        start_epoch, global_step = found, meta['global_step']
 
     seed_everything(args.seed)   # same on every worker: same initial weights
     runner_cls = ModuleRunner if args.symbol else GluonRunner
@@ -1139,11 +1263,13 @@ def train(args):
         _LOG.info('resumed from %s (epoch %d, step %d)', resume[2], start_epoch, global_step)
 
     show_bar = not args.no_progress and rank == 0
-    from tqdm import tqdm
     train_time = 0.0
     stats_keys = set()
     last_epoch = args.num_epochs if args.stop_at_epoch is None else \
         min(args.num_epochs, args.stop_at_epoch)
+    if start_epoch >= last_epoch:
+        _LOG.info('nothing to train: the checkpoint is at epoch %d, this run ends after epoch %d',
+                  start_epoch, last_epoch)
     for epoch in range(start_epoch, last_epoch):
         seed_everything(_derived_seed(args.seed, epoch, rank, 'mxnet'))
         if spec.synthetic:
@@ -1153,6 +1279,7 @@ def train(args):
         bar = tqdm(total=steps_per_epoch, desc='epoch %d/%d' % (epoch + 1, args.num_epochs),
                    unit='batch', disable=not show_bar, leave=False, dynamic_ncols=True)
         loss_sum, seen, window_loss, window_seen = 0.0, 0, mx.nd.zeros((1,)), 0
+        skipped_before = runner.skipped_steps
         tic = time.time()
         for index, batch in enumerate(data):
             if index >= steps_per_epoch:
@@ -1180,13 +1307,15 @@ def train(args):
         row = {'epoch': epoch + 1, 'lr': _current_lr(runner.optimizer),
                'train_loss': loss_sum / max(seen, 1), 'val_top1': top1, 'val_top5': top5,
                'img_per_sec': seen * num_workers / elapsed, 'epoch_time': elapsed,
-               'loss_scale': runner.loss_scale, 'skipped_steps': runner.skipped_steps,
-               'peak_rss_mb': peak_rss_mb()}
+               'loss_scale': runner.loss_scale,
+               'skipped_in_epoch': runner.skipped_steps - skipped_before,
+               'skipped_total': runner.skipped_steps, 'peak_rss_mb': peak_rss_mb()}
         rows.append(row)
         write_metrics(csv_path, rows)
-        _LOG.info('epoch %d: loss %.4f, top-1 %.4f, top-5 %.4f, %.1f img/s, loss scale %g, '
-                  '%d skipped', epoch + 1, row['train_loss'], top1, top5, row['img_per_sec'],
-                  row['loss_scale'], row['skipped_steps'])
+        _LOG.info('epoch %d/%d: loss %.4f, top-1 %s, top-5 %s, %.1f img/s, loss scale %g, '
+                  'skipped %d steps (%d in total)', epoch + 1, args.num_epochs,
+                  row['train_loss'], _percent(top1), _percent(top5), row['img_per_sec'],
+                  row['loss_scale'], row['skipped_in_epoch'], row['skipped_total'])
         if (epoch + 1) % args.save_frequency == 0 or epoch + 1 == last_epoch:
             meta = {'global_step': global_step, 'seed': args.seed, 'dtype': dtype,
                     'path': path, 'model': prefix, 'rank': rank, 'num_workers': num_workers,
@@ -1219,6 +1348,7 @@ def train(args):
 
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
+    showwarning = warnings.showwarning   # train() routes warnings into its log
     try:
         args = build_parser().parse_args(argv)
         check_args(args)
@@ -1234,6 +1364,9 @@ def main(argv=None):
         print('%s: interrupted; the checkpoints already written are intact (continue with '
               '--resume)' % PROG, file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = showwarning
+        _close_logging()
     print(_format_summary(summary))
     return 0
 

@@ -158,6 +158,130 @@ def test_resume_is_bit_exact(digits_dir, tmp_path, network):
         [(r['epoch'], r['train_loss'], r['val_top1']) for r in split_rows]
 
 
+def _preempted_after_first_checkpoint(monkeypatch):
+    """Make the next run die (as if pre-empted) right after its first checkpoint."""
+    save = train_imagenet.save_checkpoint
+
+    def save_then_die(*args, **kwargs):
+        save(*args, **kwargs)
+        monkeypatch.setattr(train_imagenet, 'save_checkpoint', save)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train_imagenet, 'save_checkpoint', save_then_die)
+
+
+def test_resume_auto_one_command_line_and_logs_without_progress(digits_dir, tmp_path, capsys,
+                                                               monkeypatch):
+    """A pre-emptible job: the same command line starts fresh, then resumes.  With
+    --no-progress every log line still reaches the console and train.log."""
+    argv = _common(digits_dir, tmp_path, '--model', 'cifar_resnet20_v1', '--dtype', 'float32',
+                   '--num-epochs', '2', '--max-batches', '2', '--resume', 'auto')
+    _preempted_after_first_checkpoint(monkeypatch)
+    assert train_imagenet.main(argv) == 130
+    first = capsys.readouterr().err
+    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [1]
+    assert train_imagenet.main(argv) == 0
+    second = capsys.readouterr().err
+    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [1, 2]
+    fresh = '--resume auto: no checkpoint of m in %s: starting from scratch' % tmp_path
+    resumed = 'resumed from %s (epoch 1, step 2)' % (tmp_path / 'm-0001.json')
+    assert fresh in first and 'epoch 1/2: loss' in first and 'resumed' not in first
+    assert resumed in second and 'epoch 2/2: loss' in second and 'epoch 1/2' not in second
+    assert '%|' not in first + second            # no progress bar
+    with open(tmp_path / 'train.log') as handle:
+        log = handle.read()
+    assert fresh in log and resumed in log and log.count('epoch 2/2: loss') == 1
+
+
+def test_warnings_reach_the_console_and_train_log(tmp_path, capsys):
+    import warnings
+    with warnings.catch_warnings():            # restores warnings.showwarning
+        warnings.simplefilter('always')
+        train_imagenet._setup_logging(str(tmp_path), None)
+        try:
+            warnings.warn('mxamp: a test warning', RuntimeWarning)
+        finally:
+            train_imagenet._close_logging()
+    assert 'RuntimeWarning: mxamp: a test warning' in capsys.readouterr().err
+    assert 'RuntimeWarning: mxamp: a test warning' in (tmp_path / 'train.log').read_text()
+
+
+def test_resume_auto_and_resume_epoch_exclude_each_other(digits_dir, tmp_path, capsys):
+    argv = _common(digits_dir, tmp_path, '--model', 'cifar_resnet20_v1', '--resume', 'auto',
+                   '--resume-epoch', '1')
+    assert train_imagenet.main(argv) == 2
+    assert 'give only one of them' in capsys.readouterr().err
+
+
+def test_missing_named_checkpoint_is_an_error(digits_dir, tmp_path, capsys):
+    argv = _common(digits_dir, tmp_path, '--model', 'cifar_resnet20_v1', '--resume-epoch', '3')
+    assert train_imagenet.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if 'error' in line]
+    assert len(errors) == 1 and '--resume-epoch 3: no checkpoint of that epoch' in errors[0]
+    assert not os.path.exists(tmp_path / 'm-metrics.csv')
+
+
+def test_epoch_line_says_this_epochs_skipped_steps_and_the_total(digits_dir, tmp_path, capsys):
+    """float16 under a fixed loss scale of 1e10 overflows at every step: 2 per epoch."""
+    assert train_imagenet.main(_common(digits_dir, tmp_path, '--model', 'cifar_resnet20_v1',
+                                       '--dtype', 'float16', '--loss-scale', '1e10',
+                                       '--num-epochs', '2', '--max-batches', '2')) == 0
+    err = capsys.readouterr().err
+    assert 'skipped 2 steps (2 in total)' in err and 'skipped 2 steps (4 in total)' in err
+    rows = train_imagenet.read_metrics(str(tmp_path / 'm-metrics.csv'))
+    assert [(r['skipped_in_epoch'], r['skipped_total']) for r in rows] == [(2, 2), (2, 4)]
+    assert _summary(tmp_path)['skipped_steps'] == 4
+
+
+def test_read_metrics_of_an_older_file(tmp_path):
+    """skipped_steps, the running total of earlier versions, becomes both columns."""
+    path = tmp_path / 'm-metrics.csv'
+    path.write_text('epoch,lr,train_loss,skipped_steps\n1,0.1,2.0,5\n2,0.1,1.5,7\n')
+    rows = train_imagenet.read_metrics(str(path))
+    assert [(r['epoch'], r['skipped_in_epoch'], r['skipped_total']) for r in rows] == \
+        [(1, 5, 5), (2, 2, 7)]
+    assert 'skipped_steps' not in rows[0]
+
+
+def test_plot_epoch_ticks_are_integers(tmp_path):
+    rows = [{'epoch': e, 'train_loss': 2.0 / e, 'val_top1': 0.2 * e, 'img_per_sec': 100.0}
+            for e in (1, 2, 3)]
+    fig = train_imagenet.plot_runs([('run', rows)], str(tmp_path / 'curves.png'))
+    assert (tmp_path / 'curves.png').stat().st_size > 1000
+    for ax in fig.axes[:2]:                      # loss and accuracy per epoch
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(t == int(t) for t in ticks), ticks
+
+
+def test_no_wd_exempts_batchnorm_and_biases_only(digits_dir):
+    """--no-wd does what its help says: no decay on BatchNorm's gamma and beta and on
+    biases, full decay on everything else."""
+    import mxnet as mx
+    from mxnet import gluon
+    parser = train_imagenet.build_parser()
+    for flag, expect_exempt in (([], False), (['--no-wd'], True)):
+        args = parser.parse_args(['--dataset', 'digits', '--data-dir', digits_dir, '--model',
+                                  'cifar_resnet20_v1', '--dtype', 'float32'] + flag)
+        spec = train_imagenet.resolve_data(args)
+        runner = train_imagenet.GluonRunner(args, spec, [mx.cpu()], 'float32', None, 4, 4,
+                                            0.1, 1)
+        exempt = set()
+
+        def visit(block):
+            if isinstance(block, gluon.nn.BatchNorm):
+                exempt.update((block.gamma.name, block.beta.name))
+            if getattr(block, 'bias', None) is not None:
+                exempt.add(block.bias.name)
+            for child in block._children.values():
+                visit(child)
+        visit(runner.net)
+        trained = {n: p.wd_mult for n, p in runner.net.collect_params().items()
+                   if p.grad_req != 'null'}
+        assert any(n.endswith('_bias') for n in exempt) and len(exempt) > 10
+        assert {n for n, mult in trained.items() if mult == 0} == \
+            (exempt if expect_exempt else set())
+        assert all(mult == 1 for n, mult in trained.items() if n not in exempt)
+
+
 def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     """A save that dies midway leaves no half checkpoint and the previous one intact."""
     class Runner(object):
@@ -229,6 +353,38 @@ def test_bad_input_exits_2_with_one_line(digits_dir, tmp_path, argv, message):
     lines = [line for line in result.stderr.splitlines() if 'error' in line]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert 'Traceback' not in result.stderr
+
+
+def test_help_states_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        train_imagenet.main(['--help'])
+    text = capsys.readouterr().out
+    entries, current = [], None
+    for line in text.splitlines():
+        if line.startswith('  -'):
+            current = [line.strip()]
+            entries.append(current)
+        elif current is not None and line.startswith('    '):
+            current.append(line.strip())
+        else:
+            current = None
+    entries = [' '.join(entry) for entry in entries]
+    assert len(entries) > 40
+    for entry in entries:
+        assert entry.lower().count('default') <= 1, entry
+        for empty in ('(default: None)', '(default: )', '(default: [])', '(default: False)'):
+            assert empty not in entry, entry
+    assert any('--num-classes N' in e and 'default: 1000; with --dataset digits, 10' in e
+               for e in entries)
+    assert all(action.help for action in train_imagenet.build_parser()._actions)
+
+
+def test_dtype_takes_the_python_apis_aliases():
+    parser = train_imagenet.build_parser()
+    for alias in ('fp16', 'half', 'bf16', 'fp32', 'BFloat16'):
+        train_imagenet.check_args(parser.parse_args(['--dtype', alias]))
+    with pytest.raises(train_imagenet.UsageError, match="unknown dtype 'float8'"):
+        train_imagenet.check_args(parser.parse_args(['--dtype', 'float8']))
 
 
 def test_missing_index_is_reported(tmp_path):
