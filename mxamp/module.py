@@ -38,17 +38,25 @@ __all__ = ['ModuleTrainer']
 _STATE_FORMAT = 'mxamp.ModuleTrainer/1'
 
 
-def _fp32_pushpull(kvstore, key, arrays):
-    """Sum `arrays` (one per device) over devices and workers, in place.  No host sync.
+def _on_the_wire(arrays):
+    """What crosses the kvstore for `arrays`: FP32 copies of bfloat16 ones, others as they
+    are.  MXNet 1.9.1's servers abort on bfloat16 ("Unknown type enum 12"), and a key
+    keeps the byte size it was initialised with, so a key's values and gradients must
+    travel in the same dtype."""
+    return [cast(a, 'float32') if name_of_array(a) == 'bfloat16' else a for a in arrays]
 
-    bfloat16 crosses the kvstore as FP32 copies and is rounded back once:
-    MXNet 1.9.1's servers abort on bfloat16 ("Unknown type enum 12").
-    """
-    wire = [cast(a, 'float32') if name_of_array(a) == 'bfloat16' else a for a in arrays]
-    kvstore.pushpull(key, wire, out=wire, priority=-key)
+
+def _back_from_the_wire(wire, arrays):
     for value, target in zip(wire, arrays):
         if value is not target:
             cast_into(value, target)
+
+
+def _pushpull(kvstore, key, arrays):
+    """Sum `arrays` (one per device) over devices and workers, in place.  No host sync."""
+    wire = _on_the_wire(arrays)
+    kvstore.pushpull(key, wire, out=wire, priority=-key)
+    _back_from_the_wire(wire, arrays)
 
 
 class ModuleTrainer(object):
@@ -167,14 +175,12 @@ class ModuleTrainer(object):
         return optimizer
 
     def _broadcast(self, weights):
-        """Every device and worker starts from worker 0's device-0 weights (via FP32)."""
+        """Every device and worker starts from worker 0's device-0 weights."""
         for key, per_device in enumerate(weights):
-            fp32 = [cast(w, 'float32') for w in per_device]
-            self._kvstore.init(key, fp32[0])
-            self._kvstore.pull(key, out=fp32, priority=-key)
-            for value, target in zip(fp32, per_device):
-                if value is not target:
-                    cast_into(value, target)
+            wire = _on_the_wire(per_device)
+            self._kvstore.init(key, wire[0])
+            self._kvstore.pull(key, out=wire, priority=-key)
+            _back_from_the_wire(wire, per_device)
         # The pulls write the weights, the first gradient push reads other arrays:
         # without this wait the engine may serve the push first (see mxamp.Trainer).
         for per_device in weights:
@@ -273,7 +279,7 @@ class ModuleTrainer(object):
         if self._kvstore is not None:
             for key, grads in enumerate(group.grad_arrays):
                 if grads[0] is not None:
-                    _fp32_pushpull(self._kvstore, key, grads)
+                    _pushpull(self._kvstore, key, grads)
         if self._scaler is None:
             self._module.update()
             return True

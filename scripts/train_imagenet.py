@@ -6,8 +6,8 @@ auto``), through mxamp.  On other CPUs MXNet's oneDNN has no bfloat16 kernels
 bfloat16`` stores the parameters in bfloat16 and computes in FP32.  The Gluon
 path converts a GluonCV model with ``mxamp.convert`` and trains it with
 ``mxamp.Trainer``; the Symbol path (``--symbol resnet``) builds the
-ResNet of ``symbols/`` and trains it with ``mx.mod.Module``, mxamp's FP32
-master weights and its loss scaler.  Data is ImageNet in MXNet RecordIO (made
+ResNet of ``symbols/`` and trains it with ``mx.mod.Module`` and
+``mxamp.ModuleTrainer``.  Data is ImageNet in MXNet RecordIO (made
 by ``im2rec``), read by ``ImageRecordIter``; ``--dataset digits`` packs
 scikit-learn's handwritten digits into the same format for a run of a few
 seconds, and ``--synthetic`` measures throughput without a data set.
@@ -82,15 +82,6 @@ model or dtype, nothing to resume) prints one line and exits with status 2.
 
 Internals relied on (MXNet 1.9.1 and mxamp):
 
-* ``mx.mod.Module``: ``_exec_group``'s ``param_names`` (weight decay per
-  name), ``param_arrays`` (the initial broadcast), ``grad_arrays`` (the
-  reduction across workers) and ``aux_arrays`` (BatchNorm statistics to
-  average), ``_sync_params_from_devices`` (fresh values before a checkpoint)
-  and ``_updater``'s ``get_states`` / ``set_states`` (optimizer states in the
-  checkpoint);
-* ``mx.optimizer.Optimizer``: ``_all_index_update_counts`` and
-  ``_index_update_count`` (per-weight update counts, saved and restored so that
-  a resumed run continues bit-exactly);
 * ``gluon.nn.Conv2D._channels`` (the stem's width, to replace it for small
   images);
 * ``mxamp.Trainer._ensure_kvstore`` (the broadcast of worker 0's parameters
@@ -103,7 +94,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import random
 import re
 import resource
@@ -525,38 +515,6 @@ def _pushpull(kvstore, key, arrays):
             mx.nd.amp_cast(value, dtype=target.dtype, out=target)
 
 
-class Fp32Allreduce(object):
-    """The Symbol path's gradient reduction across devices and workers, bfloat16 included.
-
-    Its Module updates locally (so that checkpoints hold the optimizer state)
-    and MXNet's own reduction would send bfloat16 to the kvstore.  The Gluon
-    path needs none: ``mxamp.Trainer`` sends bfloat16 across a dist kvstore as
-    FP32 itself.  Broadcasts worker 0's initial weights, as ``gluon.Trainer``
-    does.
-
-    Parameters
-    ----------
-    kvstore : mx.kv.KVStore
-    weights : list of list of NDArray
-        Per parameter, its weight on every device.
-    """
-
-    def __init__(self, kvstore, weights):
-        self.kvstore = kvstore
-        for key, per_device in enumerate(weights):
-            fp32 = [cast(w, 'float32') for w in per_device]
-            kvstore.init(key, fp32[0])
-            kvstore.pull(key, out=fp32, priority=-key)
-            for value, target in zip(fp32, per_device):
-                if value is not target:
-                    mx.nd.amp_cast(value, dtype=target.dtype, out=target)
-
-    def allreduce(self, grads):
-        """Sum `grads` (per parameter, a list over devices) in place.  No host sync."""
-        for key, per_device in enumerate(grads):
-            _pushpull(self.kvstore, key, per_device)
-
-
 # Keys for BatchNorm statistics (consecutive from this one), clear of every other key.
 _STATS_KEY = kvkeys.reserved_key('statistics')
 
@@ -729,7 +687,7 @@ def symbol_loss_head(logits, label, smoothing, num_classes):
     ``SoftmaxOutput`` (and ``MakeLoss``) compute their own gradient and ignore
     the head gradient ``Module.backward`` passes, so a loss scale given there
     would be lost.  With the loss itself as the output, ``backward`` takes
-    ``LossScaler.out_grads`` (the loss scale per sample) and scales every
+    the loss scale per sample (``mxamp.ModuleTrainer.backward``) and scales every
     gradient, for float16 exactly as the Gluon path does.  log_softmax, pick
     and mean run in FP32 under mxamp's policy.
     """
@@ -741,7 +699,7 @@ def symbol_loss_head(logits, label, smoothing, num_classes):
 
 
 class ModuleRunner(object):
-    """symbols.resnet, ``mx.mod.Module``, mxamp master weights and `LossScaler`."""
+    """symbols.resnet, ``mx.mod.Module``, ``mxamp.ModuleTrainer``."""
 
     def __init__(self, args, spec, contexts, dtype, kvstore, batch_size, global_batch,
                  base_lr, steps_per_epoch):
@@ -761,99 +719,48 @@ class ModuleRunner(object):
                  label_shapes=[('softmax_label', (local_batch,))])
         mod.init_params(symbols.Float32Init(mx.init.Xavier(rnd_type='gaussian',
                                                            factor_type='in', magnitude=2)))
-        opt = mxamp.optimizer.create(args.optimizer.lower(), rescale_grad=1.0 / global_batch,
-                                     **_optimizer_params(args, base_lr, steps_per_epoch))
+        params = dict(_optimizer_params(args, base_lr, steps_per_epoch),
+                      rescale_grad=1.0 / global_batch)
+        self.trainer = mxamp.ModuleTrainer(mod, args.optimizer.lower(), params, kvstore=kvstore,
+                                           loss_scale=_loss_scale_arg(args.loss_scale))
         # Explicit per name: MXNet's default (no decay unless *_weight) is not the recipe's.
-        opt.wd_mult = {name: 0.0 if args.no_wd and _no_wd(name) else 1.0
-                       for name in mod._exec_group.param_names}   # Module internal
-        with warnings.catch_warnings():
-            # rescale_grad covers all workers' images; Module expects its own batch only.
-            warnings.filterwarnings('ignore', message='Optimizer created manually')
-            mod.init_optimizer(kvstore=None, optimizer=opt)
-        self.mod, self.opt = mod, opt
-        # Module internals: the executor group's per-parameter arrays, one per device.
-        group = mod._exec_group
-        self.reducer = None
-        if kvstore is not None:
-            self.reducer = Fp32Allreduce(kvstore, group.param_arrays)
-        scale = _loss_scale_arg(args.loss_scale)
-        if scale == 'auto':
-            scale = 'dynamic' if dtype == 'float16' else None
-        self.scaler = None if scale is None else mxamp.LossScaler() if scale == 'dynamic' \
-            else mxamp.LossScaler(init_scale=scale, dynamic=False)
-        self._zeros = None
-        self._ones = None
+        self.trainer.optimizer.set_wd_mult({name: 0.0 if args.no_wd and _no_wd(name) else 1.0
+                                            for name in mod.get_params()[0]})
+        self.mod = mod
 
     @property
     def optimizer(self):
-        return self.opt
+        return self.trainer.optimizer
 
     @property
     def loss_scale(self):
-        return 1.0 if self.scaler is None else self.scaler.loss_scale
+        return self.trainer.loss_scale
 
     @property
     def skipped_steps(self):
-        return 0 if self.scaler is None else self.scaler.skipped_steps
+        return self.trainer.skipped_steps
 
     def train_batch(self, batch):
-        mod = self.mod
-        mod.forward(batch, is_train=True)
-        loss, logits = mod.get_outputs()
-        if self._zeros is None:
-            self._zeros = mx.nd.zeros(logits.shape, ctx=logits.context)
-            self._ones = mx.nd.ones(loss.shape, ctx=loss.context)
-        head = self._ones if self.scaler is None else self.scaler.out_grads([loss])[0]
-        mod.backward(out_grads=[head, self._zeros])
-        if self.reducer is not None:
-            self.reducer.allreduce(mod._exec_group.grad_arrays)
-        if self.scaler is None:
-            mod.update()
-            applied = True
-        else:
-            applied = self.scaler.update_module(mod)
-        return loss.sum(), applied
+        self.mod.forward(batch, is_train=True)
+        self.trainer.backward()
+        applied = self.trainer.step()
+        return self.mod.get_outputs()[0].sum(), applied
 
     def statistics(self):
         """Per auxiliary state (BatchNorm mean/variance), its array on every device."""
-        return self.mod._exec_group.aux_arrays   # Module internal
+        return self.trainer.aux_arrays()
 
     def predict(self, batch):
         self.mod.forward(batch, is_train=False)
         return [self.mod.get_outputs()[1]], [batch.label[0]]
 
     def save(self, params_file, states_file):
-        # Module internal: get_params() returns a cache refreshed only after update(),
-        # but forward passes move BatchNorm's statistics also when every step was skipped.
-        self.mod._sync_params_from_devices()
-        arg, aux = self.mod.get_params()
-        saved = {'arg:' + k: cast(v, 'float32') for k, v in arg.items()}
-        saved.update({'aux:' + k: cast(v, 'float32') for k, v in aux.items()})
-        mx.nd.save(params_file, saved)
-        opt = self.opt
-        state = {'updater': self.mod._updater.get_states(dump_optimizer=False),
-                 'num_update': opt.num_update,
-                 'all_index_update_counts': opt._all_index_update_counts,
-                 'loss_scaler': None if self.scaler is None else self.scaler.state_dict()}
-        with open(states_file, 'wb') as handle:
-            pickle.dump(state, handle)
+        self.trainer.save_params(params_file)
+        self.trainer.save_states(states_file)
 
     def load(self, params_file, states_file):
-        arg, aux = self.mod.get_params()
-        loaded = mx.nd.load(params_file)
-        for kind, current in (('arg:', arg), ('aux:', aux)):
-            for name, value in current.items():
-                current[name] = cast(loaded[kind + name], name_of_array(value))
-        self.mod.set_params(arg, aux, force_init=True)
-        with open(states_file, 'rb') as handle:
-            state = pickle.load(handle)
-        self.mod._updater.set_states(state['updater'])
-        opt = self.opt
-        opt.num_update = state['num_update']
-        opt._all_index_update_counts = state['all_index_update_counts']
-        opt._index_update_count = opt._all_index_update_counts[0]
-        if state['loss_scaler'] is not None:
-            self.scaler.load_state_dict(state['loss_scaler'])
+        self.trainer.load_params(params_file)
+        self.trainer.load_states(states_file)
 
 
 # ---------------------------------------------------------------------------------------

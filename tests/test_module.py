@@ -1,4 +1,8 @@
 """mxamp.ModuleTrainer: mixed-precision training of an mx.mod.Module."""
+import json
+import os
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -258,3 +262,61 @@ def test_states_and_params_are_checked_on_load(tmp_path):
     mx.nd.save(partial, {'arg:conv0_weight': mx.nd.zeros((16, 3, 3, 3))})
     with pytest.raises(KeyError, match='aux:bn0_moving_mean'):
         plain.load_params(partial)
+
+
+_DIST_WORKER = textwrap.dedent('''
+    import sys, json, numpy as np, mxnet as mx
+    sys.path.insert(0, {root!r})
+    import mxamp
+    from mxamp.dtypes import cast, to_float32_numpy
+    kv = mx.kv.create('dist_sync')
+    rank = kv.rank
+    loss = mx.sym.sum(mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=3, name='fc'), axis=1)
+    sym = mxamp.convert_symbol(loss, {dtype!r}, params=['fc_weight', 'fc_bias'], ctx=mx.cpu(),
+                               cpu_class='auto')
+    mod = mx.mod.Module(sym, data_names=['data'], label_names=[])
+    mod.bind(data_shapes=[('data', (2, 4))])
+    mod.init_params(mx.init.Zero())
+    arg, _ = mod.get_params()
+    # Different starting weights per worker: the broadcast must make them rank 0's.
+    mod.set_params({{k: cast(mx.nd.full(v.shape, 1.0 + rank), {dtype!r}) for k, v in arg.items()}},
+                   {{}})
+    scale = mxamp.LossScaler(init_scale=4.0) if {dtype!r} == 'float16' else None
+    trainer = mxamp.ModuleTrainer(mod, 'sgd', {{'learning_rate': 0.5}}, kvstore=kv,
+                                  loss_scale=scale)
+    results = []
+    for step in range(3):
+        mod.forward(mx.io.DataBatch([mx.nd.full((2, 4), rank + 1.0)], []), is_train=True)
+        trainer.backward()
+        if step == 1 and rank == 1 and scale is not None:
+            mod._exec_group.grad_arrays[0][0][0] = np.inf     # only worker 1 overflows
+        results.append((trainer.step(), trainer.loss_scale))
+    mod._sync_params_from_devices()
+    arg, _ = mod.get_params()
+    print('RESULT', rank, json.dumps([results, {{k: to_float32_numpy(v).ravel().tolist()
+                                                for k, v in sorted(arg.items())}}]), flush=True)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('dtype', ['float16', 'bfloat16'])
+def test_dist_sync_workers_train_alike(tmp_path, dtype):
+    """Two workers and a server: worker 0's weights are broadcast, gradients are summed
+    over workers (bfloat16 as FP32: the server aborts on bfloat16), and a step that
+    overflows on one worker is skipped by both."""
+    from test_trainer import _results, _run_dist
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs, server_err = _run_dist(tmp_path, _DIST_WORKER.format(root=root, dtype=dtype))
+    assert 'Unknown type enum' not in server_err
+    parsed = {rank: json.loads(rest) for rank, rest in _results(outputs, server_err).items()}
+    assert parsed[0] == parsed[1]
+    steps, weights = parsed[0]
+    if dtype == 'float16':
+        assert steps == [[True, 4.0], [False, 2.0], [True, 2.0]]
+    else:
+        assert steps == [[True, 1.0]] * 3
+    applied = sum(ok for ok, _ in steps)
+    # Per step: dW = sum over both workers' 2 samples of x = 2 * 1 + 2 * 2 = 6, db = 4;
+    # rescale_grad 1 / (2 samples x 2 workers), lr 0.5.  Starting from rank 0's ones.
+    np.testing.assert_array_equal(weights['fc_weight'], [1.0 - applied * 0.5 * 6 / 4] * 12)
+    np.testing.assert_array_equal(weights['fc_bias'], [1.0 - applied * 0.5 * 4 / 4] * 3)
