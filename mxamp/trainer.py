@@ -28,6 +28,10 @@ What it does differently from ``mxnet.contrib.amp``
   stay bit-identical, also with ``update_on_kvstore=True`` (the check runs
   before any gradient is pushed) and with distributed kvstores (the workers
   agree through a one-element-per-worker allreduce before pushing).
+* Gradient clipping (:meth:`Trainer.clip_global_norm`) takes the global norm
+  in FP32 over gradients of mixed dtypes, reports it unscaled, and folds the
+  clipping factor into ``rescale_grad`` too; its one host sync replaces the
+  step's overflow check.
 * The new scale is used from the very next step, and the scaler's state is part
   of ``save_states`` / ``load_states`` and ``state_dict``.
 * bfloat16 parameters train with distributed kvstores: MXNet 1.9.1's servers
@@ -54,8 +58,9 @@ MXNet internals relied on (MXNet 1.9.1):
   ``_deferred_init`` (shape still unknown), ``_stype`` (only dense bfloat16
   crosses the kvstore as FP32) and ``_check_and_get`` (the arrays of every
   context, for that broadcast);
-* ``NDArray._fresh_grad``: gluon's stale-gradient flag, reset by a skipped step
-  as by an applied one;
+* ``NDArray._fresh_grad``: gluon's stale-gradient flag, set by backward (how
+  :meth:`Trainer.clip_global_norm` knows that backward ran) and reset by a
+  skipped step as by an applied one;
 * ``mx.mod.Module`` (:meth:`LossScaler.update_module`): ``_exec_group``'s
   ``param_names`` and ``grad_arrays`` (the gradients to check, per device),
   ``_optimizer`` (its ``rescale_grad`` takes the loss scale), ``_kvstore`` and
@@ -153,6 +158,42 @@ def _finite_flags(arrays):
                                        out=flag)
         flags.append(flag)
     return flags
+
+
+def _sum_of_squares(arrays):
+    """The sum of the squares of every element of `arrays`, in FP32; no host sync.
+
+    Returns a float32 NDArray of shape (1,) on the context of the first array.
+    Each array is read by one ``dot`` with itself (BLAS: several partial sums,
+    so the rounding error stays small; MXNet 1.9.1's ``multi_sum_sq``
+    accumulates serially and is off by about 1e-3 on a 2M-element gradient).
+    float16 and bfloat16 arrays are widened to float32 one at a time first:
+    MXNet's CPU ``dot`` only takes float32 and float64.  The sum is non-finite
+    when an element is, and also when it exceeds float32's range (elements
+    around 1e19).
+    """
+    home = arrays[0].context
+    parts = []
+    for arr in arrays:
+        flat = arr.reshape((-1,))
+        if flat.dtype != np.float32:
+            flat = widen(flat)
+        parts.append(mx.nd.dot(flat, flat).as_in_context(home))
+    return mx.nd.add_n(*parts)
+
+
+def _context_sum(grads):
+    """The sum of one parameter's gradients over its contexts, on the first; no host sync.
+
+    Dense low-precision gradients are summed in float32, so that the sum of
+    finite float16 gradients cannot overflow.
+    """
+    if len(grads) == 1:
+        return grads[0]
+    home = grads[0].context
+    if grads[0].stype == 'default':
+        grads = [g if g.dtype == np.float32 else widen(g) for g in grads]
+    return mx.nd.add_n(*[g.as_in_context(home) for g in grads])
 
 
 class LossScaler(object):
@@ -646,10 +687,9 @@ class Trainer(gluon.Trainer):
     ...             autograd.backward(scaled)
     ...     trainer.step(x.shape[0])
 
-    Gradient clipping: call :meth:`unscale` after backward, clip, then step::
+    Gradient clipping: call :meth:`clip_global_norm` after backward, then step::
 
-    ...     trainer.unscale()
-    ...     gluon.utils.clip_global_norm(grads, max_norm)
+    ...     norm = trainer.clip_global_norm(max_norm)   # of the unscaled gradients
     ...     trainer.step(x.shape[0])
     """
 
@@ -709,6 +749,9 @@ class Trainer(gluon.Trainer):
                                       update_on_kvstore=update_on_kvstore)
         self._scale_loss_open = 0
         self._unscaled = False
+        self._reduced = False             # summed over contexts and workers this step
+        self._clip_coef = None            # set by clip_global_norm() for this step
+        self._clip_overflow = False       # its verdict: the norm is not finite
         self._diagnose_net = None
         self._last_inputs = []
         if diagnose_net is not None:
@@ -750,6 +793,9 @@ class Trainer(gluon.Trainer):
             raise RuntimeError('scale_loss() after unscale() in the same step: the gradients '
                                'are already unscaled, and new scaled gradients would be mixed '
                                'with them; call step() first')
+        if self._clip_coef is not None:
+            raise RuntimeError('scale_loss() after clip_global_norm() in the same step: the '
+                               'norm does not include the new gradients; call step() first')
         scaled = loss if self._loss_scaler is None else self._loss_scaler.scale(loss)
         self._scale_loss_open += 1
         try:
@@ -760,9 +806,11 @@ class Trainer(gluon.Trainer):
     def unscale(self):
         """Divide every gradient, on every context, by :attr:`loss_scale` in place.
 
-        For gradient clipping or inspection between backward and :meth:`step`;
-        the following step does not unscale again.  One in-place multiply per
-        gradient array, no host sync.
+        For inspecting the gradients between backward and :meth:`step`; the
+        following step does not unscale again.  One in-place multiply per
+        gradient array, no host sync.  Gradient clipping needs no unscaling:
+        :meth:`clip_global_norm` works on the scaled gradients and reports the
+        norm of the unscaled ones.
 
         Raises
         ------
@@ -778,6 +826,132 @@ class Trainer(gluon.Trainer):
             for grad in self._trainable_grads():
                 grad *= factor
         self._unscaled = True
+
+    def clip_global_norm(self, max_norm):
+        """Clip the global 2-norm of the gradients at `max_norm`; return the norm.
+
+        Call after backward and before :meth:`step` (or :meth:`update`), once
+        per step, with or without :meth:`unscale` before it.  The norm is
+        computed over every trainable parameter, in FP32 whatever the
+        gradients' dtypes (float16, bfloat16 and float32 mixed), and is that of
+        the *unscaled* gradients before the ``1/batch_size`` normalisation:
+        what ``gluon.utils.clip_global_norm`` would compute on FP32 gradients
+        reduced by ``allreduce_grads``.  When it exceeds `max_norm`, the next
+        step multiplies every gradient by ``max_norm / norm``; the factor is
+        folded into the optimizer's ``rescale_grad`` with ``1/loss_scale`` and
+        ``1/batch_size``, so no gradient is rewritten.  Parameters whose
+        gradient is stale (not used since the last step) count with what their
+        gradient holds.
+
+        Contexts and kvstores:
+
+        * several contexts, ``update_on_kvstore=False``: this method sums the
+          gradients over the contexts (the ``allreduce_grads`` that the step
+          would run; the step then does not reduce again) and takes the norm
+          of the sum;
+        * several contexts, local kvstore, ``update_on_kvstore=True``: the sum
+          over contexts is formed in FP32 for the norm, one parameter at a
+          time; the kvstore still reduces and updates at the step;
+        * distributed kvstore: the norm is that of the gradients summed over
+          all workers (after the allreduce), so every worker clips by the
+          same factor and skips the same steps.  ``update_on_kvstore=True``
+          (``dist_async``, or asked for) is refused: the servers sum and apply
+          the gradients in one operation, so no worker sees the global norm.
+
+        Overflow: a non-finite norm (some gradient is inf or NaN) is returned
+        as it is, and the next step is skipped as without clipping (weights,
+        master weights and optimizer states unchanged, the loss scale backs
+        off).  With loss scaling off the step is skipped too, with a
+        ``RuntimeWarning``.
+
+        Cost: one read of every gradient (float16 and bfloat16 ones through a
+        float32 copy each, so up to twice their size in temporary memory) and
+        **one host sync**, to read the norm.  The following step takes its
+        overflow verdict from that norm instead of checking the gradients
+        again, so with loss scaling on a clipped step still costs one host
+        sync in all.  Do not change the gradients between this call and the
+        step.
+
+        Parameters
+        ----------
+        max_norm : float
+            The largest global norm let through (positive).
+
+        Returns
+        -------
+        float
+            The global 2-norm of the unscaled gradients before clipping; inf or
+            NaN when some gradient is.
+
+        Raises
+        ------
+        ValueError
+            When `max_norm` is not a positive finite number.
+        RuntimeError
+            When no gradient was computed since the last step (called before
+            backward), when called twice before one step or inside a
+            :meth:`scale_loss` block, and with a distributed kvstore that
+            updates on its servers.
+        """
+        self._check_outside_scale_loss('clip_global_norm')
+        max_norm = _positive('max_norm', max_norm)
+        if self._clip_coef is not None:
+            raise RuntimeError('clip_global_norm() was already called since the last step(); '
+                               'call it once per step, after backward')
+        if not self._has_fresh_grads():
+            raise RuntimeError('clip_global_norm() before backward: no gradient was computed '
+                               'since the last step(); call it after autograd.backward() and '
+                               'before step()')
+        self._ensure_kvstore()
+        if self._kvstore is not None and self._update_on_kvstore:
+            if self._distributed:
+                raise RuntimeError(
+                    'clip_global_norm() with kvstore %r and update_on_kvstore=True: the '
+                    'servers sum and apply the gradients in one operation, so no worker sees '
+                    'their global norm; create the Trainer with update_on_kvstore=False'
+                    % (self._kvstore.type,))
+        elif self._kvstore is not None and not self._reduced:
+            self._allreduce_grads()
+            self._reduced = True
+        # After the reduction every context holds the same sum: the first one's will do.
+        grads = [param.list_grad()[0] if self._reduced else _context_sum(param.list_grad())
+                 for param in self._params
+                 if param.grad_req != 'null' and param._data is not None]
+        norm = math.sqrt(_sum_of_squares(_flat_grads(grads)).asscalar())   # the host sync
+        if self._loss_scaler is not None and not self._unscaled:
+            norm /= self._loss_scaler.loss_scale
+        self._clip_overflow = not math.isfinite(norm)
+        self._clip_coef = max_norm / norm if norm > max_norm and not self._clip_overflow \
+            else 1.0
+        return norm
+
+    def allreduce_grads(self):
+        """Sum the gradients over contexts and workers, as ``gluon.Trainer.allreduce_grads``.
+
+        For the ``allreduce_grads()`` / :meth:`update` split
+        (``update_on_kvstore=False``).  :meth:`clip_global_norm` and
+        :meth:`step` after it do not reduce again.  No host sync.
+
+        Raises
+        ------
+        RuntimeError
+            When the gradients were already reduced since the last step (by
+            this method or by :meth:`clip_global_norm`), or inside a
+            :meth:`scale_loss` block.
+        """
+        self._check_outside_scale_loss('allreduce_grads')
+        if self._reduced:
+            raise RuntimeError('allreduce_grads() was already called since the last step() '
+                               '(clip_global_norm() calls it); the gradients would be summed '
+                               'twice')
+        super(Trainer, self).allreduce_grads()
+        self._reduced = True
+
+    def _has_fresh_grads(self):
+        # NDArray._fresh_grad: set by backward, cleared by a step.
+        return any(data._fresh_grad for param in self._params
+                   if param.grad_req != 'null' and param._data is not None
+                   for data in param.list_data())
 
     def _check_outside_scale_loss(self, what):
         if self._scale_loss_open:
@@ -797,7 +971,8 @@ class Trainer(gluon.Trainer):
         # gluon.Trainer._scale: the optimizer's rescale_grad at construction.
         scale = 1.0 if (self._loss_scaler is None or self._unscaled) \
             else self._loss_scaler.loss_scale
-        return self._scale / batch_size / scale
+        clip = 1.0 if self._clip_coef is None else self._clip_coef
+        return self._scale / batch_size / scale * clip
 
     def _ensure_kvstore(self):
         # gluon.Trainer internals: lazy kvstore creation and parameter broadcast.
@@ -890,12 +1065,27 @@ class Trainer(gluon.Trainer):
                 for data in param.list_data():
                     data._fresh_grad = False
 
+    def _has_overflow(self, **kvstore_args):
+        """This step's overflow verdict: clip_global_norm()'s, or the scaler's (one host sync)."""
+        if self._clip_coef is not None:
+            return self._clip_overflow
+        if self._loss_scaler is None:
+            return False
+        return self._loss_scaler.has_overflow(self._trainable_grads(), **kvstore_args)
+
     def _finish(self, overflow):
         self._unscaled = False
+        self._reduced = False
+        self._clip_coef = None
+        self._clip_overflow = False
         if overflow:
             self._mark_consumed()
         if self._loss_scaler is not None:
             self._loss_scaler.update(overflow, details=self._overflow_details)
+        elif overflow:
+            warnings.warn('mxamp: the gradient norm is not finite (inf/NaN gradients): step '
+                          'skipped.  Loss scaling is off, so nothing adapts; if it recurs, the '
+                          'model produces inf/NaN', RuntimeWarning, stacklevel=3)
         return not overflow
 
     def _overflow_details(self):
@@ -936,7 +1126,8 @@ class Trainer(gluon.Trainer):
         bool
             True when the update was applied, False when it was skipped because
             some gradient was inf/NaN.  With loss scaling on, **one host sync**
-            (the overflow verdict); with ``loss_scale=None``, none.
+            (the overflow verdict); with ``loss_scale=None``, none.  After
+            :meth:`clip_global_norm`, none: its norm gives the verdict.
 
         Raises
         ------
@@ -944,7 +1135,7 @@ class Trainer(gluon.Trainer):
             When called inside a :meth:`scale_loss` block.
         """
         self._check_outside_scale_loss('step')
-        if self._loss_scaler is None:
+        if self._loss_scaler is None and self._clip_coef is None and not self._reduced:
             super(Trainer, self).step(batch_size, ignore_stale_grad)
             return self._finish(False)
         self._ensure_kvstore()
@@ -953,18 +1144,18 @@ class Trainer(gluon.Trainer):
         # (push/pull per parameter), _update (per-context updaters + stale check).
         if self._kvstore is not None and self._update_on_kvstore:
             # Check before pushing: the kvstore applies the update on push.
-            overflow = self._loss_scaler.has_overflow(
-                self._trainable_grads(), kvstore=self._kvstore, rescale_grad=rescale)
+            overflow = self._has_overflow(kvstore=self._kvstore, rescale_grad=rescale)
             if not overflow:
                 self._optimizer.rescale_grad = rescale
                 self._allreduce_grads()
                 self._update(ignore_stale_grad)
         else:
             self._check_and_rescale_grad(rescale)
-            self._allreduce_grads()
+            if not self._reduced:
+                self._allreduce_grads()
             # After the reduction: catches sums that overflow, and every worker
             # of a distributed kvstore sees the same reduced gradients.
-            overflow = self._loss_scaler.has_overflow(self._trainable_grads())
+            overflow = self._has_overflow()
             if not overflow:
                 self._update(ignore_stale_grad)
         return self._finish(overflow)
@@ -974,10 +1165,10 @@ class Trainer(gluon.Trainer):
 
         For the ``allreduce_grads()`` / ``update()`` split of ``gluon.Trainer``
         (``update_on_kvstore=False`` only).  Returns True when applied.  One host
-        sync with loss scaling on.
+        sync with loss scaling on, none after :meth:`clip_global_norm`.
         """
         self._check_outside_scale_loss('update')
-        if self._loss_scaler is None:
+        if self._loss_scaler is None and self._clip_coef is None:
             super(Trainer, self).update(batch_size, ignore_stale_grad)
             return self._finish(False)
         self._ensure_kvstore()
@@ -986,7 +1177,7 @@ class Trainer(gluon.Trainer):
                                'use step(), or create the Trainer with '
                                'update_on_kvstore=False')
         self._check_and_rescale_grad(self._rescale(batch_size))
-        overflow = self._loss_scaler.has_overflow(self._trainable_grads())
+        overflow = self._has_overflow()
         if not overflow:
             self._update(ignore_stale_grad)
         return self._finish(overflow)

@@ -364,6 +364,267 @@ def test_allreduce_grads_and_update_split():
 
 
 # ---------------------------------------------------------------------------------
+# Gradient clipping
+# ---------------------------------------------------------------------------------
+def mixed_net(dtype='float16', ctx=None, seed=0):
+    """Dense -> BatchNorm -> Dense, converted: dense parameters in `dtype`, BatchNorm's FP32."""
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(6, in_units=8), gluon.nn.BatchNorm(in_channels=6),
+            gluon.nn.Dense(1, in_units=6))
+    net.initialize(mx.init.Uniform(0.5), ctx=ctx or [mx.cpu(0)])
+    return convert_quietly(net, dtype)
+
+
+def trainable(net):
+    return [p for p in net.collect_params().values() if p.grad_req != 'null']
+
+
+def mixed_backward(net, trainer, ctxs=(mx.cpu(0),), seed=0, scale=True):
+    """Backward of a float32 sum of squares, different data on each context."""
+    rng = np.random.RandomState(seed)
+    with autograd.record():
+        losses = [nd.sum(nd.square(net(nd.array(rng.uniform(-2, 2, (4, 8)), ctx=ctx))
+                                   .reshape((-1,)) - 3.0)) for ctx in ctxs]
+        if scale:
+            with trainer.scale_loss(losses) as scaled:
+                autograd.backward(scaled)
+        else:
+            autograd.backward(losses)
+
+
+def trained_state(net, trainer):
+    """The trainable weights and the optimizer states (BatchNorm's statistics move in forward)."""
+    return raw_bytes([d for p in trainable(net) for d in p.list_data()]), \
+        raw_bytes(updater_states(trainer))
+
+
+def float64_grads(params, divide_by=1.0):
+    """Each parameter's gradient summed over its contexts, in float64."""
+    return [sum(to_float32_numpy(g).astype(np.float64) for g in p.list_grad()) / divide_by
+            for p in params]
+
+
+def global_norm(grads):
+    return float(np.sqrt(sum(np.sum(np.square(g)) for g in grads)))
+
+
+def fp32_values(trainer, params):
+    """What each parameter's next update starts from: its FP32 master copy when it has one."""
+    # gluon.Trainer internals: the first context's updater, keyed by _param2idx.
+    states = trainer._updaters[0].states
+    values = []
+    for param in params:
+        if dtype_name(param.dtype) == 'float32':
+            values.append(param.data().asnumpy().astype(np.float64))
+            continue
+        index = trainer._param2idx[param.name]
+        if index not in states:                 # before the first update: the weight itself
+            values.append(to_float32_numpy(param.data()).astype(np.float64))
+            continue
+        state = states[index]
+        masters = [a for a in (state if isinstance(state, (tuple, list)) else [state])
+                   if isinstance(a, nd.NDArray) and a.dtype == np.float32]
+        assert len(masters) == 1, state         # plain SGD: the master copy is the only state
+        values.append(masters[0].asnumpy().astype(np.float64))
+    return values
+
+
+@pytest.mark.parametrize('dtype, loss_scale', [('float16', 2.0 ** 10), ('bfloat16', 'auto')])
+def test_clip_global_norm_over_mixed_dtypes_gives_the_clipped_fp32_update(dtype, loss_scale):
+    net = mixed_net(dtype)
+    params = trainable(net)
+    assert {dtype_name(p.dtype) for p in params} == {dtype, 'float32'}
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=LossScaler(init_scale=loss_scale)
+                      if loss_scale != 'auto' else 'auto')
+    for step in range(2):
+        before = fp32_values(trainer, params)
+        mixed_backward(net, trainer, seed=step)
+        grads = float64_grads(params, trainer.loss_scale)
+        expected = global_norm(grads)
+        norm = trainer.clip_global_norm(expected / 4)         # clips by a factor of 4
+        assert norm == pytest.approx(expected, rel=1e-6)
+        assert trainer.step(4) is True
+        after, start, grad = [np.concatenate([a.ravel() for a in arrays])
+                              for arrays in (fp32_values(trainer, params), before, grads)]
+        clipped = start - 0.1 * grad / 4 / 4
+        assert np.allclose(after, clipped, rtol=1e-5, atol=1e-7), (after, clipped)
+        assert not np.allclose(after, start - 0.1 * grad / 4, rtol=1e-5, atol=1e-7)
+
+
+def test_clip_global_norm_below_max_norm_changes_nothing_and_replaces_the_check():
+    net_a, net_b = make_net('float16'), make_net('float16')
+    plain, clipped = [Trainer(n.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                              loss_scale=LossScaler(init_scale=2.0 ** 8)) for n in (net_a, net_b)]
+    checks = []
+    check = clipped.loss_scaler.has_overflow
+    clipped.loss_scaler.has_overflow = lambda *a, **k: checks.append(1) or check(*a, **k)
+    for seed in range(2):
+        forward_backward(net_a, plain, [mx.cpu(0)], seed=seed)
+        forward_backward(net_b, clipped, [mx.cpu(0)], seed=seed)
+        assert clipped.clip_global_norm(1e6) < 1e6
+        assert plain.step(4) is True and clipped.step(4) is True
+        assert snapshot(net_a, plain) == snapshot(net_b, clipped)
+    assert checks == []             # the norm's host sync gave the verdict: no second one
+
+
+def test_clip_global_norm_matches_gluon_recipe_in_float32():
+    net_a, net_b = make_net('float32'), make_net('float32')
+    plain = gluon.Trainer(net_a.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    amp = Trainer(net_b.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                  loss_scale=256.0)
+    for seed in range(3):
+        forward_backward(net_a, None, [mx.cpu(0)], 'float32', seed, scale=False)
+        reference = gluon.utils.clip_global_norm(
+            [p.grad() for p in net_a.collect_params().values()], 0.5)
+        assert reference > 1.0                                # so both really clip
+        forward_backward(net_b, amp, [mx.cpu(0)], 'float32', seed)
+        assert amp.clip_global_norm(0.5) == pytest.approx(reference, rel=1e-6)
+        plain.step(4)
+        assert amp.step(4) is True
+        assert np.allclose(net_b.w.data().asnumpy(), net_a.w.data().asnumpy(), rtol=1e-6)
+
+
+def test_clip_global_norm_after_unscale_is_the_same_clip():
+    nets = [mixed_net(), mixed_net()]
+    trainers = [Trainer(n.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                        loss_scale=LossScaler(init_scale=2.0 ** 8)) for n in nets]
+    for seed in range(2):
+        norms = []
+        for index, (net, trainer) in enumerate(zip(nets, trainers)):
+            mixed_backward(net, trainer, seed=seed)
+            if index == 1:
+                trainer.unscale()
+            norms.append(trainer.clip_global_norm(2.0))
+            assert trainer.step(4) is True
+        assert norms[0] == norms[1] > 2.0
+        assert snapshot(nets[0], trainers[0]) == snapshot(nets[1], trainers[1])
+
+
+@pytest.mark.parametrize('bad', [np.inf, np.nan])
+def test_clip_global_norm_on_overflow_skips_the_step(bad):
+    net = mixed_net()
+    params = trainable(net)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    mixed_backward(net, trainer)
+    trainer.clip_global_norm(1.0)
+    assert trainer.step(4) is True
+    before = trained_state(net, trainer)
+    mixed_backward(net, trainer, seed=1)
+    assert params[0].dtype == np.float16
+    params[0].grad()[0, 0] = bad
+    norm = trainer.clip_global_norm(1.0)
+    assert not np.isfinite(norm)
+    assert trainer.step(4) is False
+    assert trained_state(net, trainer) == before
+    assert trainer.loss_scale == 2.0 ** 7 and trainer.skipped_steps == 1
+    mixed_backward(net, trainer, seed=2)                     # and training goes on
+    assert np.isfinite(trainer.clip_global_norm(1.0))
+    assert trainer.step(4) is True and trained_state(net, trainer) != before
+
+
+def test_clip_global_norm_without_loss_scaling_skips_a_nonfinite_step():
+    net = mixed_net('bfloat16')
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    assert trainer.loss_scaler is None
+    mixed_backward(net, trainer)
+    before = trained_state(net, trainer)
+    trainable(net)[0].grad()[0, 0] = np.inf
+    assert trainer.clip_global_norm(1.0) == np.inf
+    with pytest.warns(RuntimeWarning, match='gradient norm is not finite'):
+        assert trainer.step(4) is False
+    assert trained_state(net, trainer) == before
+
+
+@pytest.mark.parametrize('update_on_kvstore', [False, True])
+def test_clip_global_norm_on_two_contexts_is_the_norm_of_the_sum(update_on_kvstore):
+    net = mixed_net(ctx=CTXS)
+    params = trainable(net)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      update_on_kvstore=update_on_kvstore,
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    before = fp32_values(trainer, params)
+    mixed_backward(net, trainer, CTXS)
+    grads = float64_grads(params, trainer.loss_scale)
+    expected = global_norm(grads)
+    # What the norm over every context's gradient (not their sum) would be.
+    every_context = global_norm([to_float32_numpy(g).astype(np.float64) / trainer.loss_scale
+                                 for p in params for g in p.list_grad()])
+    assert abs(every_context / expected - 1) > 0.05
+    # The kvstore sums float16 gradients in float16: the reduced sum is rounded.
+    norm = trainer.clip_global_norm(expected / 2)
+    assert norm == pytest.approx(expected, rel=1e-3)
+    assert trainer.step(8) is True
+    assert trainer._update_on_kvstore is update_on_kvstore
+    for param in params:
+        assert np.array_equal(*[to_float32_numpy(d) for d in param.list_data()])
+    after, start, grad = [np.concatenate([a.ravel() for a in arrays])
+                          for arrays in (fp32_values(trainer, params), before, grads)]
+    update = 0.1 * grad / 8 * (expected / 2 / norm)
+    assert np.allclose(after, start - update, rtol=0, atol=1e-3 * np.abs(update).max())
+
+
+def test_allreduce_grads_then_clip_then_update_reduces_once():
+    nets = [mixed_net(ctx=CTXS), mixed_net(ctx=CTXS)]
+    trainers = [Trainer(n.collect_params(), 'sgd', {'learning_rate': 0.1},
+                        loss_scale=LossScaler(init_scale=2.0 ** 8)) for n in nets]
+    for net, trainer in zip(nets, trainers):
+        mixed_backward(net, trainer, CTXS)
+    trainers[0].allreduce_grads()
+    norms = [trainers[0].clip_global_norm(1.0), trainers[1].clip_global_norm(1.0)]
+    with pytest.raises(RuntimeError, match=r'allreduce_grads\(\) was already called'):
+        trainers[1].allreduce_grads()
+    assert norms[0] == norms[1]
+    assert trainers[0].update(8) is True and trainers[1].step(8) is True
+    assert snapshot(nets[0], trainers[0]) == snapshot(nets[1], trainers[1])
+
+
+def test_clip_global_norm_with_a_distributed_kvstore():
+    kv = _DistKVStoreWithoutBfloat16()
+    net = mixed_net(ctx=CTXS)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1}, kvstore=kv,
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    mixed_backward(net, trainer, CTXS)
+    expected = global_norm(float64_grads(trainable(net), trainer.loss_scale))
+    assert trainer.clip_global_norm(1.0) == pytest.approx(expected, rel=1e-3)
+    assert trainer.step(8) is True
+    net = mixed_net(ctx=CTXS)
+    on_servers = Trainer(net.collect_params(), 'sgd', kvstore=_DistKVStoreWithoutBfloat16(),
+                         update_on_kvstore=True)
+    mixed_backward(net, on_servers, CTXS)
+    with pytest.raises(RuntimeError, match='update_on_kvstore=True: the servers'):
+        on_servers.clip_global_norm(1.0)
+
+
+def test_clip_global_norm_misuse():
+    net = mixed_net()
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    with pytest.raises(RuntimeError, match=r'clip_global_norm\(\) before backward'):
+        trainer.clip_global_norm(1.0)
+    for bad in (0, -1.0, np.inf, np.nan, 'one'):
+        with pytest.raises(ValueError, match='max_norm must be a positive finite number'):
+            trainer.clip_global_norm(bad)
+    with autograd.record():
+        loss = nd.sum(net(nd.ones((4, 8))))
+        with trainer.scale_loss(loss) as scaled:
+            autograd.backward(scaled)
+            with pytest.raises(RuntimeError, match=r'clip_global_norm\(\) called inside'):
+                trainer.clip_global_norm(1.0)
+    trainer.clip_global_norm(1.0)
+    with pytest.raises(RuntimeError, match=r'clip_global_norm\(\) was already called'):
+        trainer.clip_global_norm(1.0)
+    with pytest.raises(RuntimeError, match=r'scale_loss\(\) after clip_global_norm\(\)'):
+        with trainer.scale_loss(nd.ones((1,))):
+            pass
+    assert trainer.step(4) is True
+    with pytest.raises(RuntimeError, match=r'clip_global_norm\(\) before backward'):
+        trainer.clip_global_norm(1.0)                       # the step consumed the gradients
+
+
+# ---------------------------------------------------------------------------------
 # State
 # ---------------------------------------------------------------------------------
 @pytest.mark.parametrize('update_on_kvstore', [False, True])
