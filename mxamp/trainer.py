@@ -270,6 +270,7 @@ class LossScaler(object):
         self._clean_steps = 0
         self._skipped_steps = 0
         self._steps = 0
+        self._scaled = False        # scale() or out_grads() since the last update()
         self._out_grads = {}
         self._base_rescale = weakref.WeakKeyDictionary()
         self._flag_kvstores = weakref.WeakKeyDictionary()   # overflow key initialised there
@@ -327,6 +328,39 @@ class LossScaler(object):
         """Consecutive overflow-free steps since the scale last changed or overflowed."""
         return self._clean_steps
 
+    @property
+    def scaled_since_update(self):
+        """Whether :meth:`scale` or :meth:`out_grads` ran since the last :meth:`update`."""
+        return self._scaled
+
+    def check_scaled(self, caller, remedy):
+        """Refuse to unscale gradients that were never scaled.  No host sync.
+
+        Gradients computed without :meth:`scale` (or :meth:`out_grads`) would
+        be divided by :attr:`loss_scale` all the same: the update would shrink
+        by that factor, silently.  :class:`Trainer` and :meth:`update_module`
+        call this before a step that has new gradients; a scale fixed at 1
+        needs no scaling and passes.
+
+        Parameters
+        ----------
+        caller : str
+            What is about to unscale, for the message (``'step()'``).
+        remedy : str
+            How to scale the gradients, for the message.
+
+        Raises
+        ------
+        RuntimeError
+            When neither :meth:`scale` nor :meth:`out_grads` ran since the last
+            :meth:`update`.
+        """
+        if self._scaled or (not self.dynamic and self._scale == 1.0):
+            return
+        raise RuntimeError('%s: the gradients were not computed from a scaled loss since the '
+                           'last step, so dividing them by the loss scale %g would shrink the '
+                           'update %g times; %s' % (caller, self._scale, self._scale, remedy))
+
     def __repr__(self):
         return ('LossScaler(loss_scale=%g, dynamic=%s, skipped_steps=%d, steps=%d)'
                 % (self._scale, self.dynamic, self._skipped_steps, self._steps))
@@ -336,8 +370,10 @@ class LossScaler(object):
         """`loss` times :attr:`loss_scale` (an NDArray, or a list/tuple of them).
 
         Recorded by autograd (opens a ``record`` scope if none is active), so
-        ``backward`` on the result gives scaled gradients.  No host sync.
+        ``backward`` on the result gives scaled gradients.  Marks the step as
+        scaled (see :meth:`check_scaled`).  No host sync.
         """
+        self._scaled = True
         if isinstance(loss, (list, tuple)):
             return type(loss)(self.scale(item) for item in loss)
         if not isinstance(loss, mx.nd.NDArray):
@@ -353,8 +389,9 @@ class LossScaler(object):
 
         For ``Module.backward(out_grads=...)`` when the symbol's outputs are
         losses.  The arrays are cached and reused while the scale is unchanged.
-        No host sync.
+        Marks the step as scaled (see :meth:`check_scaled`).  No host sync.
         """
+        self._scaled = True
         result = []
         for out in outputs:
             key = (out.shape, out.context, np.dtype(out.dtype).str
@@ -429,6 +466,7 @@ class LossScaler(object):
             On overflow at `min_scale` with ``at_min_scale='raise'``.
         """
         self._steps += 1
+        self._scaled = False
         if not overflow:
             self._clean_steps += 1
             if self.dynamic and self._clean_steps >= self.growth_interval:
@@ -480,9 +518,10 @@ class LossScaler(object):
         Raises
         ------
         RuntimeError
-            When `module` is not bound for training or has no optimizer, and as
-            :meth:`has_overflow` raises it with ``update_on_kvstore`` and a
-            distributed kvstore.
+            When `module` is not bound for training or has no optimizer, when
+            :meth:`out_grads` (or :meth:`scale`) did not run since the last
+            update (see :meth:`check_scaled`), and as :meth:`has_overflow`
+            raises it with ``update_on_kvstore`` and a distributed kvstore.
         FloatingPointError
             On overflow at `min_scale` with ``at_min_scale='raise'``.  The error
             (or, with ``'warn'``, the warning) names the parameters whose
@@ -498,6 +537,8 @@ class LossScaler(object):
         if not module.for_training:
             raise RuntimeError('update_module(): the module is bound with for_training=False, so '
                                'it has no gradients; bind it with for_training=True to train')
+        self.check_scaled('update_module()', 'pass the loss scale to backward: '
+                          'module.backward(scaler.out_grads(module.get_outputs()))')
         optimizer = module._optimizer
         kvstore = module._kvstore
         named_grads = list(zip(module._exec_group.param_names, module._exec_group.grad_arrays))
@@ -665,6 +706,17 @@ class Trainer(gluon.Trainer):
         error or warning.  Costs one extra batch kept alive; the re-run only
         happens on that path.
 
+    A forgotten ``scale_loss``
+    --------------------------
+    With loss scaling on, a step (or :meth:`update`, :meth:`unscale`,
+    :meth:`clip_global_norm`) whose gradients are new but did not come through
+    :meth:`scale_loss` raises ``RuntimeError`` before anything changes: those
+    gradients would be divided by a loss scale they never got, and the update
+    would silently shrink by that factor.  Several ``scale_loss`` per step
+    (gradient accumulation, several losses) are fine; a scale fixed at 1 and
+    ``loss_scale=None`` need none.  The check reads gluon's fresh-gradient
+    flags only: no host sync.
+
     Overflow at the floor
     ---------------------
     When dynamic scaling overflows at ``min_scale``, the ``FloatingPointError``
@@ -815,9 +867,12 @@ class Trainer(gluon.Trainer):
         Raises
         ------
         RuntimeError
-            When called twice before a step, or inside :meth:`scale_loss`.
+            When called twice before a step, inside :meth:`scale_loss`, or
+            on gradients that did not come through :meth:`scale_loss` (as
+            :meth:`step`).
         """
         self._check_outside_scale_loss('unscale')
+        self._check_scaled('unscale')
         if self._unscaled:
             raise RuntimeError('unscale() was already called since the last step(); the '
                                'gradients would be divided by the loss scale twice')
@@ -890,8 +945,9 @@ class Trainer(gluon.Trainer):
         RuntimeError
             When no gradient was computed since the last step (called before
             backward), when called twice before one step or inside a
-            :meth:`scale_loss` block, and with a distributed kvstore that
-            updates on its servers.
+            :meth:`scale_loss` block, on gradients that did not come through
+            :meth:`scale_loss` (as :meth:`step`), and with a distributed
+            kvstore that updates on its servers.
         """
         self._check_outside_scale_loss('clip_global_norm')
         max_norm = _positive('max_norm', max_norm)
@@ -902,6 +958,7 @@ class Trainer(gluon.Trainer):
             raise RuntimeError('clip_global_norm() before backward: no gradient was computed '
                                'since the last step(); call it after autograd.backward() and '
                                'before step()')
+        self._check_scaled('clip_global_norm')
         self._ensure_kvstore()
         if self._kvstore is not None and self._update_on_kvstore:
             if self._distributed:
@@ -952,6 +1009,14 @@ class Trainer(gluon.Trainer):
         return any(data._fresh_grad for param in self._params
                    if param.grad_req != 'null' and param._data is not None
                    for data in param.list_data())
+
+    def _check_scaled(self, what):
+        # Only new gradients: a step without backward is gluon's stale-gradient error.
+        scaler = self._loss_scaler
+        if scaler is not None and not scaler.scaled_since_update and self._has_fresh_grads():
+            scaler.check_scaled('%s()' % what, 'run backward inside "with trainer.scale_loss('
+                                'loss) as scaled: autograd.backward(scaled)", or create the '
+                                'Trainer with loss_scale=None to train without loss scaling')
 
     def _check_outside_scale_loss(self, what):
         if self._scale_loss_open:
@@ -1132,9 +1197,13 @@ class Trainer(gluon.Trainer):
         Raises
         ------
         RuntimeError
-            When called inside a :meth:`scale_loss` block.
+            When called inside a :meth:`scale_loss` block, and, with loss
+            scaling on, when backward ran since the last step but not on a
+            loss from :meth:`scale_loss`: those gradients would be divided by
+            the loss scale they never got (:meth:`LossScaler.check_scaled`).
         """
         self._check_outside_scale_loss('step')
+        self._check_scaled('step')
         if self._loss_scaler is None and self._clip_coef is None and not self._reduced:
             super(Trainer, self).step(batch_size, ignore_stale_grad)
             return self._finish(False)
@@ -1165,9 +1234,11 @@ class Trainer(gluon.Trainer):
 
         For the ``allreduce_grads()`` / ``update()`` split of ``gluon.Trainer``
         (``update_on_kvstore=False`` only).  Returns True when applied.  One host
-        sync with loss scaling on, none after :meth:`clip_global_norm`.
+        sync with loss scaling on, none after :meth:`clip_global_norm`.  Raises
+        ``RuntimeError`` as :meth:`step` does.
         """
         self._check_outside_scale_loss('update')
+        self._check_scaled('update')
         if self._loss_scaler is None and self._clip_coef is None:
             super(Trainer, self).update(batch_size, ignore_stale_grad)
             return self._finish(False)

@@ -364,6 +364,81 @@ def test_allreduce_grads_and_update_split():
 
 
 # ---------------------------------------------------------------------------------
+# A forgotten scale_loss
+# ---------------------------------------------------------------------------------
+@pytest.mark.parametrize('call', ['step', 'update', 'unscale', 'clip_global_norm'])
+def test_forgotten_scale_loss_raises_before_anything_changes(call):
+    net = make_net('float16')
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    forward_backward(net, trainer, [mx.cpu(0)])
+    assert trainer.step(4) is True
+    before = snapshot(net, trainer)
+    forward_backward(net, trainer, [mx.cpu(0)], seed=1, scale=False)
+    grad = net.w.grad().asnumpy().tobytes()
+    run = {'step': lambda: trainer.step(4), 'update': lambda: trainer.update(4),
+           'unscale': trainer.unscale, 'clip_global_norm': lambda: trainer.clip_global_norm(1.0)}
+    with pytest.raises(RuntimeError, match=r'%s\(\): the gradients were not computed from a '
+                       r'scaled loss .* loss scale 256 .*trainer.scale_loss' % call):
+        run[call]()
+    assert snapshot(net, trainer) == before and net.w.grad().asnumpy().tobytes() == grad
+    assert trainer.loss_scaler.steps == 1
+    forward_backward(net, trainer, [mx.cpu(0)], seed=1)        # done right, it steps
+    assert trainer.step(4) is True
+
+
+def test_scaling_by_the_scaler_itself_and_accumulation_pass_the_check():
+    net = make_net('float16', grad_req='add')
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=LossScaler(init_scale=2.0 ** 8))
+    for step in range(2):
+        for seed in (0, 1):                                 # one scale_loss per micro-batch
+            forward_backward(net, trainer, [mx.cpu(0)], seed=seed)
+        assert trainer.step(8) is True
+        for param in net.collect_params().values():
+            param.zero_grad()
+    with autograd.record():
+        loss = nd.sum(net(make_data(mx.cpu(0))[0]).astype('float32'))
+    trainer.loss_scaler.scale(loss).backward()
+    assert trainer.step(4) is True
+    # No backward since: no new gradients, nothing to check (gluon's stale-gradient rules).
+    assert trainer.step(4, ignore_stale_grad=True) is True
+
+
+@pytest.mark.parametrize('dtype, loss_scale', [
+    ('float32', 'auto'), ('bfloat16', 'auto'), ('float16', None), ('float16', 1.0)])
+def test_no_scale_loss_needed_without_a_scale(dtype, loss_scale):
+    net = make_net(dtype)
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=loss_scale)
+    before = snapshot(net, trainer)[0]
+    forward_backward(net, trainer, [mx.cpu(0)], dtype, scale=False)
+    assert trainer.step(4) is True
+    assert snapshot(net, trainer)[0] != before
+
+
+def test_module_update_without_out_grads_raises():
+    rng = np.random.RandomState(0)
+    batch = mx.io.DataBatch([nd.array(rng.randn(8, 4))], [nd.array(rng.randn(8))])
+    mod = _module(mo.create('sgd', learning_rate=0.1, rescale_grad=1.0 / 8), [mx.cpu(0)])
+    scaler = LossScaler(init_scale=2.0 ** 8)
+    mod.forward(batch, is_train=True)
+    mod.backward([nd.ones((8,))])
+    weights = [a.asnumpy().tobytes() for a in mod.get_params()[0].values()]
+    with pytest.raises(RuntimeError, match=r'update_module\(\): the gradients were not '
+                       r'computed from a scaled loss .*scaler.out_grads'):
+        scaler.update_module(mod)
+    assert weights == [a.asnumpy().tobytes() for a in mod.get_params()[0].values()]
+    mod.backward(scaler.out_grads(mod.get_outputs()))
+    assert scaler.update_module(mod) is True
+    assert not scaler.scaled_since_update
+    fixed = LossScaler(init_scale=1.0, dynamic=False)     # nothing to forget
+    mod.forward(batch, is_train=True)
+    mod.backward([nd.ones((8,))])
+    assert fixed.update_module(mod) is True
+
+
+# ---------------------------------------------------------------------------------
 # Gradient clipping
 # ---------------------------------------------------------------------------------
 def mixed_net(dtype='float16', ctx=None, seed=0):
