@@ -31,7 +31,7 @@ import mxnet as mx
 
 from . import optimizer as _mp_optimizer
 from .dtypes import cast, cast_into, name_of_array
-from .trainer import make_loss_scaler
+from .loss_scaler import make_loss_scaler
 
 __all__ = ['ModuleTrainer']
 
@@ -138,7 +138,7 @@ class ModuleTrainer(object):
             # worker's batch, and the loss scale, on purpose.
             warnings.filterwarnings('ignore', message='Optimizer created manually')
             module.init_optimizer(kvstore=None, optimizer=self._optimizer)
-        trainable = [name_of_array(per_device[0]) for per_device, grads
+        trainable = [per_device[0].dtype for per_device, grads
                      in zip(group.param_arrays, group.grad_arrays) if grads[0] is not None]
         self._scaler = make_loss_scaler(loss_scale, trainable)
         self._backward_scaled = False

@@ -1,11 +1,10 @@
-"""Loss scaling and the mixed-precision ``Trainer``.
+"""The mixed-precision ``Trainer``.
 
-This module owns:
-
-* :class:`LossScaler`, the dynamic (or fixed) loss scaler.  It works on its own,
-  with Gluon or with ``mx.mod.Module`` (see :meth:`LossScaler.update_module`);
-* :class:`Trainer`, a ``gluon.Trainer`` with FP32 master weights
-  (:mod:`mxamp.optimizer`) and a :class:`LossScaler` built in.
+This module owns :class:`Trainer`, a ``gluon.Trainer`` with FP32 master
+weights (:mod:`mxamp.optimizer`), a :class:`mxamp.LossScaler` built in
+(:mod:`mxamp.loss_scaler`), gradient clipping, and bfloat16 over distributed
+kvstores (its base class, :mod:`mxamp.kvstore_transport`).  It decides what a
+step does, in which order, and how its state is saved.
 
 A training loop changes by two lines::
 
@@ -44,120 +43,43 @@ What it does differently from ``mxnet.contrib.amp``
 MXNet internals relied on (MXNet 1.9.1):
 
 * ``gluon.Trainer``: ``_params`` (the parameters in kvstore-key order: what
-  is checked, reduced and reported), ``_param2idx`` (a parameter's key, for the
-  FP32 broadcast of bfloat16 values), ``_params_to_init`` and ``_init_params``
-  (the initial broadcast, overridden to send bfloat16 as FP32 and to wait for
-  the pulls), ``_kv_initialized`` and ``_init_kvstore`` (the lazy kvstore,
-  created before the first check), ``_allreduce_grads`` (overridden: bfloat16
-  gradients through FP32), ``_update`` (the per-context updaters, run only
-  after the verdict), ``_check_and_rescale_grad`` and ``_optimizer`` (the
-  loss scale folded into ``rescale_grad``), ``_scale`` (the ``rescale_grad``
-  the optimizer came with), ``_kvstore``, ``_update_on_kvstore`` and
-  ``_distributed`` (which path a step takes, and where the workers agree);
-* ``gluon.Parameter``: ``_data`` (None before initialisation),
-  ``_deferred_init`` (shape still unknown), ``_stype`` (only dense bfloat16
-  crosses the kvstore as FP32) and ``_check_and_get`` (the arrays of every
-  context, for that broadcast);
+  is checked, reduced, clipped and reported), ``_params_to_init``,
+  ``_kv_initialized`` and ``_init_kvstore`` (the lazy kvstore, created before
+  the first check), ``_allreduce_grads`` (the reduction, run by
+  :meth:`Trainer.clip_global_norm` or the step), ``_update`` (the per-context
+  updaters, run only after the verdict), ``_check_and_rescale_grad`` and
+  ``_optimizer`` (the loss scale and the clipping factor folded into
+  ``rescale_grad``), ``_scale`` (the ``rescale_grad`` the optimizer came
+  with), ``_kvstore``, ``_update_on_kvstore`` and ``_distributed`` (which path
+  a step takes, and where the workers agree);
+* ``gluon.Parameter._data`` (None before initialisation);
 * ``NDArray._fresh_grad``: gluon's stale-gradient flag, set by backward (how
-  :meth:`Trainer.clip_global_norm` knows that backward ran) and reset by a
-  skipped step as by an applied one;
-* ``mx.mod.Module`` (:meth:`LossScaler.update_module`): ``_exec_group``'s
-  ``param_names`` and ``grad_arrays`` (the gradients to check, per device),
-  ``_optimizer`` (its ``rescale_grad`` takes the loss scale), ``_kvstore`` and
-  ``_update_on_kvstore`` (the agreement between workers).
+  the Trainer knows that backward ran, for :meth:`Trainer.clip_global_norm`
+  and the forgotten-``scale_loss`` check) and reset by a skipped step as by an
+  applied one.
 """
-import collections
 import contextlib
-import logging
 import math
 import os
 import pickle
 import warnings
-import weakref
 
 import numpy as np
 
 import mxnet as mx
-from mxnet import autograd, gluon
+from mxnet import gluon
 
-from . import diagnose, kvkeys
+from . import diagnose
 from . import optimizer as _mp_optimizer
-from .dtypes import BFLOAT16, LOW_PRECISION, amp_cast, cast_into, dtype_name, widen
+from .dtypes import LOW_PRECISION, dtype_name, widen
+from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
+# LossScaler and OverflowInfo are also importable from here, their first home.
+from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
+                          _positive, make_loss_scaler)
 
 __all__ = ['LossScaler', 'OverflowInfo', 'Trainer']
 
-_LOG = logging.getLogger(__name__)
-
-#: multi_all_finite in MXNet 1.9.1 takes at most 200 arrays (201 segfaults).
-_MAX_FINITE_ARRAYS = 200
-
-#: What :class:`LossScaler` passes to its ``on_overflow`` callback.
-OverflowInfo = collections.namedtuple(
-    'OverflowInfo', ['step', 'loss_scale', 'next_loss_scale', 'skipped_steps'])
-
-_STATE_KEYS = ('loss_scale', 'dynamic', 'growth_factor', 'backoff_factor', 'growth_interval',
-               'min_scale', 'max_scale', 'at_min_scale', 'clean_steps', 'skipped_steps', 'steps')
-
 _FILE_MAGIC = b'MXAMP-TRAINER-STATES v1\n'
-
-
-def _positive(name, value):
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError('%s must be a positive finite number, got %r' % (name, value))
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError('%s must be a positive finite number, got %r' % (name, value))
-    return value
-
-
-def _flat_grads(arrays):
-    """Dense arrays to check: row_sparse gradients contribute their stored values."""
-    out = []
-    for arr in arrays:
-        if arr is None:
-            continue
-        if arr.stype != 'default':
-            arr = arr.data
-        out.append(arr)
-    return out
-
-
-def _finite_flags(arrays):
-    """Per-context all-finite flags, without a host sync.
-
-    Returns a list of float32 NDArrays of shape (1,), one per context of
-    `arrays` (1.0 when every array on that context is finite).  Arrays are
-    grouped by context and dtype: ``multi_all_finite`` reads every input with the
-    dtype of its first one and rejects bfloat16.
-
-    * float16 and float32 on GPU, float16 on CPU: ``multi_all_finite``.
-    * float32 and bfloat16 on CPU: ``multi_sum_sq`` (bfloat16 cast to float32
-      first), then ``multi_all_finite`` on the per-array sums.  On CPU, MXNet
-      1.9.1's ``multi_all_finite`` is about 9x slower than ``multi_sum_sq``
-      (measured: 270 ms vs 32 ms for 34M float32 elements).  A sum of squares
-      is non-finite when any element is, and also when it exceeds float32's
-      range (elements around 1e19): such gradients count as overflow too.
-    """
-    groups = collections.OrderedDict()
-    for arr in arrays:
-        groups.setdefault(arr.context, collections.OrderedDict()) \
-              .setdefault(arr.dtype, []).append(arr)
-    flags = []
-    for ctx, by_dtype in groups.items():
-        flag = mx.nd.ones((1,), ctx=ctx, dtype=np.float32)
-        for dtype, group in by_dtype.items():
-            sum_sq = ctx.device_type == 'cpu' and dtype in (np.float32, BFLOAT16)
-            for start in range(0, len(group), _MAX_FINITE_ARRAYS):
-                chunk = group[start:start + _MAX_FINITE_ARRAYS]
-                if dtype == BFLOAT16:
-                    chunk = [widen(a) for a in chunk]
-                if sum_sq:
-                    chunk = [mx.nd.multi_sum_sq(*chunk, num_arrays=len(chunk))]
-                mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False,
-                                       out=flag)
-        flags.append(flag)
-    return flags
 
 
 def _sum_of_squares(arrays):
@@ -196,428 +118,6 @@ def _context_sum(grads):
     return mx.nd.add_n(*[g.as_in_context(home) for g in grads])
 
 
-class LossScaler(object):
-    """Dynamic or fixed loss scaling with skip-on-overflow.
-
-    Multiply the loss by :attr:`loss_scale` before ``backward`` (:meth:`scale`
-    or :meth:`out_grads`), undo it in the optimizer through ``rescale_grad``,
-    check the gradients for inf/NaN (:meth:`has_overflow`), skip the update if
-    any is found and report the outcome with :meth:`update`.  A dynamic scaler
-    multiplies the scale by `backoff_factor` on every overflow and by
-    `growth_factor` after `growth_interval` consecutive clean steps; the new
-    scale applies from the very next step.
-
-    :class:`Trainer` drives a scaler for Gluon; :meth:`update_module` does the
-    same for ``mx.mod.Module``.
-
-    Parameters
-    ----------
-    init_scale : float, default 2**16
-        Initial (or, with ``dynamic=False``, fixed) loss scale.
-    dynamic : bool, default True
-        Adjust the scale; with False the scale is fixed but overflowing steps
-        are still skipped.
-    growth_factor : float, default 2.0
-        Factor (> 1) applied after `growth_interval` clean steps.
-    backoff_factor : float, default 0.5
-        Factor (between 0 and 1) applied on overflow.
-    growth_interval : int, default 2000
-        Consecutive overflow-free steps before the scale grows.
-    min_scale, max_scale : float, default 1.0 and 2**24
-        Bounds of the dynamic scale.
-    at_min_scale : {'warn', 'raise', 'ignore'}, default 'warn'
-        What to do on an overflow when the scale is already `min_scale`: warn
-        (``RuntimeWarning``), raise ``FloatingPointError`` (after skipping the
-        step and counting it), or do nothing.  Persistent overflow at the floor
-        usually means the model itself produces inf/NaN.
-    on_overflow : callable, optional
-        Called as ``on_overflow(info)`` after every skipped step, with an
-        :class:`OverflowInfo` ``(step, loss_scale, next_loss_scale,
-        skipped_steps)``.  Skips are also logged at INFO level on the
-        ``mxamp.trainer`` logger.
-
-    Examples
-    --------
-    With ``mx.mod.Module``: let the symbol's output be the per-sample loss
-    itself (no ``SoftmaxOutput``/``MakeLoss`` head: those ignore head
-    gradients), give the scaled head gradients to ``backward`` and let the
-    scaler run the update:
-
-    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=1, name='fc')
-    >>> loss = mx.sym.square(mx.sym.reshape(fc, (-1,)) - mx.sym.var('label'))
-    >>> mod = mx.mod.Module(loss, data_names=['data'], label_names=['label'])
-    >>> mod.bind(data_shapes=[('data', (8, 4))], label_shapes=[('label', (8,))])
-    >>> mod.init_params()
-    >>> mod.init_optimizer(optimizer=mxamp.optimizer.create(
-    ...     'sgd', learning_rate=0.1, rescale_grad=1.0 / 8))
-    >>> scaler = mxamp.trainer.LossScaler()
-    >>> for batch in train_iter:
-    ...     mod.forward(batch, is_train=True)
-    ...     mod.backward(scaler.out_grads(mod.get_outputs()))
-    ...     applied = scaler.update_module(mod)     # False: step skipped
-    """
-
-    def __init__(self, init_scale=2.0 ** 16, dynamic=True, growth_factor=2.0,
-                 backoff_factor=0.5, growth_interval=2000, min_scale=1.0,
-                 max_scale=2.0 ** 24, at_min_scale='warn', on_overflow=None):
-        self._configure(dict(loss_scale=init_scale, dynamic=dynamic,
-                             growth_factor=growth_factor, backoff_factor=backoff_factor,
-                             growth_interval=growth_interval, min_scale=min_scale,
-                             max_scale=max_scale, at_min_scale=at_min_scale))
-        if on_overflow is not None and not callable(on_overflow):
-            raise TypeError('on_overflow must be callable, got %r' % (on_overflow,))
-        self.on_overflow = on_overflow
-        self._clean_steps = 0
-        self._skipped_steps = 0
-        self._steps = 0
-        self._scaled = False        # scale() or out_grads() since the last update()
-        self._out_grads = {}
-        self._base_rescale = weakref.WeakKeyDictionary()
-        self._flag_kvstores = weakref.WeakKeyDictionary()   # overflow key initialised there
-
-    def _configure(self, cfg):
-        scale = _positive('loss_scale', cfg['loss_scale'])
-        growth = _positive('growth_factor', cfg['growth_factor'])
-        backoff = _positive('backoff_factor', cfg['backoff_factor'])
-        if growth <= 1.0:
-            raise ValueError('growth_factor must be > 1, got %r' % (cfg['growth_factor'],))
-        if backoff >= 1.0:
-            raise ValueError('backoff_factor must be < 1, got %r' % (cfg['backoff_factor'],))
-        interval = cfg['growth_interval']
-        if isinstance(interval, bool) or not isinstance(interval, (int, np.integer)) \
-                or interval < 1:
-            raise ValueError('growth_interval must be an integer >= 1, got %r' % (interval,))
-        low = _positive('min_scale', cfg['min_scale'])
-        high = _positive('max_scale', cfg['max_scale'])
-        dynamic = bool(cfg['dynamic'])
-        if low > high:
-            raise ValueError('min_scale (%r) must not exceed max_scale (%r)' % (low, high))
-        if dynamic and not low <= scale <= high:
-            raise ValueError('the loss scale %r must lie within [min_scale, max_scale] = '
-                             '[%r, %r]' % (scale, low, high))
-        if cfg['at_min_scale'] not in ('warn', 'raise', 'ignore'):
-            raise ValueError("at_min_scale must be 'warn', 'raise' or 'ignore', got %r"
-                             % (cfg['at_min_scale'],))
-        self._scale = scale
-        self.dynamic = dynamic
-        self.growth_factor = growth
-        self.backoff_factor = backoff
-        self.growth_interval = int(interval)
-        self.min_scale = low
-        self.max_scale = high
-        self.at_min_scale = cfg['at_min_scale']
-
-    # -- public state --------------------------------------------------------
-    @property
-    def loss_scale(self):
-        """The current loss scale (a Python float; no host sync)."""
-        return self._scale
-
-    @property
-    def skipped_steps(self):
-        """Number of steps skipped because of overflow."""
-        return self._skipped_steps
-
-    @property
-    def steps(self):
-        """Number of steps reported to :meth:`update` (applied or skipped)."""
-        return self._steps
-
-    @property
-    def clean_steps(self):
-        """Consecutive overflow-free steps since the scale last changed or overflowed."""
-        return self._clean_steps
-
-    @property
-    def scaled_since_update(self):
-        """Whether :meth:`scale` or :meth:`out_grads` ran since the last :meth:`update`."""
-        return self._scaled
-
-    def check_scaled(self, caller, remedy):
-        """Refuse to unscale gradients that were never scaled.  No host sync.
-
-        Gradients computed without :meth:`scale` (or :meth:`out_grads`) would
-        be divided by :attr:`loss_scale` all the same: the update would shrink
-        by that factor, silently.  :class:`Trainer` and :meth:`update_module`
-        call this before a step that has new gradients; a scale fixed at 1
-        needs no scaling and passes.
-
-        Parameters
-        ----------
-        caller : str
-            What is about to unscale, for the message (``'step()'``).
-        remedy : str
-            How to scale the gradients, for the message.
-
-        Raises
-        ------
-        RuntimeError
-            When neither :meth:`scale` nor :meth:`out_grads` ran since the last
-            :meth:`update`.
-        """
-        if self._scaled or (not self.dynamic and self._scale == 1.0):
-            return
-        raise RuntimeError('%s: the gradients were not computed from a scaled loss since the '
-                           'last step, so dividing them by the loss scale %g would shrink the '
-                           'update %g times; %s' % (caller, self._scale, self._scale, remedy))
-
-    def __repr__(self):
-        return ('LossScaler(loss_scale=%g, dynamic=%s, skipped_steps=%d, steps=%d)'
-                % (self._scale, self.dynamic, self._skipped_steps, self._steps))
-
-    # -- scaling ---------------------------------------------------------------
-    def scale(self, loss):
-        """`loss` times :attr:`loss_scale` (an NDArray, or a list/tuple of them).
-
-        Recorded by autograd (opens a ``record`` scope if none is active), so
-        ``backward`` on the result gives scaled gradients.  Marks the step as
-        scaled (see :meth:`check_scaled`).  No host sync.
-        """
-        self._scaled = True
-        if isinstance(loss, (list, tuple)):
-            return type(loss)(self.scale(item) for item in loss)
-        if not isinstance(loss, mx.nd.NDArray):
-            raise TypeError('scale() expects an NDArray or a list of NDArrays, got %r'
-                            % (type(loss),))
-        if autograd.is_recording():
-            return loss * self._scale
-        with autograd.record():
-            return loss * self._scale
-
-    def out_grads(self, outputs):
-        """Head gradients equal to :attr:`loss_scale`, shaped like `outputs`.
-
-        For ``Module.backward(out_grads=...)`` when the symbol's outputs are
-        losses.  The arrays are cached and reused while the scale is unchanged.
-        Marks the step as scaled (see :meth:`check_scaled`).  No host sync.
-        """
-        self._scaled = True
-        result = []
-        for out in outputs:
-            key = (out.shape, out.context, np.dtype(out.dtype).str
-                   if out.dtype != BFLOAT16 else 'bf16')
-            cached = self._out_grads.get(key)
-            if cached is None or cached[0] != self._scale:
-                grad = mx.nd.full(out.shape, self._scale, ctx=out.context, dtype=np.float32)
-                if out.dtype != np.float32:
-                    grad = mx.nd.amp_cast(grad, dtype=out.dtype)
-                cached = (self._scale, grad)
-                self._out_grads[key] = cached
-            result.append(cached[1])
-        return result
-
-    # -- overflow ----------------------------------------------------------------
-    def has_overflow(self, arrays, kvstore=None, rescale_grad=None):
-        """True when any of `arrays` holds an inf or NaN.  **One host sync.**
-
-        Parameters
-        ----------
-        arrays : list of NDArray
-            Gradients, on any number of contexts and in any dtypes (float16,
-            bfloat16, float32; row_sparse gradients are checked on their values).
-        kvstore : KVStore, optional
-            With a distributed kvstore, the verdict is agreed between workers by
-            summing a flag through the kvstore (:func:`mxamp.kvkeys.agree_overflow`:
-            ``pushpull`` of one reserved key), so every worker skips the same
-            steps.  Ignored for local kvstores.
-        rescale_grad : float, optional
-            Sent along with the flag so that kvstore servers that run the
-            optimizer (``update_on_kvstore=True``) apply it.  Give it only when
-            the servers run the optimizer: they must then run an mxamp (mixed-in)
-            optimizer, or ``RuntimeError`` is raised before anything is pushed.
-
-        Raises
-        ------
-        RuntimeError
-            With a distributed kvstore and `rescale_grad`, when the server does
-            not run an mxamp optimizer (typically: it failed to unpickle it).
-        """
-        flags = _finite_flags(_flat_grads(arrays))
-        if kvstore is not None and 'dist' in kvstore.type:
-            cpu = mx.cpu()
-            bad = mx.nd.zeros((1,), ctx=cpu)
-            for flag in flags:
-                bad += 1.0 - flag.as_in_context(cpu)
-            return kvkeys.agree_overflow(kvstore, bad, rescale_grad, self._flag_kvstores)
-        if not flags:
-            return False
-        if len(flags) == 1:
-            return flags[0].asscalar() != 1.0
-        gathered = mx.nd.concat(*[f.as_in_context(mx.cpu()) for f in flags], dim=0)
-        return bool((gathered.asnumpy() != 1.0).any())
-
-    def update(self, overflow, details=None):
-        """Record the outcome of a step and adjust the scale.  No host sync.
-
-        Parameters
-        ----------
-        overflow : bool
-            Whether the step was skipped because of inf/NaN gradients.
-        details : callable, optional
-            Called with no argument only when an overflow happens at
-            `min_scale` (and ``at_min_scale`` is not ``'ignore'``); the string
-            it returns is appended to the error or warning.  :class:`Trainer`
-            and :meth:`update_module` use it to name the parameters with
-            inf/NaN gradients (host syncs, on that path only).
-
-        Raises
-        ------
-        FloatingPointError
-            On overflow at `min_scale` with ``at_min_scale='raise'``.
-        """
-        self._steps += 1
-        self._scaled = False
-        if not overflow:
-            self._clean_steps += 1
-            if self.dynamic and self._clean_steps >= self.growth_interval:
-                self._clean_steps = 0
-                new = min(self._scale * self.growth_factor, self.max_scale)
-                if new != self._scale:
-                    _LOG.debug('mxamp: loss scale %g -> %g after %d clean steps',
-                               self._scale, new, self.growth_interval)
-                self._scale = new
-            return
-        self._skipped_steps += 1
-        self._clean_steps = 0
-        old = self._scale
-        at_floor = self.dynamic and old <= self.min_scale
-        if self.dynamic:
-            self._scale = max(old * self.backoff_factor, self.min_scale)
-        _LOG.info('mxamp: inf/NaN gradients at step %d, update skipped; loss scale %g -> %g',
-                  self._steps, old, self._scale)
-        if self.on_overflow is not None:
-            self.on_overflow(OverflowInfo(self._steps, old, self._scale, self._skipped_steps))
-        if at_floor and self.at_min_scale != 'ignore':
-            message = ('mxamp: gradients overflow at the minimum loss scale %g (step %d, %d '
-                       'steps skipped): the model produces inf/NaN without loss scaling'
-                       % (old, self._steps, self._skipped_steps))
-            if details is not None:
-                message += details()
-            if self.at_min_scale == 'raise':
-                raise FloatingPointError(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-    # -- Module ------------------------------------------------------------------
-    def update_module(self, module):
-        """Check, then update a bound ``mx.mod.Module`` or skip the step.
-
-        Call after ``module.backward(scaler.out_grads(module.get_outputs()))``
-        instead of ``module.update()``.  Checks the gradients of every device,
-        sets the optimizer's ``rescale_grad`` to its value at the first call
-        divided by :attr:`loss_scale`, calls ``module.update()`` unless there was
-        an overflow, and adjusts the scale.  The check happens before the
-        module pushes anything to its kvstore, so a skipped step leaves weights
-        and optimizer states untouched also with ``update_on_kvstore``.
-        **One host sync.**
-
-        Returns
-        -------
-        bool
-            True when the update was applied, False when it was skipped.
-
-        Raises
-        ------
-        RuntimeError
-            When `module` is not bound for training or has no optimizer, when
-            :meth:`out_grads` (or :meth:`scale`) did not run since the last
-            update (see :meth:`check_scaled`), and as :meth:`has_overflow`
-            raises it with ``update_on_kvstore`` and a distributed kvstore.
-        FloatingPointError
-            On overflow at `min_scale` with ``at_min_scale='raise'``.  The error
-            (or, with ``'warn'``, the warning) names the parameters whose
-            gradients hold inf/NaN, as :class:`Trainer` does, and says how to
-            find the first layer whose output is not finite.
-        """
-        # MXNet 1.9.1 Module internals: _exec_group.param_names and .grad_arrays
-        # (aligned; per parameter, per device; None for fixed parameters),
-        # _optimizer, _kvstore, _update_on_kvstore.
-        if not (module.binded and module.optimizer_initialized):
-            raise RuntimeError('update_module(): bind the module and call init_optimizer() '
-                               'first')
-        if not module.for_training:
-            raise RuntimeError('update_module(): the module is bound with for_training=False, so '
-                               'it has no gradients; bind it with for_training=True to train')
-        self.check_scaled('update_module()', 'pass the loss scale to backward: '
-                          'module.backward(scaler.out_grads(module.get_outputs()))')
-        optimizer = module._optimizer
-        kvstore = module._kvstore
-        named_grads = list(zip(module._exec_group.param_names, module._exec_group.grad_arrays))
-        grads = [g for _, per_device in named_grads for g in per_device]
-        base = self._base_rescale.get(optimizer)
-        if base is None:
-            base = optimizer.rescale_grad
-            self._base_rescale[optimizer] = base
-        rescale = base / self._scale
-        # The servers learn rescale_grad from the flag only when they run the optimizer.
-        overflow = self.has_overflow(grads, kvstore=kvstore, rescale_grad=rescale
-                                     if module._update_on_kvstore else None)
-        if not overflow:
-            optimizer.rescale_grad = rescale
-            module.update()
-        self.update(overflow, details=lambda: _module_overflow_details(named_grads))
-        return not overflow
-
-    # -- state -------------------------------------------------------------------
-    def state_dict(self):
-        """The scale, its configuration and the counters, as a dict of Python scalars."""
-        return {'loss_scale': self._scale, 'dynamic': self.dynamic,
-                'growth_factor': self.growth_factor, 'backoff_factor': self.backoff_factor,
-                'growth_interval': self.growth_interval, 'min_scale': self.min_scale,
-                'max_scale': self.max_scale, 'at_min_scale': self.at_min_scale,
-                'clean_steps': self._clean_steps, 'skipped_steps': self._skipped_steps,
-                'steps': self._steps}
-
-    def load_state_dict(self, state):
-        """Restore what :meth:`state_dict` returned.
-
-        Raises
-        ------
-        KeyError
-            When keys are missing (all are named in the message).
-        ValueError
-            When a value is invalid.
-        """
-        missing = [k for k in _STATE_KEYS if k not in state]
-        if missing:
-            raise KeyError('LossScaler.load_state_dict(): missing keys %s' % ', '.join(missing))
-        self._configure(state)
-        self._clean_steps = int(state['clean_steps'])
-        self._skipped_steps = int(state['skipped_steps'])
-        self._steps = int(state['steps'])
-
-
-def _nonfinite_gradients_text(find_names, total):
-    """What overflowed, for the error at the loss scale's floor (host syncs).
-
-    `find_names()` returns the names of the parameters with non-finite
-    gradients (one of mxamp.diagnose's), out of `total` parameters.  Returns
-    ``'.  Parameters with inf/NaN gradients (2 of 6): a, b'``, at most ten names.
-    """
-    try:
-        names = find_names()
-    except Exception as err:   # never hide the overflow behind a diagnosis error
-        return '.  Could not read the gradients (%s)' % (err,)
-    shown = ', '.join(names[:10]) + (', ...' if len(names) > 10 else '')
-    return ('.  Parameters with inf/NaN gradients (%d of %d): %s'
-            % (len(names), total, shown or 'none'))
-
-
-def _module_overflow_details(named_grads):
-    """:meth:`LossScaler.update_module`'s text for the error at the floor (host syncs).
-
-    `named_grads`: (parameter name, its gradient on every device) pairs;
-    Module leaves the gradients of fixed parameters unallocated (None).
-    """
-    allocated = [(name, grads) for name, grads in named_grads
-                 if not any(g is None for g in grads)]
-    return _nonfinite_gradients_text(lambda: diagnose.nonfinite_named_gradients(allocated),
-                                     len(named_grads)) + (
-        '.  To find the first layer whose output is not finite, call '
-        'mxamp.diagnose.first_nonfinite_output(module.symbol, *inputs, arg_params=arg, '
-        'aux_params=aux) with the inputs of an overflowing batch and arg, aux = '
-        'module.get_params()')
-
-
 def _precision(dtype):
     """'float16', 'bfloat16', 'float32' or None (other dtypes)."""
     try:
@@ -626,37 +126,7 @@ def _precision(dtype):
         return None
 
 
-def _as_param_list(params):
-    if isinstance(params, (dict, gluon.ParameterDict)):
-        return list(params.values())
-    return list(params)
-
-
-def make_loss_scaler(loss_scale, trainable_dtypes):
-    """The LossScaler (or None) for a trainer's `loss_scale` argument.
-
-    ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes of the
-    trainable parameters) is float16, off otherwise; a number is a fixed scale.
-    """
-    if isinstance(loss_scale, LossScaler):
-        return loss_scale
-    if loss_scale is None:
-        return None
-    if isinstance(loss_scale, str):
-        if loss_scale == 'dynamic':
-            return LossScaler()
-        if loss_scale == 'auto':
-            if any(_precision(dtype) == 'float16' for dtype in trainable_dtypes):
-                return LossScaler()
-            return None
-        raise ValueError("loss_scale must be 'auto', 'dynamic', a positive number, None or a "
-                         "LossScaler, got %r" % (loss_scale,))
-    if isinstance(loss_scale, bool):
-        raise ValueError('loss_scale must be a positive number, not a bool')
-    return LossScaler(init_scale=_positive('loss_scale', loss_scale), dynamic=False)
-
-
-class Trainer(gluon.Trainer):
+class Trainer(Bfloat16KVStoreTrainer):
     """``gluon.Trainer`` with FP32 master weights and loss scaling.
 
     Parameters
@@ -767,26 +237,7 @@ class Trainer(gluon.Trainer):
                             % (optimizer,))
         self._loss_scaler = make_loss_scaler(
             loss_scale, [p.dtype for p in param_list if p.grad_req != 'null'])
-        self._fp32_buffers = {}
         kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
-        # MXNet 1.9.1's kvstore servers abort on bfloat16 ("Unknown type enum 12"):
-        # reduce bfloat16 gradients through FP32 copies, update on the workers.
-        self._fp32_reduce = 'dist' in kv_type and any(
-            _precision(p.dtype) == 'bfloat16' for p in param_list)
-        if self._fp32_reduce:
-            if 'async' in kv_type:
-                raise ValueError(
-                    'bfloat16 parameters cannot be trained with kvstore %r: MXNet 1.9.1\'s '
-                    'kvstore servers abort on bfloat16 arrays, and asynchronous training runs '
-                    'the updates on the servers.  Use dist_sync (mxamp then reduces bfloat16 '
-                    'gradients in FP32) or FP32 parameters.' % (kv_type,))
-            if update_on_kvstore:
-                raise ValueError(
-                    'update_on_kvstore=True is not supported with bfloat16 parameters and a '
-                    'distributed kvstore (%r): MXNet 1.9.1\'s kvstore servers abort on '
-                    'bfloat16 arrays.  Leave update_on_kvstore unset: mxamp reduces the '
-                    'bfloat16 gradients in FP32 and updates on the workers.' % (kv_type,))
-            update_on_kvstore = False
         if update_on_kvstore is None and self._loss_scaler is not None:
             contexts = set()
             for param in param_list:
@@ -1045,83 +496,6 @@ class Trainer(gluon.Trainer):
             self._init_kvstore()
         if self._params_to_init:
             self._init_params()
-
-    # -- kvstore: bfloat16 through FP32, initial pulls --------------------------------
-    def _is_fp32_reduced(self, param):
-        """Whether `param`'s values and gradients cross the kvstore as FP32 copies."""
-        return (self._fp32_reduce and param._stype == 'default'
-                and _precision(param.dtype) == 'bfloat16')
-
-    def _fp32_copies(self, index, arrays):
-        """FP32 buffers for kvstore key `index`, one per context (allocated once)."""
-        # dtypes.amp_cast: a weight may still hold a oneDNN blocked layout.
-        buffers = self._fp32_buffers.get(index)
-        if buffers is None:
-            buffers = [amp_cast(a, np.float32) for a in arrays]
-            self._fp32_buffers[index] = buffers
-        else:
-            for array, buf in zip(arrays, buffers):
-                amp_cast(array, np.float32, out=buf)
-        return buffers
-
-    def _init_params(self):
-        # gluon.Trainer internals: _params_to_init, _param2idx, Parameter._data,
-        # _deferred_init.  bfloat16 values are broadcast as FP32 copies.
-        pending = list(self._params_to_init)
-        if self._kvstore and self._fp32_reduce:
-            rest = []
-            for param in pending:
-                if param._deferred_init or not self._is_fp32_reduced(param):
-                    rest.append(param)
-                    continue
-                index = self._param2idx[param.name]
-                arrays = param._check_and_get(param._data, list)
-                buffers = self._fp32_copies(index, arrays)
-                self._kvstore.broadcast(index, buffers[0], buffers)
-                for buf, array in zip(buffers, arrays):
-                    cast_into(buf, array)
-            self._params_to_init = rest
-        super(Trainer, self)._init_params()
-        if self._distributed:
-            # The initial weights are pulled from the servers under the keys the
-            # gradients are pushed to next.  The pull (writes the weights) and
-            # the push (reads the gradients) share no array, so MXNet's engine
-            # may send the push first; with update_on_kvstore=False the server
-            # then replaces the stored weight by the gradient sum before the
-            # pull is served (seen as one worker starting from the gradient).
-            # Wait for the pulls once.
-            for param in pending:
-                if param._data is not None and param not in self._params_to_init:
-                    for data in param.list_data():
-                        data.wait_to_read()
-
-    def _allreduce_grads(self):
-        """Sum the gradients over contexts and workers (gluon's, plus bfloat16 via FP32).
-
-        With a distributed kvstore, each bfloat16 gradient is cast into an FP32
-        buffer (allocated once per parameter and context), push-pulled, and the
-        FP32 sum is cast back into the gradient (rounded once).  Everything else
-        takes gluon's path: float16 gradients are summed in float16.  No host sync.
-        """
-        if not (self._kvstore and self._fp32_reduce):
-            super(Trainer, self)._allreduce_grads()
-            return
-        # gluon.Trainer._allreduce_grads, with update_on_kvstore=False (forced for
-        # this case in __init__; sparse gradients make gluon refuse that earlier).
-        for index, param in enumerate(self._params):
-            if param.grad_req == 'null':
-                continue
-            grads = param.list_grad()
-            if grads[0].stype != 'default':
-                self._kvstore.push(index, grads, priority=-index)
-                self._kvstore.pull(index, grads, priority=-index, ignore_sparse=True)
-            elif self._is_fp32_reduced(param):
-                buffers = self._fp32_copies(index, grads)
-                self._kvstore.pushpull(index, buffers, priority=-index)
-                for buf, grad in zip(buffers, grads):
-                    cast_into(buf, grad)
-            else:
-                self._kvstore.pushpull(index, grads, priority=-index)
 
     def _mark_consumed(self):
         # NDArray._fresh_grad: gluon's stale-gradient flag, reset as a real step would.

@@ -1,4 +1,5 @@
-"""Tests of mxamp.trainer: LossScaler and the loss-scaled, master-weight Trainer."""
+"""Tests of the loss-scaled, master-weight Trainer and its parts: mxamp.loss_scaler
+(LossScaler), mxamp.kvstore_transport (bfloat16 over kvstores) and mxamp.trainer."""
 import json
 import logging
 import os
@@ -18,7 +19,8 @@ from mxnet import autograd, gluon, nd
 import mxamp
 from mxamp import optimizer as mo
 from mxamp.dtypes import BFLOAT16, cast, dtype_name, numpy_dtype, to_float32_numpy
-from mxamp.trainer import LossScaler, OverflowInfo, Trainer
+from mxamp.loss_scaler import LossScaler, OverflowInfo
+from mxamp.trainer import Trainer
 
 CTXS = [mx.cpu(0), mx.cpu(1)]
 
@@ -248,6 +250,14 @@ def test_trainer_loss_scale_errors(loss_scale, message):
 # ---------------------------------------------------------------------------------
 # Defaults
 # ---------------------------------------------------------------------------------
+def test_public_names_and_the_old_import_path():
+    import mxamp.kvstore_transport
+    import mxamp.trainer
+    assert mxamp.Trainer is Trainer and mxamp.LossScaler is LossScaler
+    assert mxamp.trainer.LossScaler is LossScaler and mxamp.trainer.OverflowInfo is OverflowInfo
+    assert issubclass(Trainer, mxamp.kvstore_transport.Bfloat16KVStoreTrainer)
+
+
 def test_defaults_by_parameter_dtype():
     fp16 = Trainer(make_net('float16').collect_params(), 'sgd')
     assert fp16.loss_scaler is not None and fp16.loss_scale == 2.0 ** 16

@@ -16,7 +16,8 @@ from mxnet import autograd, gluon, nd
 
 import mxamp
 from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy
-from mxamp.trainer import LossScaler, Trainer
+from mxamp.loss_scaler import LossScaler
+from mxamp.trainer import Trainer
 
 
 def _bf16_round(values):

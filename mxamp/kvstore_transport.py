@@ -1,0 +1,157 @@
+"""bfloat16 parameters over MXNet's distributed kvstores, through FP32.
+
+This module owns :class:`Bfloat16KVStoreTrainer`, the layer of
+:class:`mxamp.Trainer` that moves parameters and gradients through the kvstore.
+MXNet 1.9.1's kvstore servers abort on bfloat16 ("Unknown type enum 12"), so
+with a distributed kvstore the initial values and the gradients of dense
+bfloat16 parameters cross it as FP32 copies (one buffer per parameter and
+context, allocated once), the FP32 sum is rounded back into the gradient once,
+and the updates run on the workers.  float16 and FP32 arrays, and every array
+with a local kvstore (which sums bfloat16 correctly), take gluon's own path.
+It also waits once for the initial pulls of a distributed kvstore (see
+:meth:`Bfloat16KVStoreTrainer._init_params`).
+
+MXNet internals relied on (MXNet 1.9.1):
+
+* ``gluon.Trainer``: ``_params`` (the parameters in kvstore-key order),
+  ``_param2idx`` (a parameter's key, for the FP32 broadcast of bfloat16
+  values), ``_params_to_init`` and ``_init_params`` (the initial broadcast,
+  overridden to send bfloat16 as FP32 and to wait for the pulls),
+  ``_allreduce_grads`` (overridden: bfloat16 gradients through FP32),
+  ``_kvstore`` and ``_distributed``;
+* ``gluon.Parameter``: ``_data`` (None before initialisation),
+  ``_deferred_init`` (shape still unknown), ``_stype`` (only dense bfloat16
+  crosses the kvstore as FP32) and ``_check_and_get`` (the arrays of every
+  context, for that broadcast).
+"""
+import numpy as np
+
+from mxnet import gluon
+
+from .dtypes import amp_cast, cast_into, name_of_array
+
+__all__ = ['Bfloat16KVStoreTrainer']
+
+
+def _as_param_list(params):
+    if isinstance(params, (dict, gluon.ParameterDict)):
+        return list(params.values())
+    return list(params)
+
+
+class Bfloat16KVStoreTrainer(gluon.Trainer):
+    """``gluon.Trainer`` whose bfloat16 parameters train over a distributed kvstore.
+
+    Parameters are those of ``gluon.Trainer``.  With a distributed kvstore and
+    any bfloat16 parameter, `update_on_kvstore` becomes False (the servers
+    cannot run updates on bfloat16), and True raises ``ValueError``, as does
+    ``dist_async`` (it always updates on the servers).  Otherwise it is gluon's
+    Trainer unchanged.  Adds no host sync to a step; with a distributed
+    kvstore, the initial pulls are waited for once.
+
+    Raises
+    ------
+    ValueError
+        With bfloat16 parameters and a distributed kvstore, for
+        ``update_on_kvstore=True`` and for an asynchronous kvstore.
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
+                 compression_params=None, update_on_kvstore=None):
+        self._fp32_buffers = {}
+        kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
+        self._fp32_reduce = 'dist' in kv_type and any(
+            name_of_array(p) == 'bfloat16' for p in _as_param_list(params))
+        if self._fp32_reduce:
+            if 'async' in kv_type:
+                raise ValueError(
+                    'bfloat16 parameters cannot be trained with kvstore %r: MXNet 1.9.1\'s '
+                    'kvstore servers abort on bfloat16 arrays, and asynchronous training runs '
+                    'the updates on the servers.  Use dist_sync (mxamp then reduces bfloat16 '
+                    'gradients in FP32) or FP32 parameters.' % (kv_type,))
+            if update_on_kvstore:
+                raise ValueError(
+                    'update_on_kvstore=True is not supported with bfloat16 parameters and a '
+                    'distributed kvstore (%r): MXNet 1.9.1\'s kvstore servers abort on '
+                    'bfloat16 arrays.  Leave update_on_kvstore unset: mxamp reduces the '
+                    'bfloat16 gradients in FP32 and updates on the workers.' % (kv_type,))
+            update_on_kvstore = False
+        super(Bfloat16KVStoreTrainer, self).__init__(
+            params, optimizer, optimizer_params, kvstore=kvstore,
+            compression_params=compression_params, update_on_kvstore=update_on_kvstore)
+
+    def _is_fp32_reduced(self, param):
+        """Whether `param`'s values and gradients cross the kvstore as FP32 copies."""
+        return (self._fp32_reduce and param._stype == 'default'
+                and name_of_array(param) == 'bfloat16')
+
+    def _fp32_copies(self, index, arrays):
+        """FP32 buffers for kvstore key `index`, one per context (allocated once)."""
+        # dtypes.amp_cast: a weight may still hold a oneDNN blocked layout.
+        buffers = self._fp32_buffers.get(index)
+        if buffers is None:
+            buffers = [amp_cast(a, np.float32) for a in arrays]
+            self._fp32_buffers[index] = buffers
+        else:
+            for array, buf in zip(arrays, buffers):
+                amp_cast(array, np.float32, out=buf)
+        return buffers
+
+    def _init_params(self):
+        # gluon.Trainer internals: _params_to_init, _param2idx, Parameter._data,
+        # _deferred_init.  bfloat16 values are broadcast as FP32 copies.
+        pending = list(self._params_to_init)
+        if self._kvstore and self._fp32_reduce:
+            rest = []
+            for param in pending:
+                if param._deferred_init or not self._is_fp32_reduced(param):
+                    rest.append(param)
+                    continue
+                index = self._param2idx[param.name]
+                arrays = param._check_and_get(param._data, list)
+                buffers = self._fp32_copies(index, arrays)
+                self._kvstore.broadcast(index, buffers[0], buffers)
+                for buf, array in zip(buffers, arrays):
+                    cast_into(buf, array)
+            self._params_to_init = rest
+        super(Bfloat16KVStoreTrainer, self)._init_params()
+        if self._distributed:
+            # The initial weights are pulled from the servers under the keys the
+            # gradients are pushed to next.  The pull (writes the weights) and
+            # the push (reads the gradients) share no array, so MXNet's engine
+            # may send the push first; with update_on_kvstore=False the server
+            # then replaces the stored weight by the gradient sum before the
+            # pull is served (seen as one worker starting from the gradient).
+            # Wait for the pulls once.
+            for param in pending:
+                if param._data is not None and param not in self._params_to_init:
+                    for data in param.list_data():
+                        data.wait_to_read()
+
+    def _allreduce_grads(self):
+        """Sum the gradients over contexts and workers (gluon's, plus bfloat16 via FP32).
+
+        With a distributed kvstore, each bfloat16 gradient is cast into an FP32
+        buffer (allocated once per parameter and context), push-pulled, and the
+        FP32 sum is cast back into the gradient (rounded once).  Everything else
+        takes gluon's path: float16 gradients are summed in float16.  No host sync.
+        """
+        if not (self._kvstore and self._fp32_reduce):
+            super(Bfloat16KVStoreTrainer, self)._allreduce_grads()
+            return
+        # gluon.Trainer._allreduce_grads, with update_on_kvstore=False (forced for
+        # this case in __init__; sparse gradients make gluon refuse that earlier).
+        for index, param in enumerate(self._params):
+            if param.grad_req == 'null':
+                continue
+            grads = param.list_grad()
+            if grads[0].stype != 'default':
+                self._kvstore.push(index, grads, priority=-index)
+                self._kvstore.pull(index, grads, priority=-index, ignore_sparse=True)
+            elif self._is_fp32_reduced(param):
+                buffers = self._fp32_copies(index, grads)
+                self._kvstore.pushpull(index, buffers, priority=-index)
+                for buf, grad in zip(buffers, grads):
+                    cast_into(buf, grad)
+            else:
+                self._kvstore.pushpull(index, grads, priority=-index)
