@@ -141,7 +141,6 @@ class ModuleTrainer(object):
         trainable = [per_device[0].dtype for per_device, grads
                      in zip(group.param_arrays, group.grad_arrays) if grads[0] is not None]
         self._scaler = make_loss_scaler(loss_scale, trainable)
-        self._backward_scaled = False
         self._ones = {}
         if self._kvstore is not None:
             self._broadcast(group.param_arrays)
@@ -232,10 +231,9 @@ class ModuleTrainer(object):
 
         `outputs` defaults to ``module.get_outputs()``.  Calling this marks the
         step as scaled (as :meth:`backward` does), for who calls
-        ``module.backward(trainer.out_grads())`` directly.  No host sync.
+        ``module.backward(out_grads=trainer.out_grads())`` directly.  No host sync.
         """
         outputs = self._module.get_outputs() if outputs is None else outputs
-        self._backward_scaled = True
         if self._scaler is not None:
             return self._scaler.out_grads(outputs)
         grads = []
@@ -265,16 +263,15 @@ class ModuleTrainer(object):
         Raises
         ------
         RuntimeError
-            When no :meth:`backward` (or :meth:`out_grads`) came since the last
-            step: gradients from ``module.backward()`` without head gradients
-            are not scaled, and dividing them by the loss scale would shrink
-            every update without a word.
+            With loss scaling, when no :meth:`backward` (or :meth:`out_grads`)
+            came since the last step: gradients from ``module.backward()``
+            without head gradients are not scaled, and dividing them by the
+            loss scale would shrink every update without a word.
         """
-        if not self._backward_scaled:
-            raise RuntimeError('ModuleTrainer.step(): no trainer.backward() since the last step; '
-                               'call trainer.backward() instead of module.backward() (it gives '
-                               'the loss scale as head gradient)')
-        self._backward_scaled = False
+        if self._scaler is not None:
+            self._scaler.check_scaled('ModuleTrainer.step()', 'call trainer.backward() instead '
+                                      'of module.backward(): it passes the loss scale as head '
+                                      'gradient')
         group = self._module._exec_group
         if self._kvstore is not None:
             for key, grads in enumerate(group.grad_arrays):

@@ -162,8 +162,15 @@ def test_a_step_needs_the_scaled_backward():
     # Head gradients from the trainer, passed to module.backward by hand, are fine.
     mod.backward(out_grads=trainer.out_grads())
     assert trainer.step()
-    with pytest.raises(RuntimeError, match='no trainer.backward'):
+    with pytest.raises(RuntimeError, match='not computed from a scaled loss'):
         trainer.step()
+    # Without loss scaling there is nothing to undo: module.backward() is fine.
+    plain = mxamp.ModuleTrainer(initialised('float16'), 'sgd', {'learning_rate': 0.1},
+                                loss_scale=None)
+    plain.module.forward(batch(0), is_train=True)
+    plain.module.backward(out_grads=[mx.nd.ones(o.shape, dtype=o.dtype)
+                                     for o in plain.module.get_outputs()])
+    assert plain.step()
 
 
 def test_resume_continues_bit_exactly(tmp_path):
