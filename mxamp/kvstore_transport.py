@@ -9,7 +9,9 @@ context, allocated once), the FP32 sum is rounded back into the gradient once,
 and the updates run on the workers.  float16 and FP32 arrays, and every array
 with a local kvstore (which sums bfloat16 correctly), take gluon's own path.
 It also waits once for the initial pulls of a distributed kvstore (see
-:meth:`Bfloat16KVStoreTrainer._init_params`).
+:meth:`Bfloat16KVStoreTrainer._init_params`).  :func:`broadcast` and
+:func:`pushpull` do the same for arrays outside a gluon Trainer
+(:class:`mxamp.ModuleTrainer`, running statistics averaged over workers).
 
 MXNet internals relied on (MXNet 1.9.1):
 
@@ -30,7 +32,62 @@ from mxnet import gluon
 
 from .dtypes import amp_cast, cast_into, name_of_array
 
-__all__ = ['Bfloat16KVStoreTrainer']
+__all__ = ['Bfloat16KVStoreTrainer', 'broadcast', 'init_zeros', 'pushpull']
+
+
+def _on_the_wire(arrays):
+    """What crosses the kvstore for `arrays`: FP32 copies of bfloat16 ones, the others
+    themselves.  A key keeps the byte size it was initialised with, so its values and
+    its gradients must travel in the same dtype."""
+    return [amp_cast(a, np.float32) if name_of_array(a) == 'bfloat16' else a for a in arrays]
+
+
+def _back_from_the_wire(wire, arrays):
+    for value, target in zip(wire, arrays):
+        if value is not target:
+            cast_into(value, target)
+
+
+def broadcast(kvstore, key, arrays):
+    """Initialise `key` with ``arrays[0]`` of worker 0 and pull it into every array.
+
+    bfloat16 travels as FP32.  Every worker must call it, with the same key
+    and shape.  Waits for the pulls (a later push of other arrays under the
+    same key could otherwise be served first).
+
+    Parameters
+    ----------
+    kvstore : mx.kv.KVStore
+    key : int
+    arrays : list of NDArray
+        One array per device, same shape; overwritten.
+    """
+    wire = _on_the_wire(arrays)
+    kvstore.init(key, wire[0])
+    kvstore.pull(key, out=wire, priority=-key)
+    _back_from_the_wire(wire, arrays)
+    for array in arrays:
+        array.wait_to_read()
+
+
+def init_zeros(kvstore, key, like):
+    """Initialise `key` with zeros shaped like `like`, in the dtype `like` travels in.
+
+    For keys that are only summed (:func:`pushpull`), never broadcast.
+    """
+    kvstore.init(key, _on_the_wire([like])[0].zeros_like())
+
+
+def pushpull(kvstore, key, arrays):
+    """Sum `arrays` (one per device) over devices and workers, in place.  No host sync.
+
+    bfloat16 travels as FP32 and the sum is rounded back once; other dtypes
+    travel as they are.  `key` must have been initialised by :func:`broadcast`
+    or :func:`init_zeros`.
+    """
+    wire = _on_the_wire(arrays)
+    kvstore.pushpull(key, wire, out=wire, priority=-key)
+    _back_from_the_wire(wire, arrays)
 
 
 def _as_param_list(params):

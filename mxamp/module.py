@@ -29,34 +29,14 @@ import warnings
 
 import mxnet as mx
 
+from . import kvstore_transport
 from . import optimizer as _mp_optimizer
-from .dtypes import cast, cast_into, name_of_array
+from .dtypes import cast, name_of_array
 from .loss_scaler import make_loss_scaler
 
 __all__ = ['ModuleTrainer']
 
 _STATE_FORMAT = 'mxamp.ModuleTrainer/1'
-
-
-def _on_the_wire(arrays):
-    """What crosses the kvstore for `arrays`: FP32 copies of bfloat16 ones, others as they
-    are.  MXNet 1.9.1's servers abort on bfloat16 ("Unknown type enum 12"), and a key
-    keeps the byte size it was initialised with, so a key's values and gradients must
-    travel in the same dtype."""
-    return [cast(a, 'float32') if name_of_array(a) == 'bfloat16' else a for a in arrays]
-
-
-def _back_from_the_wire(wire, arrays):
-    for value, target in zip(wire, arrays):
-        if value is not target:
-            cast_into(value, target)
-
-
-def _pushpull(kvstore, key, arrays):
-    """Sum `arrays` (one per device) over devices and workers, in place.  No host sync."""
-    wire = _on_the_wire(arrays)
-    kvstore.pushpull(key, wire, out=wire, priority=-key)
-    _back_from_the_wire(wire, arrays)
 
 
 class ModuleTrainer(object):
@@ -143,7 +123,9 @@ class ModuleTrainer(object):
         self._scaler = make_loss_scaler(loss_scale, trainable)
         self._ones = {}
         if self._kvstore is not None:
-            self._broadcast(group.param_arrays)
+            # Every device and worker starts from worker 0's device-0 weights.
+            for key, per_device in enumerate(group.param_arrays):
+                kvstore_transport.broadcast(self._kvstore, key, per_device)
 
     # -- construction --------------------------------------------------------------
     @staticmethod
@@ -172,19 +154,6 @@ class ModuleTrainer(object):
                             'mxamp.optimizer.create() (FP32 master weights), got %s'
                             % type(optimizer).__name__)
         return optimizer
-
-    def _broadcast(self, weights):
-        """Every device and worker starts from worker 0's device-0 weights."""
-        for key, per_device in enumerate(weights):
-            wire = _on_the_wire(per_device)
-            self._kvstore.init(key, wire[0])
-            self._kvstore.pull(key, out=wire, priority=-key)
-            _back_from_the_wire(wire, per_device)
-        # The pulls write the weights, the first gradient push reads other arrays:
-        # without this wait the engine may serve the push first (see mxamp.Trainer).
-        for per_device in weights:
-            for weight in per_device:
-                weight.wait_to_read()
 
     # -- state ---------------------------------------------------------------------
     @property
@@ -276,7 +245,7 @@ class ModuleTrainer(object):
         if self._kvstore is not None:
             for key, grads in enumerate(group.grad_arrays):
                 if grads[0] is not None:
-                    _pushpull(self._kvstore, key, grads)
+                    kvstore_transport.pushpull(self._kvstore, key, grads)
         if self._scaler is None:
             self._module.update()
             return True

@@ -410,7 +410,7 @@ class Trainer(Bfloat16KVStoreTrainer):
                                'since the last step(); call it after autograd.backward() and '
                                'before step()')
         self._check_scaled('clip_global_norm')
-        self._ensure_kvstore()
+        self.init_kvstore()
         if self._kvstore is not None and self._update_on_kvstore:
             if self._distributed:
                 raise RuntimeError(
@@ -490,7 +490,17 @@ class Trainer(Bfloat16KVStoreTrainer):
         clip = 1.0 if self._clip_coef is None else self._clip_coef
         return self._scale / batch_size / scale * clip
 
-    def _ensure_kvstore(self):
+    def init_kvstore(self):
+        """Create the kvstore and broadcast worker 0's parameters now.
+
+        ``gluon.Trainer`` does both lazily, at the first step, after the first
+        forward pass: with a distributed kvstore that pass has already moved
+        every worker's BatchNorm running statistics, which the broadcast then
+        replaces by worker 0's.  Call this after the parameters are initialised
+        (shapes known) and before training.  Every worker must call it.  Waits
+        for the initial pulls of a distributed kvstore; no other host sync.
+        Calling it again does nothing.
+        """
         # gluon.Trainer internals: lazy kvstore creation and parameter broadcast.
         if not self._kv_initialized:
             self._init_kvstore()
@@ -581,7 +591,7 @@ class Trainer(Bfloat16KVStoreTrainer):
         if self._loss_scaler is None and self._clip_coef is None and not self._reduced:
             super(Trainer, self).step(batch_size, ignore_stale_grad)
             return self._finish(False)
-        self._ensure_kvstore()
+        self.init_kvstore()
         rescale = self._rescale(batch_size)
         # gluon.Trainer internals: _kvstore, _update_on_kvstore, _allreduce_grads
         # (push/pull per parameter), _update (per-context updaters + stale check).
@@ -616,7 +626,7 @@ class Trainer(Bfloat16KVStoreTrainer):
         if self._loss_scaler is None and self._clip_coef is None:
             super(Trainer, self).update(batch_size, ignore_stale_grad)
             return self._finish(False)
-        self._ensure_kvstore()
+        self.init_kvstore()
         if self._kvstore is not None and self._update_on_kvstore:
             raise RuntimeError('update() is not supported with update_on_kvstore=True; '
                                'use step(), or create the Trainer with '

@@ -84,8 +84,6 @@ Internals relied on (MXNet 1.9.1 and mxamp):
 
 * ``gluon.nn.Conv2D._channels`` (the stem's width, to replace it for small
   images);
-* ``mxamp.Trainer._ensure_kvstore`` (the broadcast of worker 0's parameters
-  before the first forward pass).
 """
 import argparse
 import csv
@@ -114,8 +112,7 @@ for _path in (_HERE, os.path.dirname(_HERE)):   # digits_rec; the repository's s
 import mxamp  # noqa: E402
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
-from mxamp import hardware, kvkeys  # noqa: E402
-from mxamp.dtypes import cast, name_of_array  # noqa: E402
+from mxamp import hardware, kvkeys, kvstore_transport  # noqa: E402
 from mxamp.hardware import resolve_dtype  # noqa: E402
 
 _LOG = logging.getLogger('train_imagenet')
@@ -501,20 +498,6 @@ def _no_wd(name):
 # ---------------------------------------------------------------------------------------
 # Gradient reduction for bfloat16 across workers
 
-def _pushpull(kvstore, key, arrays):
-    """Sum `arrays` (one per device) over devices and workers in place; bfloat16 via FP32.
-
-    MXNet 1.9.1's kvstore servers abort on bfloat16 ("Unknown type enum 12"), so
-    bfloat16 arrays travel as FP32 copies and are rounded back; float16 and
-    float32 travel in their own dtype.  No host sync.
-    """
-    wire = [cast(a, 'float32') if name_of_array(a) == 'bfloat16' else a for a in arrays]
-    kvstore.pushpull(key, wire, out=wire, priority=-key)
-    for value, target in zip(wire, arrays):
-        if value is not target:
-            mx.nd.amp_cast(value, dtype=target.dtype, out=target)
-
-
 # Keys for BatchNorm statistics (consecutive from this one), clear of every other key.
 _STATS_KEY = kvkeys.reserved_key('statistics')
 
@@ -537,9 +520,9 @@ def average_statistics(kvstore, stats, initialized):
     for index, per_device in enumerate(stats):
         key = _STATS_KEY + index
         if key not in initialized:
-            kvstore.init(key, cast(per_device[0], 'float32').zeros_like())
+            kvstore_transport.init_zeros(kvstore, key, per_device[0])
             initialized.add(key)
-        _pushpull(kvstore, key, per_device)
+        kvstore_transport.pushpull(kvstore, key, per_device)
         for array in per_device:
             array *= 1.0 / (kvstore.num_workers * len(per_device))
 
@@ -627,11 +610,10 @@ class GluonRunner(object):
                                      kvstore=kvstore, update_on_kvstore=False,
                                      loss_scale=_loss_scale_arg(args.loss_scale))
         if kvstore is not None and 'dist' in kvstore.type:
-            # mxamp.Trainer internal: create the kvstore and broadcast worker 0's
-            # parameters now.  Left to the first step, the broadcast would come after
-            # the first training forward pass and replace every worker's first update
-            # of the BatchNorm running statistics by worker 0's.
-            self.trainer._ensure_kvstore()
+            # Left to the first step, the broadcast would come after the first training
+            # forward pass and replace every worker's first update of the BatchNorm
+            # running statistics by worker 0's.
+            self.trainer.init_kvstore()
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
     @property

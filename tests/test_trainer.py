@@ -1210,3 +1210,20 @@ def test_has_overflow_every_dtype_mixed_groups_and_many_arrays(dtype, bad):
         values = nd.array([1.0, bad, 2.0], ctx=CTXS[1])
         arrays[-2] = cast(values, dtype)                    # the last chunk, second context
     assert scaler.has_overflow(arrays) is (bad is not None)
+
+
+def test_init_kvstore_broadcasts_before_the_first_step():
+    """The first context's (worker 0's) values reach every context at once, not at the
+    first step after a forward pass has moved BatchNorm statistics."""
+    param = gluon.Parameter('w', shape=(3,), init=mx.init.One())
+    param.initialize(ctx=CTXS)
+    param.list_data()[1][:] = 5.0
+    trainer = Trainer([param], 'sgd', {'learning_rate': 0.1}, kvstore='device')
+    assert param.list_data()[1].asnumpy().tolist() == [5.0] * 3      # gluon: lazily
+    trainer.init_kvstore()
+    assert trainer._kvstore is not None
+    for data in param.list_data():
+        assert data.asnumpy().tolist() == [1.0] * 3
+    param.list_data()[1][:] = 7.0
+    trainer.init_kvstore()                                          # once only
+    assert param.list_data()[1].asnumpy().tolist() == [7.0] * 3
