@@ -485,6 +485,13 @@ def _loss_scale_arg(text):
     return None if text == 'none' else float(text)
 
 
+def _loss_scaling(scaler):
+    """'dynamic', 'fixed' or 'off': how a trainer's loss scaler (or None) scales."""
+    if scaler is None:
+        return 'off'
+    return 'dynamic' if scaler.dynamic else 'fixed'
+
+
 def _current_lr(optimizer):
     if optimizer.lr_scheduler is None:
         return optimizer.lr
@@ -1223,6 +1230,7 @@ def train(args):
                'val_top1': last.get('val_top1'), 'val_top5': last.get('val_top5'),
                'img_per_sec': float(np.median(steady)) if steady else 0.0,
                'skipped_steps': runner.skipped_steps, 'loss_scale': runner.loss_scale,
+               'loss_scaling': _loss_scaling(runner.trainer.loss_scaler),
                'peak_rss_mb': peak_rss_mb(), 'train_time': train_time, 'rank': rank,
                'num_workers': num_workers, 'global_batch': global_batch}
     with open(os.path.join(save_dir, '%s-summary.json' % prefix), 'w') as handle:
