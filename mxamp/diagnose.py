@@ -30,7 +30,7 @@ import numpy as np
 import mxnet as mx
 
 from . import hardware
-from .dtypes import dtype_name, to_float32_numpy
+from .dtypes import precision_name, to_float32_numpy
 from .graph import CAST_SUFFIX, infer_entry_types, load_graph
 from .policy import CAST_OPS, canonical
 
@@ -129,17 +129,18 @@ def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
         if np.dtype(value.dtype).kind not in 'fV':  # integer and boolean tensors cannot overflow
             continue
         if not np.isfinite(to_float32_numpy(value)).all():
+            dtype = precision_name(value.dtype) or np.dtype(value.dtype).name
             node, stored = nodes[nid], None
             if CAST_SUFFIX in node['name']:
                 # The node to blame is the cast's producer.  A cast to low precision
                 # overflowed a value finite in FP32; a cast to FP32 (of a bfloat16
                 # parameter where the CPU computes in FP32) cannot overflow: its
                 # input, a parameter, already held the inf/NaN.
-                if _name(value.dtype) != 'float32':
-                    stored = _name(value.dtype)
+                if dtype != 'float32':
+                    stored = dtype
                 nid, k = node['inputs'][0][:2]
                 node = nodes[nid]
-            return {'node': node['name'], 'op': node['op'], 'dtype': _name(value.dtype), 'output': k,
+            return {'node': node['name'], 'op': node['op'], 'dtype': dtype, 'output': k,
                     'cast_to': stored, 'inputs': [nodes[src]['name'] for src, _, _ in node['inputs']]}
     return None
 
@@ -188,13 +189,6 @@ def check_bfloat16_runs(symbol, input_types=None):
             "parameters, FP32 compute): mxamp.convert_symbol/convert_model(..., "
             "cpu_class='auto') or mxamp convert --dtype bfloat16 --cpu-class auto"
             % (len(computing), first['name'], first['op'], hardware.describe_cpu_class()))
-
-
-def _name(dtype):
-    try:
-        return dtype_name(dtype)
-    except ValueError:
-        return str(np.dtype(dtype))
 
 
 @contextlib.contextmanager

@@ -69,12 +69,23 @@ def type_flag(name):
     return _TYPE_FLAG[dtype_name(name)]
 
 
-def name_of_array(array):
-    """Precision name of an NDArray (or a Parameter), or None for non-floating types."""
+def precision_name(dtype):
+    """The precision name of `dtype` (see `dtype_name`), or None for any other type.
+
+    For code that meets every tensor type (integer indices, float64, unknown:
+    None) and only acts on mxamp's three precisions.
+    """
+    if dtype is None:
+        return None
     try:
-        return dtype_name(array.dtype)
+        return dtype_name(dtype)
     except ValueError:
         return None
+
+
+def name_of_array(array):
+    """`precision_name` of an NDArray's (or a Parameter's) dtype."""
+    return precision_name(array.dtype)
 
 
 @functools.lru_cache(maxsize=None)

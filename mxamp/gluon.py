@@ -44,7 +44,8 @@ float16 on a CPU
 MXNet 1.9.1 has no float16 GEMM, convolution or fully-connected kernel on the
 CPU.  When a graph is built for a CPU context, those ops compute in FP32 between
 float16 casts (float16 storage, FP32 accumulation); mxamp warns once.  The
-decision is taken per graph build from the context of the inputs, and the
+decision is taken per graph build from the context of the inputs
+(`mxamp.policy.emulates_float16`, the rule of the Symbol front too), and the
 graph is rebuilt when the block later runs on another device type.
 
 MXNet internals relied on (MXNet 1.9.1), each used in one place below:
@@ -72,7 +73,7 @@ from mxnet.gluon import Block, HybridBlock
 from . import graph as graph_mod
 from . import hardware
 from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
-from .policy import Policy
+from .policy import Policy, emulates_float16
 
 __all__ = ['convert', 'summary', 'is_converted']
 
@@ -93,11 +94,10 @@ class _Settings(object):
         self.lp_params = frozenset()       # parameter names stored in `dtype`
 
     def policy(self, device_type):
-        on_cpu = device_type != 'gpu'
+        """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...)."""
         return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
-                      exclude=self.exclude,
-                      emulate_float16=(self.dtype == 'float16' and on_cpu),
-                      cpu_class=hardware.cpu_class() if on_cpu else hardware.AVX512_BF16)
+                      exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
+                      cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class())
 
 
 # --------------------------------------------------------------------------
@@ -321,16 +321,20 @@ def _flat(items):
             yield item
 
 
-def _params_device_type(block):
+def _param_contexts(block):
+    """The contexts of `block`'s parameters (deferred ones included); [] before initialize()."""
     for param in block.collect_params().values():
-        ctxs = None
         if param._data is not None:
-            ctxs = param.list_ctx()
-        elif param._deferred_init:
-            ctxs = param._deferred_init[1]
-        if ctxs:
-            return ctxs[0].device_type
-    return 'cpu'
+            return param.list_ctx()
+        if param._deferred_init:
+            return list(param._deferred_init[1])
+    return []
+
+
+def _params_device_type(block):
+    """Device type of `block`'s parameters; ``'cpu'`` before initialize()."""
+    ctxs = _param_contexts(block)
+    return ctxs[0].device_type if ctxs else 'cpu'
 
 
 def _known_shapes(block):
@@ -406,20 +410,12 @@ def _fp32_graph(block):
     except Exception as err:  # any failure means the block cannot be traced
         raise TypeError('%s cannot be turned into a graph (its hybrid_forward must work with '
                         'F=mx.sym, as for hybridize()), so mxamp cannot convert it: %s: %s'
-                        % (_describe(block), type(err).__name__, _first_line(err)))
+                        % (_describe(block), type(err).__name__, graph_mod.error_line(err)))
     outputs = list(_flat([out])) if isinstance(out, (list, tuple)) else [out]
     if not all(isinstance(o, mx.sym.Symbol) for o in outputs):
         raise TypeError('%s returns non-Symbol outputs when traced; mxamp cannot convert it'
                         % _describe(block))
     return mx.sym.Group(outputs)
-
-
-def _first_line(err):
-    text = str(err).strip().splitlines()
-    for line in text:
-        if 'Error' in line or 'Check failed' in line:
-            return line.strip()
-    return text[0].strip() if text else ''
 
 
 def _describe(block):
@@ -538,7 +534,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     if is_converted(net):
         raise ValueError('%s is already converted by mxamp (to %s)'
                          % (_describe(net), net._mxamp_settings.dtype))
-    ctxs = _net_contexts(net)
+    ctxs = _param_contexts(net)
     name = hardware.resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
         # Not converted; summary() says why ('auto': resolve_dtype warned once already).
@@ -567,15 +563,6 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
         block._clear_cached_op()
     _sync_params(net)
     return net
-
-
-def _net_contexts(net):
-    for param in net.collect_params().values():
-        if param._data is not None:
-            return param.list_ctx()
-        if param._deferred_init:
-            return list(param._deferred_init[1])
-    return []
 
 
 def _conversion_of(net):

@@ -35,7 +35,7 @@ import numpy as np
 import mxnet as mx
 
 from . import policy as policy_mod
-from .dtypes import dtype_name, numpy_dtype, type_flag
+from .dtypes import numpy_dtype, precision_name, type_flag
 from .policy import FLOAT32, LOW
 
 # Tag on every Cast node mxamp inserts: how an already-converted graph is recognised.
@@ -144,7 +144,11 @@ def _valid_entry(entry, limit):
 
 
 def error_line(err):
-    """The informative line of an MXNetError (its message spans a C++ traceback)."""
+    """The informative line of an exception's message, for one-line errors.
+
+    An MXNetError's message spans a C++ traceback: the line naming the failed
+    check or the error is kept, else the last line that is not traceback.
+    """
     lines = [line.strip() for line in str(err).splitlines()
              if line.strip() and not line.strip().startswith(('Traceback', 'File ', '[bt]', 'Stack trace'))]
     for line in lines:
@@ -197,7 +201,7 @@ def infer_entry_types(graph, input_types=None):
     except mx.base.MXNetError as err:
         raise GraphError('type inference failed: %s' % error_line(err))
     for (nid, k, _), out_type in zip(heads, out_types or [None] * len(heads)):
-        types[(nid, k)] = _float_name(out_type)
+        types[(nid, k)] = precision_name(out_type)
     return types
 
 
@@ -234,17 +238,8 @@ def _variable_type(node, input_types):
                 return name
         return None
     if input_types and node['name'] in input_types:
-        return _float_name(input_types[node['name']])
+        return precision_name(input_types[node['name']])
     return 'float32'
-
-
-def _float_name(dtype):
-    if dtype is None:
-        return None
-    try:
-        return dtype_name(dtype)
-    except ValueError:
-        return None
 
 
 def plan_node(node, policy, input_states, input_shapes, float_outputs):

@@ -36,7 +36,8 @@ native bfloat16 every op computes in FP32 and reads bfloat16 parameters
 through exact casts.
 Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
 (``FLOAT16_CPU_EMULATED``) have none and compute in FP32 between float16 casts
-(float16 storage, FP32 accumulation), which the graph rewrite does when asked.
+(float16 storage, FP32 accumulation), which the graph rewrite does when asked
+(`emulates_float16`: for every graph that may run on a device that is not a GPU).
 """
 import ctypes
 import fnmatch
@@ -56,14 +57,17 @@ def _names(text):
     return frozenset(text.split())
 
 
-# Compute-bound ops worth running in low precision.
-_LOW = _names('''
+# The GEMM-based ops: compute-bound, the ops low precision pays for.
+_GEMM = _names('''
     Convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm _linalg_gemm2
     _contrib_interleaved_matmul_selfatt_qk _contrib_interleaved_matmul_selfatt_valatt
     _contrib_interleaved_matmul_encdec_qk _contrib_interleaved_matmul_encdec_valatt
     _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
-    BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm
 ''')
+
+# Ops run in low precision: the GEMMs, and BatchNorm on their outputs (its
+# statistics stay FP32, see _FLOAT32_INPUTS).
+_LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm')
 
 # Numerically sensitive: softmax, normalisation, reductions, exp/log/pow, losses,
 # detection post-processing, coordinates, linear algebra, samplers, legacy ops
@@ -343,13 +347,34 @@ def _bfloat16_conv_layout(attrs, input_shapes):
 # Layout rules on input shapes, per op, under bfloat16 on a CPU.
 _BFLOAT16_CPU_LAYOUT_RULES = {'Convolution': _bfloat16_conv_layout}
 
-# GEMM-based ops with no float16 kernel on a CPU in MXNet 1.9.1.
-FLOAT16_CPU_EMULATED = _names('''
-    Convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm _linalg_gemm2
-    _contrib_interleaved_matmul_selfatt_qk _contrib_interleaved_matmul_selfatt_valatt
-    _contrib_interleaved_matmul_encdec_qk _contrib_interleaved_matmul_encdec_valatt
-    _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
-''')
+# MXNet 1.9.1 has no float16 kernel on a CPU for any GEMM-based op.
+FLOAT16_CPU_EMULATED = _GEMM
+
+
+def emulates_float16(device_types):
+    """Whether a float16 graph for `device_types` computes its GEMMs in FP32 between casts.
+
+    The one rule both fronts follow (`mxamp.symbol.make_policy` with the
+    contexts given, `mxamp.convert` with the device of each graph build).
+    MXNet 1.9.1 has float16 GEMM kernels on GPUs only (`FLOAT16_CPU_EMULATED`).
+    One graph is bound on every device it is for, so it must run on all of
+    them: with mixed contexts (a CPU and a GPU) the GEMMs compute in FP32
+    between float16 casts everywhere (on the GPU: correct, only slower) rather
+    than fail on the CPU.  No device type at all means a GPU: graph files
+    target GPUs unless told otherwise.
+
+    Parameters
+    ----------
+    device_types : iterable of str
+        MXNet device types (``Context.device_type``: ``'cpu'``, ``'gpu'``,
+        ``'cpu_pinned'``...).
+
+    Examples
+    --------
+    >>> emulates_float16(['gpu', 'cpu']), emulates_float16(['gpu']), emulates_float16([])
+    (True, False, False)
+    """
+    return any(device != 'gpu' for device in device_types)
 
 # Ops whose output dtype is an attribute, not their input's.  (amp_multicast is
 # not one: it outputs its widest input's dtype, so it is unified like 'widest'.)
@@ -442,7 +467,8 @@ class Policy(object):
         statistics and parameters are FP32 either way) or gets an FP32 cast.
     emulate_float16 : bool
         Whether float16 GEMM ops compute in FP32 between float16 casts, as
-        MXNet has no float16 GEMM on a CPU.  Set by the callers for CPU contexts.
+        MXNet has no float16 GEMM on a CPU.  The callers set it by
+        `emulates_float16`.
     cpu_class : str
         Under bfloat16, the CPU class the graph is for (see
         `mxamp.hardware.cpu_class`): ``'avx512_bf16'`` (default) and ``'amx'``

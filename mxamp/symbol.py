@@ -15,20 +15,21 @@ import mxnet as mx
 from . import hardware
 from .dtypes import LOW_PRECISION, cast, dtype_name
 from .graph import GraphError, convert_graph, error_line, load_graph
-from .policy import Policy
+from .policy import Policy, emulates_float16
 
 
 def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batchnorm_data='low',
                 cpu_class=None):
     """The `Policy` for user arguments.
 
-    float16 on a CPU context computes GEMMs in FP32.  bfloat16 graphs are for
-    `cpu_class` (see `convert_symbol`).
+    float16 computes GEMMs in FP32 unless every context in `ctx` is a GPU
+    (`mxamp.policy.emulates_float16`; no `ctx`: a GPU).  bfloat16 graphs are
+    for `cpu_class` (see `convert_symbol`).
     """
     dtype = dtype_name(dtype, allowed=LOW_PRECISION)
-    on_cpu = ctx is not None and all(c.device_type == 'cpu' for c in _contexts(ctx))
+    devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
     return Policy(dtype, fp32_ops=fp32_ops or (), lp_ops=lp_ops or (), exclude=exclude or (),
-                  batchnorm_data=batchnorm_data, emulate_float16=on_cpu,
+                  batchnorm_data=batchnorm_data, emulate_float16=emulates_float16(devices),
                   cpu_class=target_cpu_class(cpu_class))
 
 
@@ -78,9 +79,9 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     fp32_ops, lp_ops : iterable of str, optional
         Operator names forced to FP32 / to low precision.
     ctx : mx.Context or list, optional
-        Where the graph will run.  float16 on a CPU computes the GEMM-based ops in
-        FP32 between float16 casts (MXNet has no float16 GEMM on CPUs); without
-        `ctx` float16 targets a GPU.
+        Where the graph will run.  float16 on a CPU (also in a list mixing CPUs
+        and GPUs) computes the GEMM-based ops in FP32 between float16 casts
+        (MXNet has no float16 GEMM on CPUs); without `ctx` float16 targets a GPU.
     input_types : dict, optional
         Inputs that are not float32, e.g. ``{'token_ids': 'int32'}``.
     input_shapes : dict, optional

@@ -26,6 +26,13 @@ def _values():
     return normal, ties.view(np.float32), near, special
 
 
+def test_precision_name_is_a_name_or_none():
+    assert [dtypes.precision_name(t) for t in (np.float32, 'fp16', BFLOAT16, np.float64, np.int32, None)] \
+        == ['float32', 'float16', 'bfloat16', None, None, None]
+    assert dtypes.name_of_array(mx.nd.zeros(1, dtype='int32')) is None
+    assert dtypes.name_of_array(dtypes.cast(mx.nd.zeros(1), 'bfloat16')) == 'bfloat16'
+
+
 def test_generic_narrowing_rounds_to_nearest_with_ties_away_from_zero():
     # MXNet's generic kernels, used where oneDNN's bfloat16 reorders are reference
     # loops ('avx2' CPUs); they run on any CPU, so the test does too.

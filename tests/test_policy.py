@@ -121,6 +121,24 @@ def test_float16_emulation_only_on_request():
     assert not Policy('bfloat16', emulate_float16=True).computes_in_float32('Convolution')
 
 
+def test_one_float16_on_cpu_rule_for_both_fronts():
+    # Emulation unless every device is a GPU: a graph bound on a CPU and a GPU
+    # must run on both.  The Symbol front reads contexts, Gluon a graph's device.
+    from mxamp.gluon import _Settings
+    from mxamp.symbol import make_policy
+    assert [policy_mod.emulates_float16(d) for d in (['gpu'], ['cpu'], ['cpu_pinned'], ['gpu', 'cpu'], [])] \
+        == [False, True, True, True, False]
+    assert make_policy('float16', ctx=[mx.gpu(0), mx.cpu()]).emulate_float16
+    assert make_policy('float16', ctx=mx.cpu_pinned()).emulate_float16
+    assert not make_policy('float16', ctx=[mx.gpu(0), mx.gpu(1)]).emulate_float16
+    assert not make_policy('float16').emulate_float16
+    settings = _Settings('float16', (), (), ())
+    assert settings.policy('cpu').emulate_float16 and settings.policy('cpu_pinned').emulate_float16
+    assert not settings.policy('gpu').emulate_float16
+    # The emulated ops are exactly the GEMMs among the low-precision ops.
+    assert policy_mod.FLOAT16_CPU_EMULATED == policy_mod._LOW - set(policy_mod._FLOAT32_INPUTS)
+
+
 # The bfloat16 kernel claims, checked on this MXNet build in a subprocess (a
 # missing kernel can crash the process rather than raise).
 _BF16_CHECK = textwrap.dedent('''
