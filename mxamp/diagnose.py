@@ -9,6 +9,9 @@ it:
 - `first_nonfinite_output` re-runs a forward pass op by op, keeping every
   intermediate tensor, and returns the first node (in execution order) whose
   output is not finite.  It works on converted Gluon networks and on symbols.
+  An overflowing mxamp cast is blamed on the node it casts: a converted
+  network's `mxamp.graph.Conversion` says which nodes are casts, in a symbol
+  `mxamp.graph.find_casts` recognises them by name.
 
 `check_bfloat16_runs` tells, before anything runs, whether this CPU can run a
 graph's bfloat16 nodes at all, and says what to do instead in one error.
@@ -29,9 +32,9 @@ import numpy as np
 
 import mxnet as mx
 
-from . import hardware
+from . import gluon, hardware
 from .dtypes import precision_name, to_float32_numpy
-from .graph import CAST_SUFFIX, infer_entry_types, load_graph
+from .graph import find_casts, infer_entry_types, load_graph
 from .policy import CAST_OPS, canonical
 
 __all__ = ['nonfinite_gradients', 'nonfinite_named_gradients', 'first_nonfinite_output',
@@ -110,11 +113,14 @@ def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
         When the graph computes in bfloat16 and this CPU cannot (see
         `check_bfloat16_runs`).  The graph always runs on the CPU.
     """
-    symbol, args, auxs = _graph_and_arrays(net, inputs, arg_params or {}, aux_params or {})
-    check_bfloat16_runs(symbol, {name: value.dtype for name, value in
-                                 list(args.items()) + list(auxs.items())})
+    symbol, args, auxs, conversion = _graph_and_arrays(net, inputs, arg_params or {}, aux_params or {})
+    input_types = {name: value.dtype for name, value in list(args.items()) + list(auxs.items())}
+    check_bfloat16_runs(symbol, input_types)
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
+    index = {node['name']: nid for nid, node in enumerate(nodes)}
+    casts = conversion.cast_nodes if conversion else find_casts(graph, infer_entry_types(graph, input_types))
+    cast_of = {cast.name: cast for cast in casts}
     rows = graph['node_row_ptr']
     heads = [[nid, k, 0] for nid, node in enumerate(nodes) if node['op'] != 'null'
              for k in range(rows[nid + 1] - rows[nid])]
@@ -131,15 +137,15 @@ def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
         if not np.isfinite(to_float32_numpy(value)).all():
             dtype = precision_name(value.dtype) or np.dtype(value.dtype).name
             node, stored = nodes[nid], None
-            if CAST_SUFFIX in node['name']:
+            cast = cast_of.get(node['name'])
+            if cast is not None:
                 # The node to blame is the cast's producer.  A cast to low precision
                 # overflowed a value finite in FP32; a cast to FP32 (of a bfloat16
                 # parameter where the CPU computes in FP32) cannot overflow: its
                 # input, a parameter, already held the inf/NaN.
                 if dtype != 'float32':
                     stored = dtype
-                nid, k = node['inputs'][0][:2]
-                node = nodes[nid]
+                node, k = nodes[index[cast.source]], cast.output
             return {'node': node['name'], 'op': node['op'], 'dtype': dtype, 'output': k,
                     'cast_to': stored, 'inputs': [nodes[src]['name'] for src, _, _ in node['inputs']]}
     return None
@@ -214,7 +220,7 @@ def _graph_and_arrays(net, inputs, arg_params, aux_params):
         if len(names) != len(inputs):
             raise ValueError('the symbol has %d inputs (%s), %d given'
                              % (len(names), ', '.join(names), len(inputs)))
-        return net, dict(arg_params, **dict(zip(names, inputs))), aux_params
+        return net, dict(arg_params, **dict(zip(names, inputs))), aux_params, None
     net(*inputs)  # finishes deferred initialisation
     # MXNet 1.9.1: HybridBlock._get_graph builds (or returns the cached) pair of
     # input symbols and output symbol; for a converted net, the rewritten graph.
@@ -222,5 +228,6 @@ def _graph_and_arrays(net, inputs, arg_params, aux_params):
     arrays = {p.name: p.data(inputs[0].context) for p in net.collect_params().values()}
     arrays.update({s.name: x for s, x in zip(input_symbols, inputs)})
     auxs = set(symbol.list_auxiliary_states())
+    conversion = gluon.conversion_of(net)[0] if gluon.is_converted(net) else None
     return (symbol, {k: v for k, v in arrays.items() if k not in auxs},
-            {k: v for k, v in arrays.items() if k in auxs})
+            {k: v for k, v in arrays.items() if k in auxs}, conversion)

@@ -58,6 +58,7 @@ MXNet internals relied on (MXNet 1.9.1), each used in one place below:
 the symbolic build in :func:`convert` names its inputs the same, so that its
 graph is the one MXNet builds later.
 """
+import collections
 import fnmatch
 import inspect
 import json
@@ -565,7 +566,17 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     return net
 
 
-def _conversion_of(net):
+def conversion_of(net):
+    """What converting `net` did: ``(mxamp.graph.Conversion, device type)`` of its graph.
+
+    The graph the net last ran, else a symbolic build of it for the device of
+    its parameters.
+
+    Raises
+    ------
+    TypeError
+        `net` is not converted.
+    """
     if not is_converted(net):
         raise TypeError('%s is not converted by mxamp: call mxamp.convert(net) first'
                         % (_describe(net) if isinstance(net, Block) else type(net).__name__))
@@ -600,41 +611,21 @@ def summary(net, print_fn=print):
         if print_fn is not None:
             print_fn(text)
         return text
-    conversion, device = _conversion_of(net)
+    conversion, device = conversion_of(net)
     settings = net._mxamp_settings
     policy = settings.policy(device)
-    graph = json.loads(conversion.symbol.tojson(remove_amp_cast=False))
-    nodes = graph['nodes']
-    suffix = graph_mod.CAST_SUFFIX
     rows = []
-    counts = {}
-    for node in nodes:
-        if node['op'] == 'null' or suffix in node['name'] or graph_mod.PAD_SUFFIX in node['name']:
-            continue
-        name = node['name']
-        precision = conversion.node_precision.get(name, 'float32')
-        if name in conversion.fp32_compute:
-            shown = 'float32 (%s storage)' % precision
-            counts['float32 (%s storage)' % precision] = counts.get(
-                'float32 (%s storage)' % precision, 0) + 1
-        else:
-            shown = precision
-            counts[precision] = counts.get(precision, 0) + 1
-        casts = []
-        for src, _, _ in node['inputs']:
-            source = nodes[src]
-            if graph_mod.PAD_SUFFIX in source['name']:
-                casts.append('%s +1 zero channel' % nodes[source['inputs'][0][0]]['name'])
-                source = nodes[source['inputs'][0][0]]
-            if suffix in source['name']:
-                origin = nodes[source['inputs'][0][0]]['name']
-                casts.append('%s->%s' % (origin, source['attrs']['dtype']))
-        rows.append((name, node['op'], shown, ', '.join(casts)))
-    heads = []
-    for nid, _, _ in graph['heads']:
-        if suffix in nodes[nid]['name']:
-            heads.append('%s->%s' % (nodes[nodes[nid]['inputs'][0][0]]['name'],
-                                     nodes[nid]['attrs']['dtype']))
+    counts = collections.Counter()
+    for node in conversion.nodes:
+        shown = node.computes_in
+        if node.computes_in != node.precision:
+            shown = 'float32 (%s storage)' % node.precision
+        counts[shown] += 1
+        reads = ['%s%s' % ('%s->%s' % (read.cast.source, read.cast.to_dtype) if read.cast else read.source,
+                           ' +1 zero channel' if read.pad else '')
+                 for read in node.inputs if read.cast or read.pad]
+        rows.append((node.name, node.op, shown, ', '.join(reads)))
+    heads = ['%s->%s' % (cast.source, cast.to_dtype) for cast in conversion.output_casts if cast]
     widths = [max([len(r[i]) for r in rows] + [len(h)])
               for i, h in enumerate(('node', 'op', 'computes in', 'casts on inputs'))]
     widths[3] = 0

@@ -9,6 +9,13 @@ oneDNN Activation it runs as, the precisions of its outputs).
 emits what the plan says; `check_graph` plans each node of a converted graph
 from the types MXNet infers for it and lists where the graph differs.
 
+The `Conversion` that `convert_graph` returns records what it did: per node of
+the FP32 graph a `NodeRecord` (its plan, the op it runs as, per input the cast
+or zero-channel padding it reads through) and every cast inserted (a
+`CastRecord`).  Reports (`format_report`, `mxamp.summary`), `check_graph` and
+`mxamp.diagnose` read that record; only a graph without it (a file converted
+earlier) has its casts found by name, by `find_casts`.
+
 The rewrite inserts ``Cast`` nodes only where a tensor crosses a precision
 boundary: one cast per tensor and dtype, no cast chains (a consumer that needs
 back the precision a tensor was cast from gets the original tensor), graph
@@ -38,7 +45,8 @@ from . import policy as policy_mod
 from .dtypes import numpy_dtype, precision_name, type_flag
 from .policy import FLOAT32, LOW
 
-# Tag on every Cast node mxamp inserts: how an already-converted graph is recognised.
+# Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
+# that comes without its Conversion.
 CAST_SUFFIX = '_mxamp_cast_'
 # Tag on the nodes that add a zero input channel to a convolution (see Policy.layout).
 PAD_SUFFIX = '_mxamp_pad_'
@@ -56,16 +64,6 @@ class GraphError(ValueError):
     """A graph mxamp cannot convert; the message names the node or operator."""
 
 
-Conversion = collections.namedtuple('Conversion', [
-    'symbol',        # the converted mx.sym.Symbol
-    'dtype',         # target precision name
-    'lp_params',     # frozenset of parameter names stored in the target dtype
-    'node_precision',  # {node name: 'float32' | dtype} for every op node (casts excluded)
-    'node_op',       # {node name: op name} for the same nodes
-    'casts',         # Counter {(from, to): number of cast nodes inserted}
-    'fp32_compute',  # frozenset of the low-precision nodes computing in FP32 between casts
-])
-
 NodePlan = collections.namedtuple('NodePlan', [
     'precision',     # 'float32' | dtype it runs in; None for a cast op (its attribute decides)
     'inputs',        # per input: the dtype it must arrive in, None where it is left as it is
@@ -74,6 +72,63 @@ NodePlan = collections.namedtuple('NodePlan', [
     'activation',    # act_type of the oneDNN Activation it runs as, None to keep its op
     'outputs',       # per output: 'float32' | dtype read by its consumers, None if not floating
 ])
+
+CastRecord = collections.namedtuple('CastRecord', [
+    'name',          # the cast node's name
+    'source',        # name of the node whose output it casts
+    'output',        # that output's index
+    'from_dtype',    # 'float32' | dtype: mxamp casts only between FP32 and the target
+    'to_dtype',
+])
+
+InputRecord = collections.namedtuple('InputRecord', [
+    'source',        # name of the node of the FP32 graph the input reads
+    'output',        # that node's output index
+    'cast',          # the CastRecord of the cast it reads through, None if none
+    'pad',           # names of the nodes appending its zero channel (the last feeds the node), or ()
+])
+
+
+class NodeRecord(collections.namedtuple('NodeRecord', [
+        'name',      # the node's name, the same in both graphs
+        'op',        # the operator it runs as (Activation for a relu run by oneDNN)
+        'plan',      # its NodePlan
+        'inputs',    # per input, an InputRecord
+])):
+    """What the rewrite did with one op node of the FP32 graph."""
+    __slots__ = ()
+
+    @property
+    def precision(self):
+        """``'float32'`` or the target dtype: the precision the node runs in (a cast: float32)."""
+        return self.plan.precision or 'float32'
+
+    @property
+    def computes_in(self):
+        """The precision its arithmetic runs in: float32 also between low-precision casts."""
+        return 'float32' if self.plan.compute_fp32 else self.precision
+
+
+class Conversion(collections.namedtuple('Conversion', [
+        'symbol',        # the converted mx.sym.Symbol
+        'dtype',         # target precision name
+        'lp_params',     # frozenset of parameter names stored in the target dtype
+        'nodes',         # tuple of NodeRecord, every op node of the FP32 graph, in graph order
+        'cast_nodes',    # tuple of CastRecord, every cast inserted, in graph order
+        'output_casts',  # per graph output, the CastRecord casting it back to FP32, or None
+])):
+    """What `convert_graph` made and did: the graph and the record of every decision."""
+    __slots__ = ()
+
+    @property
+    def node_precision(self):
+        """``{node name: 'float32' | dtype}``: the precision each op node runs in."""
+        return {node.name: node.precision for node in self.nodes}
+
+    @property
+    def casts(self):
+        """``Counter {(from, to): number of casts}``."""
+        return collections.Counter((cast.from_dtype, cast.to_dtype) for cast in self.cast_nodes)
 
 
 def load_graph(source):
@@ -322,6 +377,7 @@ class _Builder(object):
         self.state = {}          # new entry -> 'float32' | dtype | None (not floating)
         self.cast_cache = {}     # (entry, target) -> entry
         self.cast_source = {}    # entry made by a cast -> the entry it was cast from
+        self.casts = {}          # node index of each cast -> its CastRecord
         self.names = set()
 
     def add(self, node, states):
@@ -356,43 +412,46 @@ class _Builder(object):
                             'inputs': [[entry[0], entry[1], 0]]}, [target])
             self.cast_cache[key] = (nid, 0)
             self.cast_source[(nid, 0)] = entry
+            self.casts[nid] = CastRecord(name, producer, entry[1], self.state[entry], target)
         return self.cast_cache[key]
 
     def pad_channels(self, entry, name, zero_shape=None):
         """`entry` (N, C, ...) with a zero channel appended: (N, C + 1, ...).
 
         The zero channel has `zero_shape` when given, else the shape of `entry`'s
-        first channel (known only when the graph runs).
+        first channel (known only when the graph runs).  Returns the padded
+        entry and the names of the nodes added, the Concat giving it last.
         """
         state = self.state[entry]
         if zero_shape is not None:
-            zero = self.add({'op': '_zeros', 'name': name + '_zero',
-                             'attrs': {'shape': str(tuple(zero_shape)), 'dtype': state},
-                             'inputs': []}, [state])
+            zero = [self.add({'op': '_zeros', 'name': name + '_zero',
+                              'attrs': {'shape': str(tuple(zero_shape)), 'dtype': state},
+                              'inputs': []}, [state])]
         else:
             first = self.add({'op': 'slice_axis', 'name': name + '_slice',
                               'attrs': {'axis': '1', 'begin': '0', 'end': '1'},
                               'inputs': [[entry[0], entry[1], 0]]}, [state])
-            zero = self.add({'op': 'zeros_like', 'name': name + '_zero', 'attrs': {},
-                             'inputs': [[first, 0, 0]]}, [state])
+            zero = [first, self.add({'op': 'zeros_like', 'name': name + '_zero', 'attrs': {},
+                                     'inputs': [[first, 0, 0]]}, [state])]
         nid = self.add({'op': 'Concat', 'name': name, 'attrs': {'dim': '1', 'num_args': '2'},
-                        'inputs': [[entry[0], entry[1], 0], [zero, 0, 0]]}, [state])
-        return (nid, 0)
+                        'inputs': [[entry[0], entry[1], 0], [zero[-1], 0, 0]]}, [state])
+        return (nid, 0), tuple(self.nodes[i]['name'] for i in zero + [nid])
 
     def pad_convolution(self, name, inputs, weight_shape):
         """A convolution's `inputs` with a zero input channel appended to data and weight (exact).
 
-        `weight_shape` is the shape of the unpadded weight.
+        `weight_shape` is the shape of the unpadded weight.  Returns the new
+        inputs and, per input, the names of the nodes padding it (see `pad_channels`).
         """
         # MXNet infers no shape backwards through Concat: the weight variable
         # declares its shape (Gluon's deferred initialisation reads it there).
-        variable = self.nodes[_through_cast(self.nodes, inputs[1][0])]
+        variable = self.nodes[self.cast_source.get(inputs[1], inputs[1])[0]]
         if variable['op'] == 'null':
             variable['attrs']['__shape__'] = str(tuple(weight_shape))
-        data = self.pad_channels(inputs[0], name + PAD_SUFFIX + 'data')
-        weight = self.pad_channels(inputs[1], name + PAD_SUFFIX + 'weight',
-                                   (weight_shape[0], 1) + tuple(weight_shape[2:]))
-        return [data, weight] + inputs[2:]
+        data, data_pad = self.pad_channels(inputs[0], name + PAD_SUFFIX + 'data')
+        weight, weight_pad = self.pad_channels(inputs[1], name + PAD_SUFFIX + 'weight',
+                                               (weight_shape[0], 1) + tuple(weight_shape[2:]))
+        return [data, weight] + inputs[2:], [data_pad, weight_pad] + [()] * (len(inputs) - 2)
 
 
 def _lp_storable(graph, policy, params):
@@ -448,21 +507,19 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
     Conversion
     """
     graph = load_graph(source)
-    already = [n['name'] for n in graph['nodes'] if CAST_SUFFIX in n['name']]
+    types = infer_entry_types(graph, input_types)
+    already = find_casts(graph, types)
     if already:
-        raise GraphError("the graph is already converted by mxamp (cast node '%s')" % already[0])
+        raise GraphError("the graph is already converted by mxamp (cast node '%s')" % already[0].name)
     params = set(params)
     nodes = graph['nodes']
-    types = infer_entry_types(graph, input_types)
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
     lp_params = _lp_storable(graph, policy, params)
     low = policy.dtype
     out = _Builder(low, portable)
     new_entry = {}
-    node_precision = {}
-    node_op = {}
-    fp32_compute = set()
+    records = []
 
     for nid, node in enumerate(nodes):
         original = [types.get((nid, k)) for k in range(counts[nid])]
@@ -483,8 +540,10 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
                          [t == 'float32' for t in original])
         inputs = [entry if dtype is None else out.to(entry, dtype)
                   for entry, dtype in zip(inputs, plan.inputs)]
+        casts = [out.casts.get(entry[0]) for entry in inputs]
+        pads = [()] * len(inputs)
         if plan.pad_channels:
-            inputs = out.pad_convolution(node['name'], inputs, input_shapes[1])
+            inputs, pads = out.pad_convolution(node['name'], inputs, input_shapes[1])
         new_node = dict(node, inputs=[[e[0], e[1], 0] for e in inputs])
         if plan.activation is not None:
             new_node = _as_onednn_activation(new_node, plan.activation)
@@ -494,30 +553,22 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
         new_id = out.add(new_node, written)
         for k, state in enumerate(plan.outputs):
             new_entry[(nid, k)] = out.to((new_id, k), state)
-        node_precision[node['name']] = plan.precision or 'float32'
-        node_op[node['name']] = new_node['op']
-        if plan.compute_fp32:
-            fp32_compute.add(node['name'])
+        records.append(NodeRecord(node['name'], new_node['op'], plan, tuple(
+            InputRecord(nodes[src]['name'], k, cast, pad)
+            for (src, k, _), cast, pad in zip(node['inputs'], casts, pads))))
 
     heads = [out.to(new_entry[(nid, k)], 'float32') for nid, k, _ in graph['heads']]
-    converted = _assemble(out.nodes, heads, graph.get('attrs'))
-    symbol = _symbol_from_graph(converted)
-    casts = collections.Counter()
-    final_nodes = json.loads(symbol.tojson(remove_amp_cast=False))['nodes']
-    for node in final_nodes:
-        if CAST_SUFFIX in node['name']:
-            target = node['attrs']['dtype']
-            casts[('float32' if target != 'float32' else low, target)] += 1
-    live = {node['name'] for node in final_nodes}
-    return Conversion(symbol=symbol, dtype=low,
-                      lp_params=frozenset(name for name in lp_params if name in live),
-                      node_precision={k: v for k, v in node_precision.items() if k in live},
-                      node_op={k: v for k, v in node_op.items() if k in live},
-                      casts=casts, fp32_compute=frozenset(fp32_compute & live))
+    converted, kept = _assemble(out.nodes, heads, graph.get('attrs'))
+    # Every node and variable of the FP32 graph feeds an output, so the
+    # converted graph keeps them all; of the casts, those nothing reads are gone.
+    return Conversion(symbol=_symbol_from_graph(converted), dtype=low, lp_params=frozenset(lp_params),
+                      nodes=tuple(records),
+                      cast_nodes=tuple(out.casts[nid] for nid in kept if nid in out.casts),
+                      output_casts=tuple(out.casts.get(nid) for nid, _ in heads))
 
 
 def _assemble(nodes, heads, attrs):
-    """A JSON graph of the reachable part of `nodes` (dead casts dropped)."""
+    """A JSON graph of the reachable part of `nodes` (dead casts dropped), and the indices kept."""
     reachable = set()
     stack = [nid for nid, _ in heads]
     while stack:
@@ -534,10 +585,10 @@ def _assemble(nodes, heads, attrs):
              'arg_nodes': [i for i, n in enumerate(kept) if n['op'] == 'null'],
              'heads': [[index[nid], k, 0] for nid, k in heads]}
     graph['attrs'] = dict(attrs or {'mxnet_version': ['int', 10901]})
-    return graph
+    return graph, order
 
 
-def check_graph(symbol, policy, input_types=None, shapes=None):
+def check_graph(converted, policy, input_types=None, shapes=None):
     """Invariant violations of a converted graph, as a list of strings (empty: all hold).
 
     Types come from MXNet's own inference with every non-declared input in FP32.
@@ -549,33 +600,46 @@ def check_graph(symbol, policy, input_types=None, shapes=None):
     to the dtype it has, no Cast feeds another Cast, no tensor is cast twice to
     the same dtype, every output is FP32 when the FP32 graph's was.  `shapes`
     (as given to `convert_graph`) tell which convolutions run in FP32.
+
+    Parameters
+    ----------
+    converted : Conversion, mx.sym.Symbol, str or dict
+        A `Conversion`: its record says which nodes are mxamp's casts, and is
+        checked against its graph too (see `_record_problems`).  A graph alone
+        (e.g. loaded from a file): its casts are found by name (`find_casts`).
+    policy : mxamp.policy.Policy
+    input_types, shapes : dict, optional
+        As given to `convert_graph`.
     """
-    graph = load_graph(symbol)
+    record = converted if isinstance(converted, Conversion) else None
+    graph = load_graph(record.symbol if record else converted)
     nodes = graph['nodes']
     types = infer_entry_types(graph, input_types)
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
     low = policy.dtype
-    problems = []
+    cast_names = {cast.name for cast in (record.cast_nodes if record else find_casts(graph, types))}
+    problems = _record_problems(record, graph, types, low) if record else []
     seen_casts = set()
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             continue
         op, name = node['op'], node['name']
         states = [_state(types.get((src, k)), low) for src, k, _ in node['inputs']]
-        if CAST_SUFFIX in name:
+        if name in cast_names:
             src = tuple(node['inputs'][0][:2])
             target = node['attrs']['dtype']
             if states[0] == target:
                 problems.append("cast '%s' converts a %s tensor to %s" % (name, target, target))
-            if CAST_SUFFIX in nodes[src[0]]['name']:
+            if nodes[src[0]]['name'] in cast_names:
                 problems.append("cast '%s' feeds cast '%s' (cast chain)" % (nodes[src[0]]['name'], name))
             if (src, target) in seen_casts:
                 problems.append("tensor %s is cast to %s twice" % (nodes[src[0]]['name'], target))
             seen_casts.add((src, target))
             continue
         # A cast of a low-precision weight reads as that weight's shape.
-        input_shapes = [variable_shapes.get(_through_cast(nodes, src)) for src, _, _ in node['inputs']]
+        input_shapes = [variable_shapes.get(_through_casts(nodes, src, cast_names))
+                        for src, _, _ in node['inputs']]
         plan = plan_node(node, policy, states, input_shapes,
                          [_state(types.get((nid, k)), low) is not None for k in range(counts[nid])])
         bad = [pos for pos, (state, dtype) in enumerate(zip(states, plan.inputs))
@@ -591,13 +655,88 @@ def check_graph(symbol, policy, input_types=None, shapes=None):
     return problems
 
 
+def _record_problems(record, graph, types, low):
+    """Where the record of a `Conversion` does not describe its graph `graph`.
+
+    Every recorded cast is a cast node reading the recorded output and giving
+    the recorded dtypes; every recorded node runs the recorded operator, reads
+    each input through the recorded cast and padding, and writes the dtypes its
+    plan gives; every graph output reads its recorded cast; and the graph has no
+    op node the record does not name.
+    """
+    nodes = graph['nodes']
+    index = {node['name']: nid for nid, node in enumerate(nodes)}
+    problems = []
+    named = set()
+    for cast in record.cast_nodes:
+        node = nodes[index[cast.name]] if cast.name in index else None
+        named.add(cast.name)
+        if node is None or policy_mod.canonical(node['op']) not in policy_mod.CAST_OPS:
+            problems.append("recorded cast '%s' is not a cast node of the graph" % cast.name)
+            continue
+        src, k, _ = node['inputs'][0]
+        found = (nodes[src]['name'], k, _state(types.get((src, k)), low), node['attrs'].get('dtype'))
+        if found != (cast.source, cast.output, cast.from_dtype, cast.to_dtype):
+            problems.append("cast '%s' is recorded as %s[%d] %s->%s but casts %s[%d] %s->%s"
+                            % ((cast.name, cast.source, cast.output, cast.from_dtype, cast.to_dtype)
+                               + found))
+    for record_node in record.nodes:
+        name = record_node.name
+        nid = index.get(name)
+        named.add(name)
+        if nid is None or nodes[nid]['op'] != record_node.op:
+            problems.append("recorded node '%s' (%s) is not in the graph" % (name, record_node.op))
+            continue
+        for pos, (entry, read) in enumerate(zip(nodes[nid]['inputs'], record_node.inputs)):
+            named.update(read.pad)
+            expected = read.pad[-1] if read.pad else read.cast.name if read.cast else read.source
+            if nodes[entry[0]]['name'] != expected:
+                problems.append("'%s' input %d is recorded as reading '%s' but reads '%s'"
+                                % (name, pos, expected, nodes[entry[0]]['name']))
+        for k, state in enumerate(record_node.plan.outputs):
+            written = 'float32' if state is not None and record_node.plan.compute_fp32 else state
+            if state is not None and types.get((nid, k)) is not None and \
+                    _state(types[(nid, k)], low) != written:
+                problems.append("'%s' output %d is recorded as %s but is %s"
+                                % (name, k, written, types[(nid, k)]))
+    for (nid, _, _), cast in zip(graph['heads'], record.output_casts):
+        if cast is not None and nodes[nid]['name'] != cast.name:
+            problems.append("output '%s' is recorded as cast by '%s'" % (nodes[nid]['name'], cast.name))
+    problems.extend("'%s' (%s) is not in the conversion's record" % (node['name'], node['op'])
+                    for node in nodes if node['op'] != 'null' and node['name'] not in named)
+    return problems
+
+
+def find_casts(graph, types):
+    """The casts mxamp inserted in a converted graph, found by their names.
+
+    Only for graphs without their `Conversion` (a file converted earlier, a
+    symbol handed over): `convert_graph` records its casts.  `graph` is a
+    parsed graph (as from `load_graph`), `types` its `infer_entry_types`.
+
+    Returns
+    -------
+    list of CastRecord
+        In graph order.
+    """
+    nodes = graph['nodes']
+    found = []
+    for node in nodes:
+        if CAST_SUFFIX in node['name'] and node['op'] != 'null' and node['inputs'] and \
+                policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
+            src, k = node['inputs'][0][:2]
+            found.append(CastRecord(node['name'], nodes[src]['name'], k, types.get((src, k)),
+                                    node.get('attrs', {}).get('dtype')))
+    return found
+
+
 def _state(dtype, low):
     """The precision state of a tensor of type `dtype` in a graph converted to `low`."""
     return dtype if dtype in ('float32', low) else None
 
 
-def _through_cast(nodes, nid):
-    while CAST_SUFFIX in nodes[nid]['name']:
+def _through_casts(nodes, nid, cast_names):
+    while nodes[nid]['name'] in cast_names:
         nid = nodes[nid]['inputs'][0][0]
     return nid
 
@@ -610,14 +749,11 @@ def format_report(conversion):
     says how many of them store their data in low precision.
     """
     low = conversion.dtype
-    computes = {name: 'float32' if name in conversion.fp32_compute else precision
-                for name, precision in conversion.node_precision.items()}
     per_op = collections.OrderedDict()
-    for name in sorted(conversion.node_op, key=lambda n: conversion.node_op[n]):
-        counts = per_op.setdefault(conversion.node_op[name], collections.Counter())
-        counts[computes[name]] += 1
+    for node in sorted(conversion.nodes, key=lambda n: n.op):
+        per_op.setdefault(node.op, collections.Counter())[node.computes_in] += 1
     rows = [(op, str(sum(c.values())), str(c[low]), str(c['float32'])) for op, c in per_op.items()]
-    total = collections.Counter(computes.values())
+    total = sum(per_op.values(), collections.Counter())
     rows.append(('total', str(sum(total.values())), str(total[low]), str(total['float32'])))
     header = ('operator', 'nodes', low, 'float32')
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(4)]
@@ -627,9 +763,10 @@ def format_report(conversion):
         return '  '.join(cell.ljust(w) if i == 0 else cell.rjust(w)
                          for i, (cell, w) in enumerate(zip(row, widths)))
     lines = [line(header), rule] + [line(r) for r in rows[:-1]] + [rule, line(rows[-1])]
-    if conversion.fp32_compute:
+    fp32_compute = sum(1 for node in conversion.nodes if node.plan.compute_fp32)
+    if fp32_compute:
         lines.append('of the float32 nodes, %d compute in FP32 between %s casts (%s storage, '
-                     'no %s kernel on this device)' % (len(conversion.fp32_compute), low, low, low))
+                     'no %s kernel on this device)' % (fp32_compute, low, low, low))
     casts = ', '.join('%d %s->%s' % (n, a, b) for (a, b), n in sorted(conversion.casts.items()))
     lines.append('casts inserted: %s' % (casts or 'none'))
     lines.append('parameters stored in %s: %d' % (low, len(conversion.lp_params)))

@@ -183,10 +183,9 @@ def test_custom_block_softmax_sum_exp_run_in_fp32(dtype):
     got = net(x)
     assert got.dtype == np.float32
     assert rel_err(got.asnumpy(), ref) < tolerance(dtype)
-    conversion = net._mxamp_conversion
     by_op = {}
-    for node, op in conversion.node_op.items():
-        by_op.setdefault(op, set()).add(conversion.node_precision[node])
+    for node in net._mxamp_conversion.nodes:
+        by_op.setdefault(node.op, set()).add(node.precision)
     assert by_op['softmax'] == {'float32'}
     assert by_op['sum'] == {'float32'}
     assert by_op['exp'] == {'float32'}
@@ -530,3 +529,20 @@ def test_float32_leaves_the_net_as_it_is_and_summary_says_so():
     assert mg.convert(net, 'fp32') is net and not mg.is_converted(net)
     text = mg.summary(net, print_fn=None)
     assert text.startswith('mxamp summary: ') and "asked for float32 ('fp32')" in text
+
+
+def test_summary_shows_the_recorded_casts_and_zero_channels(monkeypatch):
+    # For a CPU with bfloat16 kernels (simulated: nothing runs): the RGB stem
+    # reads its input cast and zero-padded, its stored weight zero-padded.
+    monkeypatch.setattr(hw, 'cpu_class', lambda: hw.AVX512_BF16)
+    net = mg.convert(make(in_channels=3), 'bfloat16')
+    text = mg.summary(net, print_fn=None)
+    rows = {line.split()[0]: line for line in text.splitlines()[3:] if line.startswith(net.prefix)}
+    stem, dense = net[0].name + '_fwd', net[7].name + '_fwd'
+    assert rows[stem].split(None, 3)[1:] == [
+        'Convolution', 'bfloat16', 'data->bfloat16 +1 zero channel, %s +1 zero channel' % net[0].weight.name]
+    assert rows[dense].split()[1:] == ['FullyConnected', 'bfloat16']   # reads bfloat16: no cast
+    assert 'outputs cast back: %s->float32' % dense in text
+    conversion, device = mg.conversion_of(net)
+    assert device == 'cpu' and len(rows) == len(conversion.nodes)
+    assert 'casts: 1 bfloat16->float32, 1 float32->bfloat16' in text

@@ -308,7 +308,7 @@ def test_bfloat16_unary_activations_run_as_onednn_activation():
     for name, act in (('r', 'relu'), ('s', 'sigmoid'), ('t', 'tanh')):
         assert nodes[name]['op'] == 'Activation' and nodes[name]['attrs'] == {'act_type': act}
         assert conv_bf16.node_precision[name] == 'bfloat16'
-        assert conv_bf16.node_op[name] == 'Activation'
+        assert next(n.op for n in conv_bf16.nodes if n.name == name) == 'Activation'
     assert check_graph(conv_bf16.symbol, Policy('bfloat16')) == []
     x = mx.nd.random.uniform(-1, 1, shape=(2, 3, 8, 8))
     args = {'data': x, 'conv_weight': mx.nd.random.uniform(shape=(4, 3, 3, 3)),
@@ -324,7 +324,7 @@ def test_bfloat16_unary_activations_run_as_onednn_activation():
     assert abs(got[0].asnumpy() - ref).max() < 0.05 * abs(ref).max() + 1e-3
     # float16 graphs are left alone (GPU kernels exist for the ops themselves).
     fp16 = convert_graph(out, Policy('float16'))
-    assert fp16.node_op['r'] == 'relu'
+    assert next(n.op for n in fp16.nodes if n.name == 'r') == 'relu'
 
 
 def stem_cnn(stem_channels=16, body_channels=16):
@@ -372,6 +372,44 @@ def test_bfloat16_rgb_stem_gets_a_zero_channel():
     assert storage_only.lp_params == conversion.lp_params
     assert not any(PAD_SUFFIX in n['name'] for n in nodes(storage_only.symbol))
     assert set(storage_only.node_precision.values()) == {'float32'}
+
+
+def test_the_conversion_records_each_node_and_cast_and_the_graph_agrees():
+    # The record (what summary and format_report print) is what the graph does:
+    # the name scan of the graph finds the same casts, check_graph finds the
+    # record true, and a record that lies is caught.
+    symbol = stem_cnn()
+    shapes = {'data': (2, 3, 8, 8)}
+    policy = Policy('bfloat16')
+    params = symbol.list_arguments()[1:-1] + symbol.list_auxiliary_states()
+    conversion = convert_graph(symbol, policy, params=params, shapes=shapes, portable=False)
+    stem = next(n for n in conversion.nodes if n.name == 'stem')
+    assert stem.op == 'Convolution' and stem.plan.pad_channels and stem.computes_in == 'bfloat16'
+    data, weight = stem.inputs
+    assert (data.source, data.cast.from_dtype, data.cast.to_dtype) == ('data', 'float32', 'bfloat16')
+    assert data.pad[-1] == 'stem' + PAD_SUFFIX + 'data' and len(data.pad) == 3  # slice, zeros, concat
+    assert (weight.source, weight.cast, weight.pad) == (
+        'stem_weight', None, ('stem' + PAD_SUFFIX + 'weight_zero', 'stem' + PAD_SUFFIX + 'weight'))
+    assert [n.name for n in conversion.nodes] == [n['name'] for n in nodes(symbol) if n['op'] != 'null']
+    softmax = next(n for n in conversion.nodes if n.name == 'softmax')
+    assert softmax.inputs[0].cast.name == 'fc' + CAST_SUFFIX + 'float32'
+    assert conversion.output_casts == (None,)     # SoftmaxOutput writes FP32 itself
+    graph = load_graph(conversion.symbol)
+    from mxamp.graph import find_casts, infer_entry_types
+    assert list(conversion.cast_nodes) == find_casts(graph, infer_entry_types(graph))
+    assert check_graph(conversion, policy, shapes=shapes) == []
+    lying = [
+        conversion._replace(cast_nodes=conversion.cast_nodes[1:]),
+        conversion._replace(cast_nodes=tuple(c._replace(to_dtype='float16') for c in conversion.cast_nodes)),
+        conversion._replace(nodes=tuple(n._replace(plan=n.plan._replace(compute_fp32=True))
+                                        if n.name == 'fc' else n for n in conversion.nodes)),
+        conversion._replace(nodes=tuple(n._replace(inputs=(n.inputs[0]._replace(pad=()),) + n.inputs[1:])
+                                        if n.name == 'stem' else n for n in conversion.nodes)),
+        conversion._replace(nodes=tuple(n._replace(op='relu') if n.name == 'stem_relu' else n
+                                        for n in conversion.nodes)),
+    ]
+    for record in lying:
+        assert check_graph(record, policy, shapes=shapes), record
 
 
 @needs_bfloat16_compute

@@ -78,6 +78,7 @@ def test_random_graphs_keep_invariants_and_stay_close(steps, outputs, dtype):
     policy = make_policy(dtype, ctx=mx.cpu(), cpu_class='auto')
     conversion = convert_graph(symbol, policy, params=params)
     assert check_graph(conversion.symbol, policy) == []
+    assert check_graph(conversion, policy) == []      # and its record is what the graph does
     rng = np.random.RandomState(len(steps))
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=SHAPE)
     args = {n: mx.nd.array(rng.uniform(-0.5, 0.5, s)) for n, s in zip(symbol.list_arguments(), arg_shapes)
