@@ -17,15 +17,20 @@ they were.  The hooks:
 * graph building: the FP32 graph of ``hybrid_forward`` is built as usual, then
   replaced by its mixed-precision rewrite before MXNet makes the CachedOp, so
   the policy applies inside every block, users' own ``hybrid_forward`` code
-  included (a ``softmax`` or a ``sum`` runs in FP32);
+  included (a ``softmax`` or a ``sum`` runs in FP32).  ``convert`` itself
+  rewrites no graph; a block's graph is rewritten when MXNet builds it, once
+  per device type and shape knowledge (rebuilds after ``hybridize()`` and
+  `summary` reuse it), and the `mxamp.graph.Conversion` kept with it is what
+  `summary` and `mxamp.diagnose` report;
 * imperative calls: a converted block always runs through its converted graph,
   also when it is not hybridized or after ``hybridize(active=False)`` (the
   policy only exists in graph form; running ``hybrid_forward`` on NDArrays
   would silently compute everything in the parameters' dtype).  Python code in
   ``hybrid_forward`` therefore runs once per graph build, as in hybridized
   mode;
-* parameters: those consumed only by low-precision ops (``lp_params`` of the
-  rewrite) are stored in the target dtype, data and gradient; all others
+* parameters: those consumed only by low-precision ops (decided once, by
+  ``convert``, from operator classes: `mxamp.graph.storable_params`) are
+  stored in the target dtype, data and gradient; all others
   (BatchNorm, LayerNorm, ... parameters and running statistics, anything
   feeding an FP32 op or an excluded block) stay FP32.  Parameters whose shape
   is still unknown (deferred initialisation) are initialised in FP32 by MXNet
@@ -84,15 +89,27 @@ _warned_bfloat16_storage_only = False
 _lock = threading.Lock()
 
 
-class _Settings(object):
-    """What one convert() call decided; shared by every block of the converted tree."""
+class _Settings(collections.namedtuple('_Settings', [
+        'dtype',         # the target precision
+        'fp32_ops',      # tuple of operator names forced to FP32
+        'lp_ops',        # tuple of operator names forced to low precision
+        'exclude',       # tuple of node-name patterns kept in FP32
+        'lp_params',     # frozenset of the parameter names stored in `dtype`
+])):
+    """What one convert() call decided, before converting any block; shared by the whole tree."""
+    __slots__ = ()
 
-    def __init__(self, dtype, fp32_ops, lp_ops, exclude):
-        self.dtype = dtype
-        self.fp32_ops = tuple(fp32_ops)
-        self.lp_ops = tuple(lp_ops)
-        self.exclude = tuple(exclude)      # node-name patterns
-        self.lp_params = frozenset()       # parameter names stored in `dtype`
+    @classmethod
+    def decide(cls, dtype, fp32_ops, lp_ops, exclude, fp32_graph, params):
+        """The settings for `fp32_graph` (parsed, `mxamp.graph.load_graph`) and its `params`.
+
+        Raises ValueError for an unknown operator name.
+        """
+        # Which parameters are stored in low precision depends on operator
+        # classes alone (see storable_params): the policy of any device decides it.
+        policy = Policy(dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude)
+        return cls(dtype, tuple(fp32_ops), tuple(lp_ops), tuple(exclude),
+                   frozenset(graph_mod.storable_params(fp32_graph, policy, params)))
 
     def policy(self, device_type):
         """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...)."""
@@ -188,11 +205,10 @@ class _Converted(object):
             shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
                           if isinstance(arg, mx.nd.NDArray))
             try:
-                conversion = _rewrite(self, fp32, device, shapes)
+                conversion = _conversion(self, fp32, device, shapes)
             except Exception:
                 self._cached_graph = ()
                 raise
-            self._mxamp_conversion = conversion
             self._mxamp_device = device
             self._cached_graph = inputs, conversion.symbol
         return self._cached_graph
@@ -210,7 +226,7 @@ class _Converted(object):
     # emulation on CPU vs GPU kernels) is rebuilt.
     def _call_cached_op(self, *args):
         device = _device_type(args)
-        if self._cached_graph and device and device != getattr(self, '_mxamp_device', device):
+        if self._cached_graph and device and device != self._mxamp_device:
             self._clear_cached_op()
         return super(_Converted, self)._call_cached_op(*args)
 
@@ -342,6 +358,42 @@ def _known_shapes(block):
     """Parameter shapes known so far (deferred initialisation leaves zeros)."""
     return {p.name: p.shape for p in block.collect_params().values()
             if p.shape and all(p.shape)}
+
+
+def _conversion(block, fp32_symbol, device_type, shapes):
+    """The `Conversion` of `block`'s FP32 graph for `device_type`, rewritten only when needed.
+
+    MXNet builds a block's graph again after ``hybridize()`` and for another
+    device type, and `summary` may need one before the first call; each reuses
+    the conversion last made for the device type when the FP32 graph is the
+    same and it knew every shape in `shapes` (parameters and inputs, by name)
+    with those values.  The rewrite reads shapes for its layout decisions, so
+    a graph is converted once per device type and distinct shape knowledge:
+    under deferred initialisation typically once, at the first call (whose
+    input shapes settle the parameters'), or twice when `summary` runs before
+    that call (shapes not known yet).  Reusing a conversion that knew more
+    shapes is exact: shapes only choose between exact layouts.
+    """
+    identity = _graph_identity(fp32_symbol)
+    cached = block._mxamp_conversions.get(device_type)
+    if cached is None or cached[0] != identity or any(
+            cached[1].shapes.get(name) != tuple(shape) for name, shape in shapes.items()):
+        cached = identity, _rewrite(block, fp32_symbol, device_type, shapes)
+        block._mxamp_conversions[device_type] = cached
+    return cached[1]
+
+
+def _graph_identity(symbol):
+    """A string equal for two Symbols exactly when they are the same graph.
+
+    MXNet's JSON also gives each input entry a version, the number of times
+    the variable was written as an auxiliary state so far; it grows each time
+    a block builds its graph again from the same variables, so it is left out.
+    """
+    graph = json.loads(symbol.tojson())
+    return json.dumps([[node['op'], node['name'], node.get('attrs', {}),
+                        [entry[:2] for entry in node['inputs']]] for node in graph['nodes']]
+                      + [[head[:2] for head in graph['heads']]], sort_keys=True)
 
 
 def _rewrite(block, fp32_symbol, device_type, shapes):
@@ -545,22 +597,20 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
         else:
             net._mxamp_float32_reason = 'mxamp.convert was asked for float32 (%r)' % (dtype,)
         return net
-    fp32 = _fp32_graph(net)
-    node_names = [n['name'] for n in json.loads(fp32.tojson())['nodes'] if n['op'] != 'null']
+    fp32 = graph_mod.load_graph(_fp32_graph(net))
+    node_names = [n['name'] for n in fp32['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, exclude, node_names)
-    settings = _Settings(name, fp32_ops or (), lp_ops or (), patterns)
-    policy = settings.policy(ctxs[0].device_type if ctxs else 'cpu')  # validates op names
     # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
     params = {p.name for p in net.collect_params().values()
               if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
-    conversion = graph_mod.convert_graph(fp32, policy, params=params & set(fp32.list_inputs()),
-                                         shapes=_known_shapes(net))
-    settings.lp_params = conversion.lp_params
+    # No graph is converted here: each block's is, when it is built (_get_graph).
+    settings = _Settings.decide(name, fp32_ops or (), lp_ops or (), patterns, fp32, params)
     for block in _walk(net):
         if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
             block.__class__ = _converted_class(type(block))
             block._mxamp_settings = settings
-            block._mxamp_conversion = None
+            block._mxamp_conversions = {}    # device type -> (_graph_identity, Conversion)
+            block._mxamp_device = None       # device type of the graph built, if any
         block._clear_cached_op()
     _sync_params(net)
     return net
@@ -569,8 +619,8 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
 def conversion_of(net):
     """What converting `net` did: ``(mxamp.graph.Conversion, device type)`` of its graph.
 
-    The graph the net last ran, else a symbolic build of it for the device of
-    its parameters.
+    The graph the net last ran (on the device of its parameters, when its
+    graph was cleared since), else a symbolic build of it for that device.
 
     Raises
     ------
@@ -580,10 +630,13 @@ def conversion_of(net):
     if not is_converted(net):
         raise TypeError('%s is not converted by mxamp: call mxamp.convert(net) first'
                         % (_describe(net) if isinstance(net, Block) else type(net).__name__))
-    if getattr(net, '_mxamp_conversion', None) is not None and net._cached_graph:
-        return net._mxamp_conversion, net._mxamp_device
-    device = _params_device_type(net)
-    return _rewrite(net, _fp32_graph(net), device, _known_shapes(net)), device
+    if net._cached_graph:
+        device = net._mxamp_device
+    else:
+        device = _params_device_type(net)
+        if device not in net._mxamp_conversions:
+            _conversion(net, _fp32_graph(net), device, _known_shapes(net))
+    return net._mxamp_conversions[device][1], device
 
 
 def summary(net, print_fn=print):

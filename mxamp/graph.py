@@ -116,6 +116,7 @@ class Conversion(collections.namedtuple('Conversion', [
         'nodes',         # tuple of NodeRecord, every op node of the FP32 graph, in graph order
         'cast_nodes',    # tuple of CastRecord, every cast inserted, in graph order
         'output_casts',  # per graph output, the CastRecord casting it back to FP32, or None
+        'shapes',        # {variable name: shape} known to the rewrite (given or inferred)
 ])):
     """What `convert_graph` made and did: the graph and the record of every decision."""
     __slots__ = ()
@@ -454,11 +455,13 @@ class _Builder(object):
         return [data, weight] + inputs[2:], [data_pad, weight_pad] + [()] * (len(inputs) - 2)
 
 
-def _lp_storable(graph, policy, params):
-    """Parameters whose every consumer takes them in low precision.
+def storable_params(graph, policy, params):
+    """The parameters among `params` whose every consumer takes them in low precision.
 
-    Decided on operator classes alone, not on shapes or the CPU class, so that a
-    network has the same parameters, in the same dtypes, wherever it runs.
+    Decided on operator classes alone, not on shapes, the device or the CPU
+    class, so that a network has the same parameters, in the same dtypes,
+    wherever it runs, and they can be decided before any graph is converted.
+    `graph` is a parsed graph (`load_graph`); returns a set of names.
     """
     storable = {node['name'] for node in graph['nodes'] if node['op'] == 'null'
                 and node['name'] in params}
@@ -515,7 +518,7 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
     nodes = graph['nodes']
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
-    lp_params = _lp_storable(graph, policy, params)
+    lp_params = storable_params(graph, policy, params)
     low = policy.dtype
     out = _Builder(low, portable)
     new_entry = {}
@@ -564,7 +567,8 @@ def convert_graph(source, policy, params=(), input_types=None, shapes=None, port
     return Conversion(symbol=_symbol_from_graph(converted), dtype=low, lp_params=frozenset(lp_params),
                       nodes=tuple(records),
                       cast_nodes=tuple(out.casts[nid] for nid in kept if nid in out.casts),
-                      output_casts=tuple(out.casts.get(nid) for nid, _ in heads))
+                      output_casts=tuple(out.casts.get(nid) for nid, _ in heads),
+                      shapes={nodes[nid]['name']: shape for nid, shape in variable_shapes.items()})
 
 
 def _assemble(nodes, heads, attrs):

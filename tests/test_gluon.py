@@ -184,7 +184,7 @@ def test_custom_block_softmax_sum_exp_run_in_fp32(dtype):
     assert got.dtype == np.float32
     assert rel_err(got.asnumpy(), ref) < tolerance(dtype)
     by_op = {}
-    for node in net._mxamp_conversion.nodes:
+    for node in mg.conversion_of(net)[0].nodes:
         by_op.setdefault(node.op, set()).add(node.precision)
     assert by_op['softmax'] == {'float32'}
     assert by_op['sum'] == {'float32'}
@@ -252,7 +252,7 @@ def test_bfloat16_without_bfloat16_kernels_stores_bfloat16_and_computes_fp32(mon
         net(x)
     messages = [str(w.message) for w in caught if 'bfloat16 on this' in str(w.message)]
     assert len(messages) == 1 and repr(cpu_class) in messages[0] and 'FP32' in messages[0]
-    conversion = net._mxamp_conversion
+    conversion = mg.conversion_of(net)[0]
     assert set(conversion.node_precision.values()) == {'float32'}
     assert {name for name, p in net.collect_params().items() if p.dtype == BFLOAT16} == \
         set(conversion.lp_params) == {net[0].weight.name, net[0].bias.name, net[3].weight.name,
@@ -324,7 +324,7 @@ def test_hybridize_after_convert_and_inactive_keep_policy():
     inactive = net(x).asnumpy()
     np.testing.assert_array_equal(plain, hybrid)
     np.testing.assert_array_equal(plain, inactive)
-    assert net._mxamp_conversion.node_precision  # the converted graph ran
+    assert mg.conversion_of(net)[0].node_precision  # the converted graph ran
     assert dname(net[0].weight) == 'bfloat16'
 
 
@@ -429,7 +429,7 @@ def test_exclude_keeps_blocks_in_fp32(how):
     net(data())
     assert dname(dense.weight) == 'float32' and dname(dense.bias) == 'float32'
     assert dname(net[0].weight) == 'bfloat16'
-    precision = net._mxamp_conversion.node_precision
+    precision = mg.conversion_of(net)[0].node_precision
     assert [v for k, v in precision.items() if k.startswith(dense.prefix)] == ['float32']
     assert precision[net[0].prefix + 'fwd'] == computes_in('bfloat16')
 
@@ -546,3 +546,46 @@ def test_summary_shows_the_recorded_casts_and_zero_channels(monkeypatch):
     conversion, device = mg.conversion_of(net)
     assert device == 'cpu' and len(rows) == len(conversion.nodes)
     assert 'casts: 1 bfloat16->float32, 1 float32->bfloat16' in text
+
+
+def test_a_network_is_converted_once_per_device_and_shape_knowledge(monkeypatch):
+    rewrites = []
+    convert_graph = mg.graph_mod.convert_graph
+    monkeypatch.setattr(mg.graph_mod, 'convert_graph',
+                        lambda *args, **kwargs: rewrites.append(kwargs['shapes']) or convert_graph(*args, **kwargs))
+    mx.random.seed(0)
+    net = small_cnn(in_channels=0)      # deferred: shapes known at the first call only
+    net.initialize()
+    mg.convert(net, 'bfloat16')
+    # What is stored in low precision is decided by convert, for good, before any rewrite.
+    assert rewrites == []
+    assert net._mxamp_settings.lp_params == {p.name for i in (0, 3, 7) for p in (net[i].weight, net[i].bias)}
+    with pytest.raises(AttributeError):
+        net._mxamp_settings.lp_params = frozenset()
+    x = data()
+    out = net(x).asnumpy()
+    # One rewrite, knowing the input's shape, from which the weights' follow.
+    assert len(rewrites) == 1 and rewrites[0]['data'] == x.shape and net[0].weight.name not in rewrites[0]
+    mg.summary(net, print_fn=None)
+    net.hybridize(static_alloc=True)          # MXNet builds the graph again: the same rewrite
+    np.testing.assert_array_equal(net(x).asnumpy(), out)
+    net.hybridize(active=False)
+    net(x)
+    mg.summary(net, print_fn=None)
+    assert len(rewrites) == 1
+    net(data((3, 16, 16, 16)))                # a shape the rewrite did not know
+    assert len(rewrites) == 1                 # (the graph, built once, serves every batch)
+    net.hybridize()
+    net(data((3, 16, 16, 16)))
+    assert len(rewrites) == 2
+
+    # summary before the first call converts without the input's shape; the call then knows more.
+    net = mg.convert(make(), 'bfloat16')
+    del rewrites[:]
+    mg.summary(net, print_fn=None)
+    mg.summary(net, print_fn=None)
+    net(x)
+    net.hybridize()
+    net(x)
+    names = {p.name for p in net.collect_params().values()}
+    assert [set(shapes) for shapes in rewrites] == [names, names | {'data'}]

@@ -132,7 +132,7 @@ def test_one_float16_on_cpu_rule_for_both_fronts():
     assert make_policy('float16', ctx=mx.cpu_pinned()).emulate_float16
     assert not make_policy('float16', ctx=[mx.gpu(0), mx.gpu(1)]).emulate_float16
     assert not make_policy('float16').emulate_float16
-    settings = _Settings('float16', (), (), ())
+    settings = _Settings('float16', (), (), (), frozenset())
     assert settings.policy('cpu').emulate_float16 and settings.policy('cpu_pinned').emulate_float16
     assert not settings.policy('gpu').emulate_float16
     # The emulated ops are exactly the GEMMs among the low-precision ops.
