@@ -71,7 +71,7 @@ from mxnet import gluon
 
 from . import diagnose
 from . import optimizer as _mp_optimizer
-from .dtypes import LOW_PRECISION, dtype_name, widen
+from .dtypes import LOW_PRECISION, precision_name, widen
 from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
@@ -116,14 +116,6 @@ def _context_sum(grads):
     if grads[0].stype == 'default':
         grads = [g if g.dtype == np.float32 else widen(g) for g in grads]
     return mx.nd.add_n(*[g.as_in_context(home) for g in grads])
-
-
-def _precision(dtype):
-    """'float16', 'bfloat16', 'float32' or None (other dtypes)."""
-    try:
-        return dtype_name(dtype)
-    except ValueError:
-        return None
 
 
 class Trainer(Bfloat16KVStoreTrainer):
@@ -219,7 +211,7 @@ class Trainer(Bfloat16KVStoreTrainer):
                  compression_params=None, update_on_kvstore=None, loss_scale='auto',
                  master_weights=None, diagnose_net=None):
         param_list = _as_param_list(params)
-        low = any(_precision(p.dtype) in LOW_PRECISION for p in param_list)
+        low = any(precision_name(p.dtype) in LOW_PRECISION for p in param_list)
         optimizer_params = dict(optimizer_params or {})
         multi_precision = optimizer_params.pop('multi_precision', None)
         if multi_precision is None:
