@@ -2,11 +2,13 @@
 
 ``mxamp convert IN-symbol.json -o OUT_PREFIX --dtype bfloat16 [--params IN.params]``
 rewrites a symbol file (and its parameters) to mixed precision.  Bad input
-exits with status 2 and one line on stderr naming what is wrong and where;
-no traceback, no partial output file.
+exits with status 2 and one line on stderr naming what is wrong and where (the
+options as typed here: ``--exclude``, not ``exclude=``); no traceback, no
+partial output file.  Parameters are checked against the graph before anything
+is written: unknown or missing ones (``--allow-missing`` accepts the latter)
+and shapes the graph rejects.
 """
 import argparse
-import logging
 import os
 import sys
 
@@ -64,7 +66,12 @@ def build_parser():
                          help='operators forced to low precision')
     convert.add_argument('--input-shape', action='append', default=[], type=_input_shape,
                          metavar='NAME=D1,D2,...',
-                         help='shape of an input (e.g. data=1,3,224,224), to check every parameter shape')
+                         help='shape of an input (e.g. data=1,3,224,224): parameter shapes are '
+                              'always checked, with it also the dimensions that depend on the '
+                              "input's size")
+    convert.add_argument('--allow-missing', action='store_true',
+                         help='convert even when the params file lacks parameters of the graph '
+                              '(they stay FP32 variables of the converted graph)')
     convert.add_argument('--cpu', action='store_true',
                          help='float16 only: the graph will run on a CPU, so GEMM ops compute in '
                               'FP32 between float16 casts')
@@ -81,9 +88,9 @@ def build_parser():
 def _convert(args):
     import mxnet as mx
 
-    from .graph import GraphError, convert_graph, format_report, load_graph
+    from .graph import GraphError, format_report, load_graph
     from .policy import canonical_ops
-    from .symbol import convert_model, load_params, make_policy, save_model
+    from .symbol import Names, ParameterError, _convert, load_params, save_model
 
     if not os.path.isfile(args.symbol):
         raise GraphError("symbol file '%s' does not exist" % args.symbol)
@@ -96,29 +103,25 @@ def _convert(args):
         graph = load_graph(text)
     except GraphError as err:
         raise GraphError('%s: %s' % (args.symbol, err))
-    ctx = mx.cpu() if args.cpu else None
     # Operator names are checked here so that errors name the options as typed.
     canonical_ops(args.fp32_ops, '--fp32-ops')
     canonical_ops(args.lp_ops, '--lp-ops')
     if args.cpu_class is not None and args.dtype != 'bfloat16':
         raise ValueError('--cpu-class applies to --dtype bfloat16 (float16 graphs for a CPU: --cpu)')
-    overrides = dict(exclude=args.exclude, fp32_ops=args.fp32_ops, lp_ops=args.lp_ops, ctx=ctx,
-                     cpu_class=args.cpu_class)
     arg_params = aux_params = None
     if args.params:
         if not os.path.isfile(args.params):
             raise GraphError("params file '%s' does not exist" % args.params)
         arg_params, aux_params = load_params(args.params)
-        try:
-            _, arg_params, aux_params, conversion = convert_model(
-                graph, arg_params, aux_params, args.dtype, input_shapes=dict(args.input_shape),
-                return_conversion=True, **overrides)
-        except GraphError as err:
-            raise GraphError('%s: %s' % (args.params, err))
-    else:
-        conversion = convert_graph(graph, make_policy(args.dtype, **overrides),
-                                   shapes=dict(args.input_shape))
-    written = save_model(args.output, conversion.symbol, arg_params, aux_params)
+    try:
+        symbol, arg_params, aux_params, conversion = _convert(
+            graph, args.dtype, Names('--exclude', '--input-shape', '--allow-missing'), arg_params=arg_params, aux_params=aux_params,
+            allow_missing=args.allow_missing, exclude=args.exclude, fp32_ops=args.fp32_ops,
+            lp_ops=args.lp_ops, ctx=mx.cpu() if args.cpu else None,
+            input_shapes=dict(args.input_shape), cpu_class=args.cpu_class)
+    except ParameterError as err:
+        raise GraphError('%s: %s' % (args.params, err))
+    written = save_model(args.output, symbol, arg_params, aux_params)
     if args.report:
         print(format_report(conversion))
     for path in written:
@@ -132,8 +135,6 @@ def _convert(args):
 def main(argv=None):
     """Entry point; returns the exit status (0, or 2 for bad input)."""
     args = build_parser().parse_args(argv)
-    # MXNet's legacy-format upgrade notes go to the log; keep the CLI's output clean.
-    logging.getLogger().setLevel(logging.WARNING)
     from .graph import GraphError
     try:
         _convert(args)

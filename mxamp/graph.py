@@ -33,9 +33,16 @@ listed in ``params`` whose consumers all run in low precision are declared in
 the target dtype (``__dtype__`` attribute), so their values are stored in low
 precision instead of being cast on every forward pass; `convert_model` casts the
 values accordingly.
+
+`load_graph` reads a graph once: its result keeps the Symbol MXNet loaded
+(`LoadedGraph`), which the rewrite and the inference helpers reuse instead of
+loading the JSON again.
 """
 import collections
+import contextlib
 import json
+import os
+import sys
 
 import numpy as np
 
@@ -58,6 +65,9 @@ PAD_SUFFIX = '_mxamp_pad_'
 # The rewrite runs them as ``Activation`` nodes (same name, same math) when they
 # compute in bfloat16.
 ONEDNN_ACTIVATIONS = {'relu': 'relu', 'sigmoid': 'sigmoid', 'tanh': 'tanh'}
+
+# The version tag MXNet writes into graph files (1.9.1 -> 10901).
+_MXNET_VERSION = int('%d%02d%02d' % tuple(int(part) for part in mx.__version__.split('.')[:3]))
 
 
 class GraphError(ValueError):
@@ -132,8 +142,24 @@ class Conversion(collections.namedtuple('Conversion', [
         return collections.Counter((cast.from_dtype, cast.to_dtype) for cast in self.cast_nodes)
 
 
+class LoadedGraph(dict):
+    """The parsed JSON graph (a dict) of `symbol`, the Symbol MXNet loaded it into.
+
+    `load_graph` makes them; functions given one use `symbol` as it is.  Edit a
+    copy (``json.loads(json.dumps(graph))``), never the graph itself: its
+    `symbol` would no longer be the same graph.
+    """
+
+    def __init__(self, graph, symbol):
+        dict.__init__(self, graph)
+        self.symbol = symbol
+
+
 def load_graph(source):
     """Return the parsed JSON graph of `source` (Symbol, JSON text or dict), upgraded to 1.x form.
+
+    The result is a `LoadedGraph`: it also holds the Symbol, so that passing it
+    on costs no second load (a `LoadedGraph` comes back as it is).
 
     Raises
     ------
@@ -141,9 +167,11 @@ def load_graph(source):
         Invalid JSON, JSON that is not a symbol, unregistered operators, nodes
         holding fused subgraphs.
     """
-    from_symbol = isinstance(source, mx.sym.Symbol)
-    if from_symbol:
-        source = json.loads(source.tojson(remove_amp_cast=False))
+    if isinstance(source, LoadedGraph):
+        return source
+    symbol = source if isinstance(source, mx.sym.Symbol) else None
+    if symbol is not None:
+        source = json.loads(symbol.tojson(remove_amp_cast=False))
     elif isinstance(source, (bytes, str)):
         try:
             source = json.loads(source)
@@ -175,10 +203,11 @@ def load_graph(source):
     if not isinstance(source['heads'], list) or not source['heads'] or not all(
             _valid_entry(head, len(source['nodes'])) for head in source['heads']):
         raise GraphError('"heads" must list outputs of existing nodes')
-    if from_symbol:
-        return source
+    if symbol is not None:
+        return LoadedGraph(source, symbol)
     try:
-        symbol = mx.sym.load_json(json.dumps(source))
+        with _quiet_upgrade(source):
+            symbol = mx.sym.load_json(json.dumps(source))
     except mx.base.MXNetError as err:
         raise GraphError('MXNet cannot load the graph: %s' % error_line(err))
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
@@ -189,7 +218,30 @@ def load_graph(source):
             if k >= counts[src]:
                 raise GraphError("node '%s': input %d of node '%s' does not exist (it has %d)"
                                  % (node['name'], k, graph['nodes'][src]['name'], counts[src]))
-    return graph
+    return LoadedGraph(graph, symbol)
+
+
+@contextlib.contextmanager
+def _quiet_upgrade(graph):
+    """Silence the notes MXNet's loader writes while upgrading a graph saved by an older MXNet.
+
+    They are C++ ``LOG(INFO)`` lines written straight to file descriptor 2, out of
+    Python's reach, so the descriptor itself points at /dev/null meanwhile (a
+    write to stderr from another thread in that window is lost too).
+    """
+    if (graph.get('attrs') or {}).get('mxnet_version') == ['int', _MXNET_VERSION]:
+        yield       # nothing to upgrade, nothing written
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _valid_entry(entry, limit):
@@ -214,6 +266,8 @@ def error_line(err):
 
 
 def _symbol_from_graph(graph):
+    if isinstance(graph, LoadedGraph):
+        return graph.symbol
     return mx.sym.load_json(json.dumps(graph))
 
 

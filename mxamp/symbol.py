@@ -2,11 +2,26 @@
 
 It turns user-facing arguments (dtype names, op and layer overrides, a context)
 into a `mxamp.policy.Policy`, runs the graph rewrite of `mxamp.graph`, casts the
-parameters the rewrite stores in low precision, checks that parameters match the
-graph, and reads and writes ``*-symbol.json`` / ``*.params`` files atomically
-(a failed conversion never leaves a partial output file).
+parameters the rewrite stores in low precision, and reads and writes
+``*-symbol.json`` / ``*.params`` files atomically (a failed conversion never
+leaves a partial output file).
+
+Before converting it refuses what would give a wrong graph without a word:
+names that match nothing in the graph (``exclude`` entries, ``input_shapes``
+keys), parameters the graph does not have, parameters it needs that are
+missing, and parameter shapes the graph rejects (`check_params`).  The
+parameters' own shapes are checked even without input shapes: the graph's
+shapes are inferred for two probe shapes of each input, and a parameter
+dimension that comes out the same under both is one the graph fixes.  Errors
+name the option as the caller's interface spells it (`PYTHON_NAMES`, or the
+command line's flags).
+
+The graph is read once (`mxamp.graph.load_graph`): checks, shape inference
+and the rewrite share the Symbol MXNet loaded.
 """
-import json
+import collections
+import difflib
+import fnmatch
 import os
 import tempfile
 
@@ -54,8 +69,41 @@ def _contexts(ctx):
     return ctx if isinstance(ctx, (list, tuple)) else [ctx]
 
 
+# Name endings MXNet (``fc1_weight``, ``bn0_moving_var``) and Gluon
+# (``dense0_weight``, ``batchnorm0_running_mean``, ``prelu0_alpha``) give learnt
+# parameters and statistics.  A variable so named that the parameters lack is a
+# missing parameter; every other variable outside the parameters is an input
+# (``data``, ``softmax_label``, an RNN's initial state).
+PARAMETER_SUFFIXES = ('weight', 'bias', 'gamma', 'beta', 'alpha', 'parameters',
+                      'moving_mean', 'moving_var', 'running_mean', 'running_var')
+
+# Input shapes the parameter check tries, pair by pair, for an input given none:
+# the two shapes of a pair differ in every dimension but the batch, so that a
+# parameter dimension equal under both is fixed by the graph, not by the input's
+# size.  The second pair is for graphs that fix an image's channels (weights
+# with ``__shape__``).  No rank-1 pair: its only dimension is the batch, so
+# nothing would tell the graph's dimensions from the input's.
+_PROBE_SHAPES = (((1, 3, 224, 224), (1, 1, 448, 448)),             # images
+                 ((1, 3, 224, 224), (1, 3, 448, 448)),             # RGB images
+                 ((1, 100), (1, 300)),                             # features, token ids
+                 ((1, 3, 224), (1, 1, 448)),                       # 1-d signals, sequences
+                 ((1, 3, 16, 224, 224), (1, 1, 32, 448, 448)))     # volumes
+# Shape inferences spent looking for probe shapes, at most: a graph with hundreds
+# of inputs (an unrolled RNN) is checked as far as the probes found reach.
+_PROBE_BUDGET = 16
+
+Names = collections.namedtuple('Names', ['exclude', 'input_shapes', 'allow_missing'])
+# How errors name the options: the Python API's spelling (the command line has its own).
+PYTHON_NAMES = Names('exclude', 'input_shapes', 'allow_missing=True')
+
+
+class ParameterError(GraphError):
+    """Parameters that do not fit the graph: unknown, missing, or of a shape it rejects."""
+
+
 def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=None, lp_ops=None,
-                   ctx=None, input_types=None, input_shapes=None, portable=True, cpu_class=None):
+                   ctx=None, input_types=None, input_shapes=None, portable=True, cpu_class=None,
+                   return_conversion=False):
     """Convert an FP32 Symbol to mixed precision.
 
     Parameters
@@ -75,7 +123,8 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
         accepted in FP32.  By default every variable is an FP32 input and the
         graph casts the weights it needs in low precision.
     exclude : iterable of str, optional
-        Node names or ``fnmatch`` patterns kept entirely in FP32.
+        Node names or ``fnmatch`` patterns kept entirely in FP32; each must
+        match a node of the graph.
     fp32_ops, lp_ops : iterable of str, optional
         Operator names forced to FP32 / to low precision.
     ctx : mx.Context or list, optional
@@ -85,10 +134,12 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     input_types : dict, optional
         Inputs that are not float32, e.g. ``{'token_ids': 'int32'}``.
     input_shapes : dict, optional
-        Input shapes, e.g. ``{'data': (1, 3, 224, 224)}``.  Under bfloat16 they
-        let convolutions that oneDNN cannot run in blocked bfloat16 layouts (a
-        3-channel stem) get the layout that is fast (see the README, "Convolution
-        layouts under bfloat16"); ``__shape__`` attributes serve the same purpose.
+        Input shapes, e.g. ``{'data': (1, 3, 224, 224)}``; each name must be a
+        variable of the graph outside `params`.  Under bfloat16 they let
+        convolutions that oneDNN cannot run in blocked bfloat16 layouts (a
+        3-channel stem) get the layout that is fast (see the README,
+        "Convolution layouts under bfloat16"); ``__shape__`` attributes serve
+        the same purpose.
     portable : bool
         True (default): every cast is a ``Cast`` node, and the graph survives
         MXNet's ``save``/``save_checkpoint`` with their defaults.  False:
@@ -101,11 +152,22 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
         ``'avx512'``: CPUs without native bfloat16, where every op computes in
         FP32 and the parameters stay stored in bfloat16 (the same parameter
         files).  ``'auto'``: this machine's class.
+    return_conversion : bool
+        Also return the `mxamp.graph.Conversion` (None for ``'float32'``).
 
     Returns
     -------
     mx.sym.Symbol
         The converted graph: it accepts FP32 inputs and returns FP32 outputs.
+        With ``return_conversion=True``, ``(symbol, conversion)``.
+
+    Raises
+    ------
+    ValueError
+        An unknown dtype or operator, or a name in `params`, `exclude`,
+        `input_shapes` or `input_types` that matches nothing in the graph.
+    GraphError
+        A graph mxamp cannot read or convert.
 
     Examples
     --------
@@ -113,26 +175,36 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     >>> bf16 = mxamp.convert_symbol(sym, 'bfloat16')
     >>> bf16.save('resnet50_bf16-symbol.json')
     """
-    dtype = hardware.resolve_dtype(dtype, ctx)
-    if dtype == 'float32':
-        return _fp32_symbol(sym)
-    policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
-    return convert_graph(sym, policy, params=params or (), input_types=input_types,
-                         shapes=input_shapes, portable=portable).symbol
+    symbol, _, _, conversion = _convert(
+        sym, dtype, PYTHON_NAMES, params=params, exclude=exclude, fp32_ops=fp32_ops,
+        lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
+        portable=portable, cpu_class=cpu_class)
+    return (symbol, conversion) if return_conversion else symbol
 
 
 def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, fp32_ops=None,
                   lp_ops=None, ctx=None, input_types=None, input_shapes=None, return_conversion=False,
-                  portable=True, cpu_class=None):
+                  portable=True, cpu_class=None, allow_missing=False):
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
     Parameters consumed only by low-precision ops are cast to `dtype`;
     BatchNorm's gamma/beta/moving statistics and every other parameter stay FP32.
-    ``input_shapes`` (e.g. ``{'data': (1, 3, 224, 224)}``) lets every parameter
-    shape be checked against the graph; without it only the shapes the graph
-    determines on its own are.  The parameters' shapes also choose the fast
-    bfloat16 layout of each convolution.  The other arguments are those of
-    `convert_symbol`.
+    The parameters are checked against the graph first (`check_params`): each
+    must be a variable of the graph, each parameter the graph has must be
+    there, and each shape must be one the graph accepts.  ``input_shapes``
+    (e.g. ``{'data': (1, 3, 224, 224)}``) make the shape check complete;
+    without them the dimensions that depend on an input's size (a dense layer
+    reading a flattened image) go unchecked.  The parameters' shapes also
+    choose the fast bfloat16 layout of each convolution.  The other arguments
+    are those of `convert_symbol`, and:
+
+    Parameters
+    ----------
+    allow_missing : bool
+        Convert even when parameters the graph has are missing from
+        `arg_params`/`aux_params` (a variable named like a parameter,
+        ``*_weight``, ``*_gamma``..., or any auxiliary state): they stay FP32
+        variables of the converted graph, bound by the caller.
 
     Returns
     -------
@@ -144,8 +216,11 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
 
     Raises
     ------
-    GraphError
-        A parameter is not in the graph, or has a shape the graph rejects.
+    ParameterError
+        A parameter is not in the graph, is missing, or has a shape the graph
+        rejects (a `GraphError`, so a ``ValueError``).
+    ValueError
+        As `convert_symbol`.
 
     Examples
     --------
@@ -153,58 +228,250 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     >>> sym, args, auxs = mxamp.convert_model(sym, args, auxs, 'bfloat16')
     >>> mx.model.save_checkpoint('resnet50_bf16', 0, sym, args, auxs)
     """
+    result = _convert(sym, dtype, PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
+                      allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops,
+                      lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
+                      portable=portable, cpu_class=cpu_class)
+    return result if return_conversion else result[:3]
+
+
+def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, allow_missing=False,
+             exclude=None, fp32_ops=None, lp_ops=None, ctx=None, input_types=None,
+             input_shapes=None, portable=True, cpu_class=None):
+    """`convert_symbol` (no `arg_params`) and `convert_model`, with errors naming `names`.
+
+    Returns ``(symbol, arg_params, aux_params, conversion)``; the parameters
+    are None without `arg_params`, the conversion None for ``'float32'``.
+    """
     graph = load_graph(sym)
-    check_params(graph, arg_params, aux_params, input_shapes)
+    if arg_params is not None:
+        aux_params = aux_params or {}
+        params = list(arg_params) + list(aux_params)
+    else:
+        params = list(params or ())
+        check_variables(graph, params, 'params')
+    input_shapes = check_input_shapes(graph, input_shapes, params, names.input_shapes)
+    check_variables(graph, input_types or (), 'input_types')
+    check_exclude(graph, exclude, names.exclude)
+    if arg_params is not None:
+        check_params(graph, arg_params, aux_params, input_shapes, allow_missing, names)
     dtype = hardware.resolve_dtype(dtype, ctx)
     if dtype == 'float32':
-        result = (_fp32_symbol(sym), arg_params, aux_params)
-        return result + (None,) if return_conversion else result
+        return graph.symbol, arg_params, aux_params, None
     policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
-    names = list(arg_params) + list(aux_params)
-    shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
-    shapes.update(input_shapes or {})
-    conversion = convert_graph(graph, policy, params=names, input_types=input_types, shapes=shapes,
+    shapes = {}
+    if arg_params is not None:
+        shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
+    shapes.update(input_shapes)
+    conversion = convert_graph(graph, policy, params=params, input_types=input_types, shapes=shapes,
                                portable=portable)
+    if arg_params is None:
+        return conversion.symbol, None, None, conversion
 
     def converted(values):
         return {name: cast(value, conversion.dtype) if name in conversion.lp_params else value
                 for name, value in values.items()}
-    result = (conversion.symbol, converted(arg_params), converted(aux_params))
-    return result + (conversion,) if return_conversion else result
+    return conversion.symbol, converted(arg_params), converted(aux_params), conversion
 
 
-def _fp32_symbol(source):
-    """`source` (Symbol, JSON text or parsed graph) as a Symbol, unchanged."""
-    if isinstance(source, mx.sym.Symbol):
-        return source
-    return mx.sym.load_json(json.dumps(load_graph(source)))
+def is_parameter_name(name):
+    """Whether a variable named `name` is a parameter by MXNet's and Gluon's naming (`PARAMETER_SUFFIXES`)."""
+    return any(name == suffix or name.endswith('_' + suffix) for suffix in PARAMETER_SUFFIXES)
 
 
-def check_params(graph, arg_params, aux_params, input_shapes=None):
-    """Raise `GraphError` naming the first parameter that does not fit the graph."""
-    symbol = mx.sym.load_json(json.dumps(graph))
-    arguments, auxiliary = set(symbol.list_arguments()), set(symbol.list_auxiliary_states())
-    for kind, values, expected in (('arg', arg_params, arguments), ('aux', aux_params, auxiliary)):
+def graph_inputs(graph, params=()):
+    """The inputs of `graph`: the arguments outside `params` not named like parameters."""
+    params = set(params)
+    return [name for name in load_graph(graph).symbol.list_arguments()
+            if name not in params and not is_parameter_name(name)]
+
+
+def _listing(names, limit=6):
+    quoted = ["'%s'" % name for name in names]
+    if len(quoted) > limit:
+        return '%s and %d more' % (', '.join(quoted[:limit]), len(quoted) - limit)
+    return ', '.join(quoted) or 'none'
+
+
+def check_variables(graph, names, what):
+    """Raise ValueError (naming option `what`) for a name in `names` that is no variable of `graph`."""
+    symbol = load_graph(graph).symbol
+    variables = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
+    unknown = [name for name in names if name not in variables]
+    if unknown:
+        raise ValueError('%s: %s %s no variable of the graph'
+                         % (what, _listing(unknown), 'is' if len(unknown) == 1 else 'are'))
+
+
+def check_input_shapes(graph, input_shapes, params=(), what='input_shapes'):
+    """`input_shapes` as ``{name: tuple}``, each name an argument of `graph` outside `params`.
+
+    Raises ValueError naming option `what` and the graph's inputs otherwise.
+    """
+    input_shapes = {name: tuple(shape) for name, shape in (input_shapes or {}).items()}
+    params = set(params)
+    arguments = load_graph(graph).symbol.list_arguments()
+    allowed = set(arguments) - params
+    unknown = [name for name in input_shapes if name not in allowed]
+    if unknown:
+        inputs = graph_inputs(graph, params) or [name for name in arguments if name not in params]
+        raise ValueError('%s: %s %s not an input of the graph (its inputs: %s)'
+                         % (what, _listing(unknown), 'is' if len(unknown) == 1 else 'are',
+                            _listing(inputs)))
+    return input_shapes
+
+
+def _matches(name, entry):
+    return name == entry or fnmatch.fnmatchcase(name, entry)
+
+
+def check_exclude(graph, exclude, what='exclude'):
+    """Raise ValueError (naming option `what`) for `exclude` entries that match no node of `graph`.
+
+    Each entry is a node name or an ``fnmatch`` pattern, as `mxamp.policy.Policy`
+    applies them to operator nodes; the message suggests a close node name.
+    """
+    nodes = [node['name'] for node in load_graph(graph)['nodes'] if node['op'] != 'null']
+    unmatched = [entry for entry in exclude or () if not any(_matches(n, entry) for n in nodes)]
+    if unmatched:
+        described = ', '.join("'%s'%s" % (entry, _suggestion(entry, nodes)) for entry in unmatched)
+        raise ValueError('%s: %s %s no node of the graph'
+                         % (what, described, 'matches' if len(unmatched) == 1 else 'match'))
+
+
+def _suggestion(entry, nodes):
+    # A pattern 'stgae4*' is compared with the nodes' names cut to its length.
+    literal = entry.rstrip('*')
+    star = entry[len(literal):]
+    candidates = {name[:len(literal)] for name in nodes} if star else set(nodes)
+    close = difflib.get_close_matches(literal, sorted(candidates), n=1)
+    return " (did you mean '%s%s'?)" % (close[0], star) if close else ''
+
+
+def check_params(graph, arg_params, aux_params, input_shapes=None, allow_missing=False,
+                 names=PYTHON_NAMES):
+    """Raise `ParameterError` (one line) when the parameters do not fit `graph`.
+
+    In this order: a parameter that is not a variable of the graph (or is an
+    argument given as an auxiliary state, or the reverse); parameters the graph
+    has that are missing, unless `allow_missing` (variables named like
+    parameters, `is_parameter_name`, outside `input_shapes`, and auxiliary
+    states); a parameter whose shape the graph rejects, naming its shape, the
+    shape the graph needs (``?`` for a dimension that depends on the input's
+    size) and the node that reads it.  `names` spells the option that allows
+    missing parameters.
+    """
+    graph = load_graph(graph)
+    symbol = graph.symbol
+    arguments, auxiliary = symbol.list_arguments(), symbol.list_auxiliary_states()
+    for kind, values, expected in (('arg', arg_params, set(arguments)), ('aux', aux_params, set(auxiliary))):
         for name in values:
             if name not in expected:
                 other = auxiliary if kind == 'arg' else arguments
                 hint = (' (it is an %s of the graph)' % ('auxiliary state' if kind == 'arg' else 'argument')
                         if name in other else '')
-                raise GraphError("parameter '%s:%s' is not in the graph%s" % (kind, name, hint))
-    shapes = {name: value.shape for name, value in arg_params.items()}
-    shapes.update(input_shapes or {})
-    try:
+                raise ParameterError("parameter '%s:%s' is not in the graph%s" % (kind, name, hint))
+    input_shapes = input_shapes or {}
+    missing = (['arg:' + name for name in arguments if name not in arg_params and name not in input_shapes
+                and is_parameter_name(name)]
+               + ['aux:' + name for name in auxiliary if name not in aux_params])
+    if missing and not allow_missing:
+        raise ParameterError('%s %s %s missing (%s converts without %s)'
+                             % ('parameter' if len(missing) == 1 else 'parameters', _listing(missing),
+                                'is' if len(missing) == 1 else 'are', names.allow_missing,
+                                'it' if len(missing) == 1 else 'them'))
+    given = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
+    inputs = [name for name in arguments if name not in arg_params and not is_parameter_name(name)]
+    probes, guessed = _probe_shapes(symbol, inputs, input_shapes, names.input_shapes)
+    for name in arguments + auxiliary:
+        needed = _agreed(probe.get(name) for probe in probes) if name in given else None
+        if needed is not None and (len(needed) != len(given[name]) or any(
+                want is not None and want != got for want, got in zip(needed, given[name]))):
+            raise ParameterError("parameter '%s' has shape %s; %s needs %s"
+                                 % (name, _shape_text(given[name]), _reader(graph, name),
+                                    _shape_text(needed)))
+    if input_shapes and not guessed:
+        # Every input's shape is known: MXNet checks the parameters against each other too.
+        try:
+            symbol.infer_shape_partial(**dict({n: s for n, s in given.items() if n in arg_params},
+                                              **input_shapes))
+        except mx.base.MXNetError as err:
+            raise ParameterError('parameter shapes do not fit the graph: %s' % error_line(err))
+
+
+def _probe_shapes(symbol, inputs, input_shapes, what):
+    """The graph's variable shapes inferred from input shapes alone, and whether any was probed.
+
+    Returns ``(probes, probed)``: `probes` lists two ``{name: shape}``, one per
+    set of input shapes: `input_shapes`, completed for the other `inputs` (those
+    the graph does not shape from the inputs before them) by the first pair of
+    `_PROBE_SHAPES` the graph accepts, one shape of the pair per set.  Raises
+    ValueError naming option `what` when the graph rejects `input_shapes`.
+    """
+    names = symbol.list_arguments() + symbol.list_auxiliary_states()
+
+    def infer(shapes):
         arg_shapes, _, aux_shapes = symbol.infer_shape_partial(**shapes)
+        return dict(zip(names, list(arg_shapes) + list(aux_shapes)))
+    try:
+        known = infer(input_shapes)
     except mx.base.MXNetError as err:
-        if "nconsistent" not in str(err):
-            return  # shapes of the inputs are needed to check this graph's parameters
-        raise GraphError("parameter shapes do not fit the graph: %s" % error_line(err))
-    for names, inferred, values in ((symbol.list_arguments(), arg_shapes, arg_params),
-                                    (symbol.list_auxiliary_states(), aux_shapes, aux_params)):
-        for name, shape in zip(names, inferred or []):
-            if name in values and shape and 0 not in shape and tuple(shape) != values[name].shape:
-                raise GraphError("parameter '%s' has shape %s, the graph needs %s"
-                                 % (name, values[name].shape, tuple(shape)))
+        if input_shapes:
+            raise ValueError('%s: the graph rejects these shapes: %s' % (what, error_line(err)))
+        known = {}      # some graphs infer nothing until an input has a shape
+    sets = [(dict(input_shapes), known), (dict(input_shapes), known)]
+    budget = _PROBE_BUDGET
+    probed = False
+    pending = [name for name in inputs if name not in input_shapes]
+    progress = True
+    while progress and budget >= 2:
+        # An input the graph cannot shape alone (a valid length) may take a probe
+        # once the others have theirs: go round again after each success.
+        progress = False
+        for name in list(pending):
+            if sets[0][1].get(name):
+                pending.remove(name)        # shaped by the inputs probed before it (a label)
+                continue
+            for pair in _PROBE_SHAPES:
+                if budget < 2:
+                    break
+                tried = []
+                for (shapes, _), shape in zip(sets, pair):
+                    budget -= 1
+                    shapes = dict(shapes, **{name: shape})
+                    try:
+                        tried.append((shapes, infer(shapes)))
+                    except mx.base.MXNetError:
+                        break
+                if len(tried) == 2:
+                    sets, probed, progress = tried, True, True
+                    pending.remove(name)
+                    break
+    return [inferred for _, inferred in sets], probed
+
+
+def _agreed(shapes):
+    """The shape all `shapes` agree on, None in a dimension where they differ or are unknown.
+
+    None altogether when one of them is unknown or their ranks differ.
+    """
+    shapes = list(shapes)
+    if not shapes or any(not shape for shape in shapes) or len({len(s) for s in shapes}) != 1:
+        return None
+    return tuple(dims[0] if dims[0] and len(set(dims)) == 1 else None for dims in zip(*shapes))
+
+
+def _shape_text(shape):
+    dims = ['?' if dim is None else str(dim) for dim in shape]
+    return '(%s%s)' % (', '.join(dims), ',' if len(dims) == 1 else '')
+
+
+def _reader(graph, name):
+    """'node NAME (OP)' for the first node that reads variable `name`."""
+    nodes = graph['nodes']
+    node = next(node for node in nodes if node['op'] != 'null'
+                and any(nodes[src]['name'] == name for src, _, _ in node['inputs']))
+    return "node '%s' (%s)" % (node['name'], node['op'])
 
 
 def load_params(path):

@@ -9,6 +9,7 @@ import pytest
 
 import mxnet as mx
 
+from conftest import CORPUS, require_corpus
 from mxamp import cli, hardware
 from mxamp.dtypes import BFLOAT16
 
@@ -124,13 +125,19 @@ def _bad_inputs(model, tmp_path):
     bad_params.write_bytes(b'not an ndarray file')
     extra = tmp_path / 'extra.params'
     mx.nd.save(str(extra), {'arg:nope': mx.nd.ones(2)})
-    wrong_shape = tmp_path / 'wrong.params'
     symbol = small_cnn()
     args, auxs = params_of(symbol)
-    args['fc_weight'] = mx.nd.ones((10, 3))
-    mx.nd.save(str(wrong_shape), dict({'arg:' + k: v for k, v in args.items()},
-                                      **{'aux:' + k: v for k, v in auxs.items()}))
+
+    def params_file(name, **changed):
+        # The model's parameters with some replaced (None: left out).
+        path = str(tmp_path / name)
+        values = dict({'arg:' + k: v for k, v in args.items()}, **{'aux:' + k: v for k, v in auxs.items()})
+        values.update(changed)
+        mx.nd.save(path, {k: v for k, v in values.items() if v is not None})
+        return path
+    wrong_shape = params_file('wrong.params', **{'arg:fc_weight': mx.nd.ones((10, 3))})
     sym = model + '-symbol.json'
+    good = model + '-0000.params'
     return [
         ([str(tmp_path / 'missing.json')], "symbol file '%s' does not exist" % (tmp_path / 'missing.json')),
         ([str(truncated)], 'not valid JSON'),
@@ -140,7 +147,33 @@ def _bad_inputs(model, tmp_path):
         ([sym, '--params', str(tmp_path / 'none.params')], 'does not exist'),
         ([sym, '--params', str(bad_params)], 'cannot read parameters'),
         ([sym, '--params', str(extra)], "parameter 'arg:nope' is not in the graph"),
-        ([sym, '--params', str(wrong_shape), '--input-shape', 'data=1,16,8,8'], 'Shape inconsistent'),
+        # fc reads the flattened 8x8 pooling: its input size needs the data's shape.
+        ([sym, '--params', wrong_shape, '--input-shape', 'data=1,16,8,8'],
+         "wrong.params: parameter 'fc_weight' has shape (10, 3); node 'fc' (FullyConnected) needs (10, 256)"),
+        # The parameters' own shapes, without --input-shape: 10 classes, 16 channels.
+        ([sym, '--params', params_file('classes.params', **{'arg:fc_weight': mx.nd.ones((7, 256))})],
+         "parameter 'fc_weight' has shape (7, 256); node 'fc' (FullyConnected) needs (10, ?)"),
+        ([sym, '--params', params_file('channels.params', **{'arg:conv1_weight': mx.nd.ones((16, 8, 3, 3))})],
+         "parameter 'conv1_weight' has shape (16, 8, 3, 3); node 'conv1' (Convolution) needs (16, 16, 3, 3)"),
+        ([sym, '--params', params_file('stats.params', **{'aux:bn0_moving_var': mx.nd.ones(8)})],
+         "parameter 'bn0_moving_var' has shape (8,); node 'bn0' (BatchNorm) needs (16,)"),
+        ([sym, '--params', params_file('noconv.params', **{'arg:conv0_weight': None}),
+          '--input-shape', 'data=1,16,8,8'],
+         "noconv.params: parameter 'arg:conv0_weight' is missing (--allow-missing converts without it)"),
+        ([sym, '--params', params_file('nostats.params', **{'aux:bn0_moving_mean': None,
+                                                            'aux:bn0_moving_var': None})],
+         "parameters 'aux:bn0_moving_mean', 'aux:bn0_moving_var' are missing (--allow-missing converts "
+         "without them)"),
+        ([sym, '--input-shape', 'image=1,16,8,8'],
+         "error: --input-shape: 'image' is not an input of the graph (its inputs: 'data', 'softmax_label')"),
+        ([sym, '--params', good, '--input-shape', 'fc_weight=10,256'],
+         "--input-shape: 'fc_weight' is not an input of the graph"),
+        ([sym, '--params', good, '--input-shape', 'data=1,3,8,8'],
+         "parameter 'conv0_weight' has shape (16, 16, 3, 3); node 'conv0' (Convolution) needs (16, 3, 3, 3)"),
+        ([sym, '--exclude', 'cnov*', 'conv1', 'nosuchnode'],
+         "error: --exclude: 'cnov*' (did you mean 'conv*'?), 'nosuchnode' match no node of the graph"),
+        ([sym, '--params', good, '--exclude', 'relu'],
+         "error: --exclude: 'relu' (did you mean 'relu0'?) matches no node of the graph"),
         ([sym, '--fp32-ops', 'NoSuchOp'], "'NoSuchOp' is not registered"),
     ]
 
@@ -155,6 +188,64 @@ def test_bad_input_one_line_exit_2_no_output(model, tmp_path, capsys):
         assert message in err, (message, err)
         assert 'Traceback' not in err
         assert os.listdir(str(out_dir)) == [], argv
+
+
+def test_allow_missing_keeps_the_missing_parameter_an_fp32_input(model, tmp_path, capsys):
+    _, args, auxs = mx.model.load_checkpoint(model, 0)
+    weight = args.pop('conv0_weight')
+    partial = str(tmp_path / 'partial.params')
+    mx.nd.save(partial, dict({'arg:' + k: v for k, v in args.items()},
+                             **{'aux:' + k: v for k, v in auxs.items()}))
+    out_prefix = str(tmp_path / 'out')
+    status, _, err = convert(capsys, model + '-symbol.json', '--params', partial, '-o', out_prefix,
+                             '--dtype', 'bfloat16', '--cpu-class', 'avx2', '--allow-missing')
+    assert status == 0, err
+    symbol, c_args, c_auxs = mx.model.load_checkpoint(out_prefix, 0)
+    assert 'conv0_weight' not in c_args and c_args['conv1_weight'].dtype == BFLOAT16
+    # The caller binds the missing weight, in FP32.
+    executor = symbol.bind(mx.cpu(), args=dict(c_args, conv0_weight=weight, data=mx.nd.ones((2, 16, 8, 8)),
+                                               softmax_label=mx.nd.zeros(2)),
+                           aux_states=c_auxs, grad_req='null')
+    assert np.isfinite(executor.forward()[0].asnumpy()).all()
+
+
+def _legacy_checkpoint(tmp_path, **changed):
+    """The v0.8 corpus MLP (a legacy symbol file) and a params file for it, some shapes `changed`."""
+    require_corpus()
+    path = os.path.join(CORPUS, 'apache__mxnet__save_000800.json')
+    symbol = mx.sym.load(path)
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 200))
+    values = {'arg:' + n: mx.nd.zeros(s) for n, s in zip(symbol.list_arguments(), arg_shapes)
+              if n not in ('data', 'softmax_label')}
+    values.update({'aux:' + n: mx.nd.zeros(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)})
+    values.update({key: mx.nd.zeros(shape) for key, shape in changed.items()})
+    params = str(tmp_path / 'legacy.params')
+    mx.nd.save(params, values)
+    return path, params
+
+
+def test_a_legacy_symbol_file_with_bad_parameters_gives_one_line(tmp_path, capfd):
+    # MXNet's loader writes its upgrade notes (C++, file descriptor 2) for a v0.8
+    # file; mxamp's error must be the only line on stderr.
+    symbol_file, params = _legacy_checkpoint(tmp_path, **{'arg:fc2_weight': (64, 100)})
+    capfd.readouterr()      # the notes of the test's own mx.sym.load
+    status = cli.main(['convert', symbol_file, '--params', params, '-o', str(tmp_path / 'x'),
+                       '--dtype', 'float16'])
+    out, err = capfd.readouterr()
+    assert status == 2 and out == ''
+    assert err == ("mxamp: error: %s: parameter 'fc2_weight' has shape (64, 100); node 'fc2' "
+                   "(FullyConnected) needs (64, 128)\n" % params)
+    assert not any(name.startswith('x') for name in os.listdir(str(tmp_path)))
+
+
+def test_a_legacy_symbol_file_converts_quietly(tmp_path, capfd):
+    symbol_file, params = _legacy_checkpoint(tmp_path)
+    capfd.readouterr()
+    status = cli.main(['convert', symbol_file, '--params', params, '-o', str(tmp_path / 'x'),
+                       '--dtype', 'float16'])
+    out, err = capfd.readouterr()
+    assert status == 0 and err == ''
+    assert out.splitlines() == ['wrote %s' % (tmp_path / name) for name in ('x-symbol.json', 'x-0000.params')]
 
 
 def test_unknown_dtype_and_bad_shape_option_exit_2(model, capsys):

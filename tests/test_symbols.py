@@ -1,4 +1,5 @@
 """The Symbol-API networks of ``symbols/``: structure, mixed-precision rewrite, training."""
+import collections
 import os
 import sys
 import warnings
@@ -9,10 +10,11 @@ import pytest
 import mxnet as mx
 
 import mxamp
+from conftest import CORPUS, corpus_rows, input_shapes, require_corpus
 from mxamp import hardware
 from mxamp.dtypes import BFLOAT16, dtype_name, to_float32_numpy
 from mxamp.graph import CAST_SUFFIX, check_graph
-from mxamp.symbol import make_policy
+from mxamp.symbol import ParameterError, make_policy
 
 # symbols/ is a directory of network definitions beside the package, not installed
 # with it (as in MXNet's examples): make it importable however pytest is started.
@@ -186,6 +188,175 @@ def test_bfloat16_graph_is_what_convert_model_makes_of_an_fp32_checkpoint():
                        grad_req='null')
         outputs.append(exe.forward(is_train=False)[0].asnumpy())
     np.testing.assert_allclose(outputs[1], outputs[0], atol=0.02)
+
+
+# -- parameters checked against the graph -------------------------------------
+
+def _checkpoint(sym, data_shape=(1, 3, 224, 224)):
+    """Zero parameters of the shapes `sym` gives them for `data_shape` (values are not read)."""
+    arg_shapes, _, aux_shapes = sym.infer_shape(data=data_shape)
+    args = {n: mx.nd.zeros(s) for n, s in zip(sym.list_arguments(), arg_shapes) if n not in INPUTS}
+    auxs = {n: mx.nd.zeros(s) for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    return args, auxs
+
+
+@pytest.fixture(scope='module')
+def resnet18():
+    sym = resnet.get_symbol(1000, 18, '3,224,224')
+    return (sym,) + _checkpoint(sym)
+
+
+@pytest.mark.parametrize('name, shape, message', [
+    # A 10-class classifier for the 1000-class graph, found without any input shape.
+    ('fc1_weight', (10, 512), "parameter 'fc1_weight' has shape (10, 512); node 'fc1' "
+                              "(FullyConnected) needs (1000, 512)"),
+    ('fc1_bias', (10,), "parameter 'fc1_bias' has shape (10,); node 'fc1' (FullyConnected) "
+                        "needs (1000,)"),
+    # Input channels of a convolution: what the previous layer gives.
+    ('stage3_unit1_conv1_weight', (256, 64, 3, 3),
+     "'stage3_unit1_conv1_weight' has shape (256, 64, 3, 3); node 'stage3_unit1_conv1' "
+     "(Convolution) needs (256, 128, 3, 3)"),
+    ('stage4_unit2_bn1_moving_var', (256,), "needs (512,)"),
+    # The stem reads the image: its input channels are the image's, any number.
+    ('conv0_weight', (64, 3, 5, 5), "'conv0_weight' has shape (64, 3, 5, 5); node 'conv0' "
+                                    "(Convolution) needs (64, ?, 7, 7)"),
+])
+def test_parameter_shapes_are_checked_without_input_shapes(resnet18, name, shape, message):
+    sym, args, auxs = resnet18
+    args, auxs = dict(args), dict(auxs)
+    (auxs if name in auxs else args)[name] = mx.nd.zeros(shape)
+    with pytest.raises(ParameterError) as err:
+        mxamp.convert_model(sym, args, auxs, 'bfloat16')
+    assert message in str(err.value)
+
+
+def test_a_grayscale_stem_is_not_a_wrong_shape(resnet18):
+    # The probes vary every dimension of the image but the batch, so the stem's
+    # input channels are the parameters' to choose.
+    sym = resnet.get_symbol(1000, 18, '1,224,224')
+    args, auxs = _checkpoint(sym, (1, 1, 224, 224))
+    _, c_args, _ = mxamp.convert_model(sym, args, auxs, 'float16')
+    assert c_args['conv0_weight'].shape == (64, 1, 7, 7)
+
+
+def test_missing_parameters_are_refused_unless_allowed(resnet18):
+    sym, args, auxs = resnet18
+    partial = {k: v for k, v in args.items() if k != 'conv0_weight'}
+    with pytest.raises(ParameterError, match=r"^parameter 'arg:conv0_weight' is missing "
+                                             r"\(allow_missing=True converts without it\)$"):
+        mxamp.convert_model(sym, partial, auxs, 'bfloat16', input_shapes={'data': (1, 3, 224, 224)})
+    no_stats = {k: v for k, v in auxs.items() if not k.startswith('stage1')}
+    with pytest.raises(ParameterError, match=r"parameters 'aux:stage1_unit1_bn1_moving_mean', .* and "
+                                             r"\d+ more are missing \(allow_missing=True converts "
+                                             r"without them\)"):
+        mxamp.convert_model(sym, args, no_stats, 'bfloat16')
+    converted, c_args, _ = mxamp.convert_model(sym, partial, auxs, 'bfloat16', allow_missing=True)
+    # The missing weight stays an FP32 variable of the graph; the others are bfloat16.
+    declared = dict(zip(converted.list_arguments(),
+                        converted.infer_type(data='float32', softmax_label='float32')[0]))
+    assert dtype_name(declared['conv0_weight']) == 'float32'
+    assert 'conv0_weight' not in c_args and c_args['fc1_weight'].dtype == BFLOAT16
+
+
+def test_names_that_match_nothing_are_refused_naming_the_option(resnet18):
+    sym, args, auxs = resnet18
+    with pytest.raises(ValueError, match=r"^input_shapes: 'image' is not an input of the graph "
+                                         r"\(its inputs: 'data', 'softmax_label'\)$"):
+        mxamp.convert_model(sym, args, auxs, 'bfloat16', input_shapes={'image': (1, 3, 224, 224)})
+    with pytest.raises(ValueError, match=r"^exclude: 'stgae4\*' \(did you mean 'stage4\*'\?\), "
+                                         r"'nosuchnode' match no node of the graph$"):
+        mxamp.convert_model(sym, args, auxs, 'bfloat16', exclude=['stgae4*', 'nosuchnode'])
+    with pytest.raises(ValueError, match=r"^exclude: 'fc1_weight' matches no node"):
+        mxamp.convert_symbol(sym, 'float16', exclude=['fc1_weight'])     # a variable, not a node
+    with pytest.raises(ValueError, match=r"^params: 'fc2_weight' is no variable of the graph$"):
+        mxamp.convert_symbol(sym, 'float16', params=['fc1_weight', 'fc2_weight'])
+    with pytest.raises(ValueError, match=r"^input_types: 'tokens' is no variable of the graph$"):
+        mxamp.convert_symbol(sym, 'float16', input_types={'tokens': 'int32'})
+    # Even where 'auto' leaves the graph in float32: the same call fails on every machine.
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with pytest.raises(ValueError, match='nosuchnode'):
+            mxamp.convert_model(sym, args, auxs, 'auto', exclude=['nosuchnode'], ctx=mx.cpu())
+    # What does match is excluded.
+    precision = mxamp.convert_model(sym, args, auxs, 'bfloat16', exclude=['stage4*', 'fc1'],
+                                    return_conversion=True)[3].node_precision
+    assert {p for n, p in precision.items() if n.startswith(('stage4', 'fc1'))} == {'float32'}
+    assert precision['stage3_unit2_conv2'] == 'bfloat16'
+
+
+def test_dense_layers_that_disagree_are_named():
+    # fc1 gives 64 features, fc2's weight reads 32; the input's 20 features are fc1's to read.
+    data = mx.sym.var('data')
+    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=64, name='fc1'), act_type='relu')
+    out = mx.sym.FullyConnected(hidden, num_hidden=10, name='fc2')
+    args = {'fc1_weight': mx.nd.zeros((64, 20)), 'fc1_bias': mx.nd.zeros(64),
+            'fc2_weight': mx.nd.zeros((10, 32)), 'fc2_bias': mx.nd.zeros(10)}
+    with pytest.raises(ParameterError, match=r"'fc2_weight' has shape \(10, 32\); node 'fc2' "
+                                             r"\(FullyConnected\) needs \(10, 64\)"):
+        mxamp.convert_model(out, args, {}, 'float16')
+    args['fc2_weight'] = mx.nd.zeros((10, 64))
+    assert mxamp.convert_model(out, args, {}, 'float16')[1]['fc2_weight'].dtype == np.float16
+
+
+@pytest.mark.parametrize('file, changed, message', [
+    # The MXNet model zoo's ImageNet-11k ResNet-50 (a v0.8 file): a 10-class head.
+    ('pathak-ashutosh__plant-seeds-classification__resnet-50-symbol.json', ('fc1_weight', (10, 2048)),
+     "'fc1_weight' has shape (10, 2048); node 'fc1' (FullyConnected) needs (11586, 2048)"),
+    ('pathak-ashutosh__plant-seeds-classification__resnet-50-symbol.json', ('conv0_weight', None),
+     "parameter 'arg:conv0_weight' is missing"),
+    # DenseNet: a convolution reading the concatenation of 64 + 32 channels.
+    ('miraclewkf__DenseNet__densenet-121-symbol.json', ('conv2_2_x1_weight', (128, 64, 1, 1)),
+     "'conv2_2_x1_weight' has shape (128, 64, 1, 1); node 'conv2_2_x1' (Convolution) needs "
+     "(128, 96, 1, 1)"),
+    # MobileFaceNet's embedding reads a flattened feature map: its width depends on the image size.
+    ('hanson-young__mobileFacenet-ncnn__model-symbol.json', ('pre_fc1_weight', (128, 512)),
+     "'pre_fc1_weight' has shape (128, 512); node 'pre_fc1' (FullyConnected) needs (512, ?)"),
+])
+def test_corpus_checkpoints_with_bad_parameters_are_refused(file, changed, message):
+    require_corpus()
+    sym = mx.sym.load(os.path.join(CORPUS, file))
+    shapes = input_shapes(next(row for row in corpus_rows() if row['file'] == file))
+    args, auxs = _checkpoint(sym, shapes['data'])
+    # The right parameters pass, with or without input shapes.
+    mxamp.symbol.check_params(sym, args, auxs)
+    mxamp.symbol.check_params(sym, args, auxs, {'data': shapes['data']})
+    name, shape = changed
+    if shape is None:
+        del args[name]
+    else:
+        args[name] = mx.nd.zeros(shape)
+    with pytest.raises(ParameterError) as err:
+        mxamp.convert_model(sym, args, auxs, 'bfloat16')
+    assert message in str(err.value) and '\n' not in str(err.value)
+
+
+def test_input_shapes_complete_the_check():
+    # Without the image size, a dense layer reading a flattened map can have any
+    # width; with it, only the right one.
+    require_corpus()
+    sym = mx.sym.load(os.path.join(CORPUS, 'hanson-young__mobileFacenet-ncnn__model-symbol.json'))
+    args, auxs = _checkpoint(sym, (1, 3, 112, 112))
+    args['pre_fc1_weight'] = mx.nd.zeros((512, 100))
+    mxamp.symbol.check_params(sym, args, auxs)
+    with pytest.raises(ParameterError, match=r"'pre_fc1_weight' has shape \(512, 100\); node 'pre_fc1' "
+                                             r"\(FullyConnected\) needs \(512, 512\)"):
+        mxamp.convert_model(sym, args, auxs, 'bfloat16', input_shapes={'data': (1, 3, 112, 112)})
+
+
+def test_convert_model_reads_the_graph_once(monkeypatch):
+    # One load of the JSON text, one for the type-inference probe, one for the
+    # converted graph; one tojson, to read the loaded graph back.
+    sym = resnet.get_symbol(10, 18, '3,32,32')
+    args, auxs = _checkpoint(sym, (1, 3, 32, 32))
+    text = sym.tojson()
+    calls = collections.Counter()
+    for owner, name in ((mx.sym, 'load_json'), (mx.sym.Symbol, 'tojson')):
+        def counted(*a, _original=getattr(owner, name), _name=name, **k):
+            calls[_name] += 1
+            return _original(*a, **k)
+        monkeypatch.setattr(owner, name, counted)
+    mxamp.convert_model(text, args, auxs, 'bfloat16')
+    assert calls == {'load_json': 3, 'tojson': 1}
 
 
 def test_float32_init_fills_low_precision_arrays_like_fp32():
