@@ -59,7 +59,7 @@ def build_parser():
     convert.add_argument('--params', metavar='IN.params',
                          help='parameters to convert with the graph (arg:/aux: keys)')
     convert.add_argument('--exclude', nargs='+', default=[], metavar='NAME',
-                         help='node names or glob patterns kept in FP32')
+                         help='node names or glob patterns kept in FP32 (each must match a node)')
     convert.add_argument('--fp32-ops', nargs='+', default=[], metavar='OP',
                          help='operators forced to FP32')
     convert.add_argument('--lp-ops', nargs='+', default=[], metavar='OP',

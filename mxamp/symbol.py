@@ -294,13 +294,14 @@ def _listing(names, limit=6):
 
 
 def check_variables(graph, names, what):
-    """Raise ValueError (naming option `what`) for a name in `names` that is no variable of `graph`."""
+    """Raise ValueError (naming option `what`) for a name in `names` that is not a variable of `graph`."""
     symbol = load_graph(graph).symbol
     variables = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
     unknown = [name for name in names if name not in variables]
     if unknown:
-        raise ValueError('%s: %s %s no variable of the graph'
-                         % (what, _listing(unknown), 'is' if len(unknown) == 1 else 'are'))
+        raise ValueError('%s: %s %s of the graph'
+                         % (what, _listing(unknown),
+                            'is not a variable' if len(unknown) == 1 else 'are not variables'))
 
 
 def check_input_shapes(graph, input_shapes, params=(), what='input_shapes'):
@@ -382,7 +383,7 @@ def check_params(graph, arg_params, aux_params, input_shapes=None, allow_missing
                                 'it' if len(missing) == 1 else 'them'))
     given = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
     inputs = [name for name in arguments if name not in arg_params and not is_parameter_name(name)]
-    probes, guessed = _probe_shapes(symbol, inputs, input_shapes, names.input_shapes)
+    probes, probed = _probe_shapes(symbol, inputs, input_shapes, names.input_shapes)
     for name in arguments + auxiliary:
         needed = _agreed(probe.get(name) for probe in probes) if name in given else None
         if needed is not None and (len(needed) != len(given[name]) or any(
@@ -390,8 +391,9 @@ def check_params(graph, arg_params, aux_params, input_shapes=None, allow_missing
             raise ParameterError("parameter '%s' has shape %s; %s needs %s"
                                  % (name, _shape_text(given[name]), _reader(graph, name),
                                     _shape_text(needed)))
-    if input_shapes and not guessed:
-        # Every input's shape is known: MXNet checks the parameters against each other too.
+    if not probed and all(probes[0].get(name) and all(probes[0][name]) for name in inputs):
+        # Every input's shape is known, none a probe's: MXNet can check the
+        # parameters against each other too.
         try:
             symbol.infer_shape_partial(**dict({n: s for n, s in given.items() if n in arg_params},
                                               **input_shapes))

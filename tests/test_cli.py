@@ -168,6 +168,8 @@ def _bad_inputs(model, tmp_path):
          "error: --input-shape: 'image' is not an input of the graph (its inputs: 'data', 'softmax_label')"),
         ([sym, '--params', good, '--input-shape', 'fc_weight=10,256'],
          "--input-shape: 'fc_weight' is not an input of the graph"),
+        ([sym, '--params', good, '--input-shape', 'data=1,16'],
+         "error: --input-shape: the graph rejects these shapes: MXNetError: Error in operator conv0"),
         ([sym, '--params', good, '--input-shape', 'data=1,3,8,8'],
          "parameter 'conv0_weight' has shape (16, 16, 3, 3); node 'conv0' (Convolution) needs (16, 3, 3, 3)"),
         ([sym, '--exclude', 'cnov*', 'conv1', 'nosuchnode'],

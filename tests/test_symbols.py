@@ -268,9 +268,9 @@ def test_names_that_match_nothing_are_refused_naming_the_option(resnet18):
         mxamp.convert_model(sym, args, auxs, 'bfloat16', exclude=['stgae4*', 'nosuchnode'])
     with pytest.raises(ValueError, match=r"^exclude: 'fc1_weight' matches no node"):
         mxamp.convert_symbol(sym, 'float16', exclude=['fc1_weight'])     # a variable, not a node
-    with pytest.raises(ValueError, match=r"^params: 'fc2_weight' is no variable of the graph$"):
+    with pytest.raises(ValueError, match=r"^params: 'fc2_weight' is not a variable of the graph$"):
         mxamp.convert_symbol(sym, 'float16', params=['fc1_weight', 'fc2_weight'])
-    with pytest.raises(ValueError, match=r"^input_types: 'tokens' is no variable of the graph$"):
+    with pytest.raises(ValueError, match=r"^input_types: 'tokens' is not a variable of the graph$"):
         mxamp.convert_symbol(sym, 'float16', input_types={'tokens': 'int32'})
     # Even where 'auto' leaves the graph in float32: the same call fails on every machine.
     with warnings.catch_warnings():
