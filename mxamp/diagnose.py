@@ -18,11 +18,19 @@ graph's bfloat16 nodes at all, and says what to do instead in one error.
 
 Example
 -------
->>> try:
-...     trainer.step(batch_size)
-... except FloatingPointError:
-...     print(mxamp.diagnose.first_nonfinite_output(net, x))
-{'node': 'resnetv1b0_layer4_conv2_fwd', 'op': 'Convolution', 'dtype': 'float16', ...}
+After ``trainer.step`` raised ``FloatingPointError`` at the loss scale's
+floor, on the batch that overflowed:
+
+>>> from mxnet import gluon
+>>> net = gluon.nn.HybridSequential(prefix='net_')
+>>> with net.name_scope():
+...     net.add(gluon.nn.Dense(4, in_units=4), gluon.nn.Dense(4, in_units=4),
+...             gluon.nn.Dense(1, in_units=4))
+>>> net.initialize(mx.init.One())
+>>> net = mxamp.convert(net, 'float16')
+>>> x = mx.nd.full((2, 4), 1e37)
+>>> mxamp.diagnose.first_nonfinite_output(net, x)
+{'node': 'net_dense2_fwd', 'op': 'FullyConnected', 'dtype': 'float32', 'output': 0, ...}
 """
 import contextlib
 import json

@@ -83,6 +83,18 @@ def precision_name(dtype):
         return None
 
 
+def param_precision(param):
+    """The precision name of a Gluon Parameter, or the one `mxamp.convert` gave it.
+
+    A parameter of a converted network that is not initialised yet (or whose
+    initialisation is deferred) reads as FP32 until its first forward pass
+    casts it; trainers decide master weights and loss scaling from this
+    instead, so the order of ``convert``, ``initialize`` and ``Trainer`` does
+    not matter.  None for non-floating parameters.
+    """
+    return getattr(param, '_mxamp_precision', None) or precision_name(param.dtype)
+
+
 def name_of_array(array):
     """`precision_name` of an NDArray's (or a Parameter's) dtype."""
     return precision_name(array.dtype)

@@ -171,13 +171,15 @@ def _ensure_fp32_var(param):
 
 
 def _sync_params(block):
-    """Give every initialised parameter of `block`'s tree its mxamp dtype."""
+    """Give every initialised parameter of `block`'s tree its mxamp dtype, and tell the
+    others which dtype they will get (`mxamp.dtypes.param_precision`)."""
     settings = block._mxamp_settings
     for param in block.collect_params().values():
         current = name_of_array(param)
         if current not in ('float32',) + LOW_PRECISION:
             continue  # integer or otherwise special parameters are left alone
         want = settings.dtype if param.name in settings.lp_params else 'float32'
+        param._mxamp_precision = want
         if param._data is None:
             continue  # deferred: MXNet creates it in FP32, cast after (see _build_cache)
         if current != want:

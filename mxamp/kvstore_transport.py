@@ -30,7 +30,7 @@ import numpy as np
 
 from mxnet import gluon
 
-from .dtypes import amp_cast, cast_into, name_of_array
+from .dtypes import amp_cast, cast_into, name_of_array, param_precision
 
 __all__ = ['Bfloat16KVStoreTrainer', 'broadcast', 'init_zeros', 'pushpull']
 
@@ -118,7 +118,7 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
         self._fp32_buffers = {}
         kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
         self._fp32_reduce = 'dist' in kv_type and any(
-            name_of_array(p) == 'bfloat16' for p in _as_param_list(params))
+            param_precision(p) == 'bfloat16' for p in _as_param_list(params))
         if self._fp32_reduce:
             if 'async' in kv_type:
                 raise ValueError(

@@ -26,7 +26,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from . import diagnose, kvkeys
-from .dtypes import BFLOAT16, widen
+from .dtypes import BFLOAT16, precision_name, widen
 
 __all__ = ['LossScaler', 'OverflowInfo']
 
@@ -144,10 +144,11 @@ class LossScaler(object):
 
     Examples
     --------
-    With ``mx.mod.Module``: let the symbol's output be the per-sample loss
-    itself (no ``SoftmaxOutput``/``MakeLoss`` head: those ignore head
-    gradients), give the scaled head gradients to ``backward`` and let the
-    scaler run the update:
+    With ``mx.mod.Module`` driven by hand (:class:`mxamp.ModuleTrainer` does
+    all of this): let the symbol's output be the per-sample loss itself (no
+    ``SoftmaxOutput``/``MakeLoss`` head: those ignore head gradients), give
+    the scaled head gradients to ``backward`` and let the scaler run the
+    update:
 
     >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=1, name='fc')
     >>> loss = mx.sym.square(mx.sym.reshape(fc, (-1,)) - mx.sym.var('label'))
@@ -157,10 +158,11 @@ class LossScaler(object):
     >>> mod.init_optimizer(optimizer=mxamp.optimizer.create(
     ...     'sgd', learning_rate=0.1, rescale_grad=1.0 / 8))
     >>> scaler = mxamp.LossScaler()
-    >>> for batch in train_iter:
-    ...     mod.forward(batch, is_train=True)
-    ...     mod.backward(scaler.out_grads(mod.get_outputs()))
-    ...     applied = scaler.update_module(mod)     # False: step skipped
+    >>> batch = mx.io.DataBatch([mx.nd.ones((8, 4))], [mx.nd.ones((8,))])
+    >>> mod.forward(batch, is_train=True)
+    >>> mod.backward(scaler.out_grads(mod.get_outputs()))
+    >>> scaler.update_module(mod)     # False when the step was skipped
+    True
     """
 
     def __init__(self, init_scale=2.0 ** 16, dynamic=True, growth_factor=2.0,
@@ -527,8 +529,9 @@ def _module_overflow_details(named_grads):
 def make_loss_scaler(loss_scale, trainable_dtypes):
     """The LossScaler (or None) for a trainer's `loss_scale` argument.
 
-    ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes of the
-    trainable parameters) is float16, off otherwise; a number is a fixed scale.
+    ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes or precision
+    names of the trainable parameters) is float16, off otherwise; a number is a
+    fixed scale.
     """
     if isinstance(loss_scale, LossScaler):
         return loss_scale
@@ -538,7 +541,7 @@ def make_loss_scaler(loss_scale, trainable_dtypes):
         if loss_scale == 'dynamic':
             return LossScaler()
         if loss_scale == 'auto':
-            if any(np.dtype(dtype) == np.float16 for dtype in trainable_dtypes):
+            if any(precision_name(dtype) == 'float16' for dtype in trainable_dtypes):
                 return LossScaler()
             return None
         raise ValueError("loss_scale must be 'auto', 'dynamic', a positive number, None or a "

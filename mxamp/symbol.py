@@ -171,9 +171,12 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
 
     Examples
     --------
-    >>> sym = mx.sym.load('resnet50-symbol.json')
+    >>> data = mx.sym.var('data')
+    >>> sym = mx.sym.softmax(mx.sym.FullyConnected(data, num_hidden=10, name='fc'), name='prob')
     >>> bf16 = mxamp.convert_symbol(sym, 'bfloat16')
-    >>> bf16.save('resnet50_bf16-symbol.json')
+    >>> bf16.infer_type(data='float32')[1]     # inputs and outputs stay FP32
+    [<class 'numpy.float32'>]
+    >>> bf16.save('net_bf16-symbol.json')
     """
     symbol, _, _, conversion = _convert(
         sym, dtype, PYTHON_NAMES, params=params, exclude=exclude, fp32_ops=fp32_ops,
@@ -224,9 +227,13 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
 
     Examples
     --------
-    >>> sym, args, auxs = mx.model.load_checkpoint('resnet50', 0)
-    >>> sym, args, auxs = mxamp.convert_model(sym, args, auxs, 'bfloat16')
-    >>> mx.model.save_checkpoint('resnet50_bf16', 0, sym, args, auxs)
+    >>> sym = mx.sym.softmax(mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=10,
+    ...                                            name='fc'), name='prob')
+    >>> args = {'fc_weight': mx.nd.ones((10, 4)), 'fc_bias': mx.nd.zeros((10,))}
+    >>> bf16_sym, bf16_args, bf16_auxs = mxamp.convert_model(sym, args, {}, 'bfloat16')
+    >>> bf16_args['fc_weight'].dtype      # stored in bfloat16
+    dtype([('bfloat16', '<u2')])
+    >>> mx.model.save_checkpoint('net_bf16', 0, bf16_sym, bf16_args, bf16_auxs)
     """
     result = _convert(sym, dtype, PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
                       allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops,

@@ -71,7 +71,7 @@ from mxnet import gluon
 
 from . import diagnose
 from . import optimizer as _mp_optimizer
-from .dtypes import LOW_PRECISION, precision_name, widen
+from .dtypes import LOW_PRECISION, param_precision, widen
 from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
@@ -192,14 +192,20 @@ class Trainer(Bfloat16KVStoreTrainer):
 
     Examples
     --------
+    >>> from mxnet import autograd, gluon
+    >>> net = mxamp.convert(gluon.nn.Dense(2, in_units=4), 'float16')
+    >>> net.initialize()
     >>> trainer = mxamp.Trainer(net.collect_params(), 'sgd',
     ...                         {'learning_rate': 0.1, 'momentum': 0.9})
+    >>> loss_fn = gluon.loss.L2Loss()
+    >>> data = [(mx.nd.full((8, 4), 0.1), mx.nd.zeros((8, 2)))]
     >>> for x, y in data:
     ...     with autograd.record():
     ...         loss = loss_fn(net(x), y)
     ...         with trainer.scale_loss(loss) as scaled:
     ...             autograd.backward(scaled)
-    ...     trainer.step(x.shape[0])
+    ...     trainer.step(x.shape[0])         # False when skipped for overflow
+    True
 
     Gradient clipping: call :meth:`clip_global_norm` after backward, then step::
 
@@ -211,7 +217,7 @@ class Trainer(Bfloat16KVStoreTrainer):
                  compression_params=None, update_on_kvstore=None, loss_scale='auto',
                  master_weights=None, diagnose_net=None):
         param_list = _as_param_list(params)
-        low = any(precision_name(p.dtype) in LOW_PRECISION for p in param_list)
+        low = any(param_precision(p) in LOW_PRECISION for p in param_list)
         optimizer_params = dict(optimizer_params or {})
         multi_precision = optimizer_params.pop('multi_precision', None)
         if multi_precision is None:
@@ -228,7 +234,7 @@ class Trainer(Bfloat16KVStoreTrainer):
             raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %r'
                             % (optimizer,))
         self._loss_scaler = make_loss_scaler(
-            loss_scale, [p.dtype for p in param_list if p.grad_req != 'null'])
+            loss_scale, [param_precision(p) for p in param_list if p.grad_req != 'null'])
         kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
         if update_on_kvstore is None and self._loss_scaler is not None:
             contexts = set()

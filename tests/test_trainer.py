@@ -1227,3 +1227,41 @@ def test_init_kvstore_broadcasts_before_the_first_step():
     param.list_data()[1][:] = 7.0
     trainer.init_kvstore()                                          # once only
     assert param.list_data()[1].asnumpy().tolist() == [7.0] * 3
+
+
+@pytest.mark.parametrize('order', ['convert-then-initialize', 'deferred-initialisation'])
+def test_trainer_sees_the_dtype_convert_gave_uninitialised_parameters(order):
+    """Parameters read FP32 until the first forward casts them: the Trainer must still
+    give float16 master weights and loss scaling (it decides at construction)."""
+    if order == 'convert-then-initialize':
+        net = convert_quietly(gluon.nn.Dense(2, in_units=4), 'float16')
+        net.initialize()
+    else:
+        net = gluon.nn.Dense(2, use_bias=False)     # its one parameter: shape unknown
+        net.initialize()
+        net = convert_quietly(net, 'float16')
+    assert all(p.dtype in (np.float32, 'float32') for p in net.collect_params().values())
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale='auto')
+    assert trainer.optimizer.multi_precision
+    assert trainer.loss_scaler is not None and trainer.loss_scaler.dynamic
+    applied = []
+    for _ in range(4):
+        with autograd.record():
+            loss = net(nd.full((4, 4), 1e-3)).sum()
+            with trainer.scale_loss(loss) as scaled:
+                autograd.backward(scaled)
+        applied.append(trainer.step(4))
+    assert any(applied)
+    # Without momentum the state is the FP32 master copy alone (and a None).
+    masters = [a for state in trainer._updaters[0].states.values() for a in state
+               if a is not None]
+    assert masters and all(m.dtype == np.float32 for m in masters)
+    assert all(p.data().dtype == np.float16 for p in net.collect_params().values())
+
+
+def test_bfloat16_over_a_dist_kvstore_is_known_before_initialisation():
+    net = convert_quietly(gluon.nn.Dense(2, in_units=4), 'bfloat16')
+    net.initialize()
+    with pytest.raises(ValueError, match='update_on_kvstore=True is not supported'):
+        Trainer(net.collect_params(), 'sgd', kvstore='dist_sync', update_on_kvstore=True)
