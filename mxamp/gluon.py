@@ -61,7 +61,9 @@ MXNet internals relied on (MXNet 1.9.1), each used in one place below:
 ``_grad`` / ``_dtype`` / ``_var`` / ``_deferred_init``, and the names
 ``HybridBlock`` gives its graph inputs (``data``, or ``data0``, ``data1``, ...):
 the symbolic build in :func:`convert` names its inputs the same, so that its
-graph is the one MXNet builds later.
+graph is the one MXNet builds later.  mxamp adds one attribute of its own to
+each ``Parameter`` of a converted tree, ``_mxamp_precision`` (the dtype it
+gets: `mxamp.dtypes.param_precision` reads it).
 """
 import collections
 import fnmatch
