@@ -113,13 +113,32 @@ class LossScaler(object):
     `growth_factor` after `growth_interval` consecutive clean steps; the new
     scale applies from the very next step.
 
+    The default start is 2**16 with a fast first descent: until the first
+    step is applied, an overflow divides the scale by 16 (or by
+    1 / `backoff_factor` when that is larger), so the start costs at most
+    four skipped steps on the way down to 1 (halving: up to sixteen), and the
+    scale it settles on is at most 8x below the largest power of two that
+    fits.  Why: MXNet sums per-sample gradients, so they are batch-size times
+    the mean-loss gradients that 2**16 (PyTorch's ``GradScaler``; Keras uses
+    2**15) was chosen for, and halving from there skips many steps.  A scale
+    too high only costs skipped steps; one too low loses small gradients to
+    float16 underflow until it grows back, so the start stays high and only
+    the descent is faster.  The rule depends on the overflow verdicts alone
+    (which the workers agree on), so every worker keeps the same scale.
+
+    Early skipped steps cost accuracy, not only time (README, "Training", has
+    the measurements): the start is where they happen.
+
     :class:`Trainer` drives a scaler for Gluon; :meth:`update_module` does the
     same for ``mx.mod.Module``.
 
     Parameters
     ----------
-    init_scale : float, default 2**16
-        Initial (or, with ``dynamic=False``, fixed) loss scale.
+    init_scale : float, optional
+        Initial (or, with ``dynamic=False``, fixed) loss scale.  Default:
+        2**16 with the fast first descent described above.  Given explicitly,
+        the scale starts exactly there and every overflow multiplies it by
+        `backoff_factor`.
     dynamic : bool, default True
         Adjust the scale; with False the scale is fixed but overflowing steps
         are still skipped.
@@ -165,13 +184,20 @@ class LossScaler(object):
     True
     """
 
-    def __init__(self, init_scale=2.0 ** 16, dynamic=True, growth_factor=2.0,
+    #: The start when `init_scale` is not given, and the largest factor of its
+    #: first descent (see the class docstring).
+    DEFAULT_INIT_SCALE = 2.0 ** 16
+    FIRST_DESCENT_FACTOR = 2.0 ** -4
+
+    def __init__(self, init_scale=None, dynamic=True, growth_factor=2.0,
                  backoff_factor=0.5, growth_interval=2000, min_scale=1.0,
                  max_scale=2.0 ** 24, at_min_scale='warn', on_overflow=None):
-        self._configure(dict(loss_scale=init_scale, dynamic=dynamic,
+        self._configure(dict(loss_scale=self.DEFAULT_INIT_SCALE if init_scale is None
+                             else init_scale, dynamic=dynamic,
                              growth_factor=growth_factor, backoff_factor=backoff_factor,
                              growth_interval=growth_interval, min_scale=min_scale,
-                             max_scale=max_scale, at_min_scale=at_min_scale))
+                             max_scale=max_scale, at_min_scale=at_min_scale,
+                             first_descent=init_scale is None))
         if on_overflow is not None and not callable(on_overflow):
             raise TypeError('on_overflow must be callable, got %r' % (on_overflow,))
         self.on_overflow = on_overflow
@@ -214,6 +240,9 @@ class LossScaler(object):
         self.min_scale = low
         self.max_scale = high
         self.at_min_scale = cfg['at_min_scale']
+        # State dicts written before the first descent existed lack the key: those
+        # scalers halved from the start, and a resumed one goes on doing so.
+        self._first_descent = bool(cfg.get('first_descent', False))
 
     # -- public state --------------------------------------------------------
     @property
@@ -390,7 +419,11 @@ class LossScaler(object):
         old = self._scale
         at_floor = self.dynamic and old <= self.min_scale
         if self.dynamic:
-            self._scale = max(old * self.backoff_factor, self.min_scale)
+            factor = self.backoff_factor
+            # The counters follow the agreed verdicts, so all workers take this branch alike.
+            if self._first_descent and self._steps == self._skipped_steps:
+                factor = min(factor, self.FIRST_DESCENT_FACTOR)
+            self._scale = max(old * factor, self.min_scale)
         _LOG.info('mxamp: inf/NaN gradients at step %d, update skipped; loss scale %g -> %g',
                   self._steps, old, self._scale)
         if self.on_overflow is not None:
@@ -467,8 +500,14 @@ class LossScaler(object):
 
     # -- state -------------------------------------------------------------------
     def state_dict(self):
-        """The scale, its configuration and the counters, as a dict of Python scalars."""
+        """The scale, its configuration and the counters, as a dict of Python scalars.
+
+        ``'first_descent'``: whether overflows before the first applied step
+        descend fast (the default start); :meth:`load_state_dict` takes dicts
+        without it, from earlier versions, as False.
+        """
         return {'loss_scale': self._scale, 'dynamic': self.dynamic,
+                'first_descent': self._first_descent,
                 'growth_factor': self.growth_factor, 'backoff_factor': self.backoff_factor,
                 'growth_interval': self.growth_interval, 'min_scale': self.min_scale,
                 'max_scale': self.max_scale, 'at_min_scale': self.at_min_scale,

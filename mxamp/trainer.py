@@ -151,7 +151,8 @@ class Trainer(Bfloat16KVStoreTrainer):
         ``'auto'``: dynamic scaling when any trainable parameter is float16,
         none otherwise (bfloat16 has float32's range).  ``'dynamic'``: a
         :class:`LossScaler` with its defaults (2**16, x2 after 2000 clean steps,
-        x0.5 on overflow, within [1, 2**24]).  A number: fixed scale; steps with
+        x0.5 on overflow, within [1, 2**24]; until the first applied step an
+        overflow divides the scale by 16).  A number: fixed scale; steps with
         inf/NaN are still skipped.  None: no scaling, no check, no host sync.
         A :class:`LossScaler`: used as configured.
     master_weights : bool, optional
