@@ -1,4 +1,4 @@
-"""bfloat16 parameters over MXNet's distributed kvstores, through FP32.
+"""Arrays through MXNet's kvstores: bfloat16 as FP32, each key in one dtype.
 
 This module owns :class:`Bfloat16KVStoreTrainer`, the layer of
 :class:`mxamp.Trainer` that moves parameters and gradients through the kvstore.
