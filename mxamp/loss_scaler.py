@@ -565,6 +565,30 @@ def _module_overflow_details(named_grads):
         'module.get_params()')
 
 
+class LossScalingState(object):
+    """What a trainer tells about its loss scaling, read from its `_loss_scaler`.
+
+    Shared by :class:`mxamp.Trainer` and :class:`mxamp.ModuleTrainer`.
+    """
+
+    _loss_scaler = None
+
+    @property
+    def loss_scaler(self):
+        """The :class:`LossScaler`, or None when loss scaling is off."""
+        return self._loss_scaler
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (1.0 when scaling is off).  No host sync."""
+        return 1.0 if self._loss_scaler is None else self._loss_scaler.loss_scale
+
+    @property
+    def skipped_steps(self):
+        """Number of steps skipped because of inf/NaN gradients."""
+        return 0 if self._loss_scaler is None else self._loss_scaler.skipped_steps
+
+
 def make_loss_scaler(loss_scale, trainable_dtypes):
     """The LossScaler (or None) for a trainer's `loss_scale` argument.
 

@@ -32,14 +32,14 @@ import mxnet as mx
 from . import kvstore_transport
 from . import optimizer as _mp_optimizer
 from .dtypes import cast, name_of_array
-from .loss_scaler import make_loss_scaler
+from .loss_scaler import LossScalingState, make_loss_scaler
 
 __all__ = ['ModuleTrainer']
 
 _STATE_FORMAT = 'mxamp.ModuleTrainer/1'
 
 
-class ModuleTrainer(object):
+class ModuleTrainer(LossScalingState):
     """Train a bound ``mx.mod.Module`` in mixed precision.
 
     The Symbol API's counterpart of :class:`mxamp.Trainer`: give it the Module
@@ -120,7 +120,7 @@ class ModuleTrainer(object):
             module.init_optimizer(kvstore=None, optimizer=self._optimizer)
         trainable = [per_device[0].dtype for per_device, grads
                      in zip(group.param_arrays, group.grad_arrays) if grads[0] is not None]
-        self._scaler = make_loss_scaler(loss_scale, trainable)
+        self._loss_scaler = make_loss_scaler(loss_scale, trainable)
         self._ones = {}
         if self._kvstore is not None:
             # Every device and worker starts from worker 0's device-0 weights.
@@ -171,21 +171,6 @@ class ModuleTrainer(object):
         """The KVStore summing gradients, or None (one device, one worker)."""
         return self._kvstore
 
-    @property
-    def loss_scaler(self):
-        """The :class:`mxamp.LossScaler`, or None when loss scaling is off."""
-        return self._scaler
-
-    @property
-    def loss_scale(self):
-        """The current loss scale (1.0 when scaling is off).  No host sync."""
-        return 1.0 if self._scaler is None else self._scaler.loss_scale
-
-    @property
-    def skipped_steps(self):
-        """Steps skipped for overflow so far."""
-        return 0 if self._scaler is None else self._scaler.skipped_steps
-
     def aux_arrays(self):
         """Per auxiliary state (BatchNorm's running statistics), its array on every device.
 
@@ -203,8 +188,8 @@ class ModuleTrainer(object):
         ``module.backward(out_grads=trainer.out_grads())`` directly.  No host sync.
         """
         outputs = self._module.get_outputs() if outputs is None else outputs
-        if self._scaler is not None:
-            return self._scaler.out_grads(outputs)
+        if self._loss_scaler is not None:
+            return self._loss_scaler.out_grads(outputs)
         grads = []
         for out in outputs:
             name = name_of_array(out) or 'float32'
@@ -237,8 +222,8 @@ class ModuleTrainer(object):
             without head gradients are not scaled, and dividing them by the
             loss scale would shrink every update without a word.
         """
-        if self._scaler is not None:
-            self._scaler.check_scaled('ModuleTrainer.step()', 'call trainer.backward() instead '
+        if self._loss_scaler is not None:
+            self._loss_scaler.check_scaled('ModuleTrainer.step()', 'call trainer.backward() instead '
                                       'of module.backward(): it passes the loss scale as head '
                                       'gradient')
         group = self._module._exec_group
@@ -246,10 +231,10 @@ class ModuleTrainer(object):
             for key, grads in enumerate(group.grad_arrays):
                 if grads[0] is not None:
                     kvstore_transport.pushpull(self._kvstore, key, grads)
-        if self._scaler is None:
+        if self._loss_scaler is None:
             self._module.update()
             return True
-        return self._scaler.update_module(self._module)
+        return self._loss_scaler.update_module(self._module)
 
     # -- checkpoints -------------------------------------------------------------------
     def save_params(self, fname):
@@ -288,7 +273,7 @@ class ModuleTrainer(object):
                 'updater': self._module._updater.get_states(dump_optimizer=False),
                 'num_update': opt.num_update,
                 'index_update_counts': opt._all_index_update_counts,
-                'loss_scaler': None if self._scaler is None else self._scaler.state_dict()}
+                'loss_scaler': None if self._loss_scaler is None else self._loss_scaler.state_dict()}
 
     def load_state_dict(self, state):
         """Restore what :meth:`state_dict` returned.
@@ -301,17 +286,17 @@ class ModuleTrainer(object):
         """
         if not isinstance(state, dict) or state.get('format') != _STATE_FORMAT:
             raise ValueError('not a ModuleTrainer state (expected format %r)' % _STATE_FORMAT)
-        if (state['loss_scaler'] is None) != (self._scaler is None):
+        if (state['loss_scaler'] is None) != (self._loss_scaler is None):
             raise ValueError('the state was saved %s loss scaling and this trainer runs %s it'
-                             % (('without', 'with') if self._scaler is not None
+                             % (('without', 'with') if self._loss_scaler is not None
                                 else ('with', 'without')))
         self._module._updater.set_states(state['updater'])
         opt = self._optimizer
         opt.num_update = state['num_update']
         opt._all_index_update_counts = state['index_update_counts']
         opt._index_update_count = opt._all_index_update_counts[0]
-        if self._scaler is not None:
-            self._scaler.load_state_dict(state['loss_scaler'])
+        if self._loss_scaler is not None:
+            self._loss_scaler.load_state_dict(state['loss_scaler'])
 
     def save_states(self, fname):
         """Write :meth:`state_dict` to `fname` (pickle).  Host sync."""

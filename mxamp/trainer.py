@@ -75,7 +75,7 @@ from .dtypes import LOW_PRECISION, param_precision, widen
 from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
-                          _positive, make_loss_scaler)
+                          LossScalingState, _positive, make_loss_scaler)
 
 __all__ = ['LossScaler', 'OverflowInfo', 'Trainer']
 
@@ -118,7 +118,7 @@ def _context_sum(grads):
     return mx.nd.add_n(*[g.as_in_context(home) for g in grads])
 
 
-class Trainer(Bfloat16KVStoreTrainer):
+class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
     """``gluon.Trainer`` with FP32 master weights and loss scaling.
 
     Parameters
@@ -265,22 +265,6 @@ class Trainer(Bfloat16KVStoreTrainer):
             def keep_inputs(block, inputs):
                 last[:] = [inputs]
             self._diagnose_hook = diagnose_net.register_forward_pre_hook(keep_inputs)
-
-    # -- public state ------------------------------------------------------------
-    @property
-    def loss_scaler(self):
-        """The :class:`LossScaler`, or None when loss scaling is off."""
-        return self._loss_scaler
-
-    @property
-    def loss_scale(self):
-        """Current loss scale (1.0 when scaling is off).  No host sync."""
-        return 1.0 if self._loss_scaler is None else self._loss_scaler.loss_scale
-
-    @property
-    def skipped_steps(self):
-        """Number of steps skipped because of inf/NaN gradients."""
-        return 0 if self._loss_scaler is None else self._loss_scaler.skipped_steps
 
     # -- loss scaling --------------------------------------------------------------
     @contextlib.contextmanager
