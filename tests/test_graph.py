@@ -9,7 +9,7 @@ import mxnet as mx
 
 from conftest import needs_bfloat16_compute
 from mxamp import convert_model, convert_symbol, hardware
-from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy
+from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy, type_flag
 from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, check_graph, convert_graph,
                          format_report, load_graph, plan_node)
 from mxamp.policy import Policy
@@ -482,32 +482,90 @@ def test_activation_casts_are_amp_cast_unless_portable():
     assert len(nodes(fast.symbol)) == len(nodes(portable.symbol)) - 2
 
 
-@needs_bfloat16_compute
-@pytest.mark.parametrize('kernel, data_shape', [((3,), (2, 5, 12)), ((3, 3), (2, 3, 8, 8))])
-def test_zero_channel_padding_is_exact_in_forward_and_backward(kernel, data_shape):
-    # 1-D and 2-D, with a gradient for the data too (the padding's Concat slices it back).
-    data = mx.sym.var('data')
-    out = mx.sym.Convolution(data, kernel=kernel, num_filter=16, pad=tuple(k // 2 for k in kernel),
-                             name='conv')
-    out = mx.sym.FullyConnected(out, num_hidden=4, name='fc')
-    args, _ = params_of(out, data_shape=data_shape)
+def padded_convolution(kernel, data_shape):
+    """A convolution on an odd channel count below 16, its {-1, 0, 1} values, its bfloat16 conversion.
+
+    Every sum that the convolution and its gradients take over such values (for
+    these shapes at most 144 terms, 16 filters x 3x3 taps) is an integer below
+    256: exact in FP32 and in bfloat16 in any summation order.  The padded graph runs other
+    oneDNN kernels than the unpadded one (another order of summation), so only
+    such values let the two be compared bit for bit.
+    """
+    out = mx.sym.Convolution(mx.sym.var('data'), kernel=kernel, num_filter=16,
+                             pad=tuple(k // 2 for k in kernel), name='conv')
+    arg_shapes, out_shapes, _ = out.infer_shape(data=data_shape)
+    rng = np.random.RandomState(len(kernel))
+    values = {n: mx.nd.array(rng.randint(-1, 2, s)) for n, s in zip(out.list_arguments(), arg_shapes)}
+    head_grad = mx.nd.array(rng.randint(-1, 2, out_shapes[0]))
+    args = {n: v for n, v in values.items() if n != 'data'}
     converted, c_args, _, conversion = convert_model(
         out, args, {}, 'bfloat16', input_shapes={'data': data_shape}, return_conversion=True)
-    assert any(PAD_SUFFIX in n['name'] for n in nodes(converted))
-    x = mx.nd.random.uniform(-1, 1, shape=data_shape)
-    grads = {}
-    for name, symbol, values in (('fp32', out, args), ('bf16', converted, c_args)):
-        arrays = dict(values, data=x)
-        executor = symbol.bind(mx.cpu(), args=arrays,
-                               args_grad={k: mx.nd.zeros(v.shape, dtype=v.dtype) for k, v in arrays.items()})
-        result = executor.forward(is_train=True)[0]
-        executor.backward(mx.nd.ones(result.shape))
-        grads[name] = {k: to_float32_numpy(v) for k, v in executor.grad_dict.items()}
-        grads[name]['out'] = to_float32_numpy(result)
-    for key in ('out', 'data', 'conv_weight'):
-        want, got = grads['fp32'][key], grads['bf16'][key]
-        assert got.shape == want.shape, key
-        assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), key
+    assert next(n for n in conversion.nodes if n.name == 'conv').plan.pad_channels
+    return out, values, head_grad, converted, dict(c_args, data=values['data'])
+
+
+def forward_backward(symbol, values, head_grad):
+    """Output and every gradient of `symbol` at `values`, as FP32 numpy arrays."""
+    executor = symbol.bind(mx.cpu(), args=dict(values),
+                           args_grad={k: mx.nd.zeros(v.shape, dtype=v.dtype) for k, v in values.items()})
+    out = executor.forward(is_train=True)[0]
+    executor.backward(head_grad)
+    result = {k: to_float32_numpy(v) for k, v in executor.grad_dict.items()}
+    result['out'] = to_float32_numpy(out)
+    return result
+
+
+def relabelled_float32(symbol):
+    """`symbol` with every bfloat16 it declares or casts to read as float32.
+
+    The padded graph, built for a bfloat16 CPU, then runs on any CPU: the
+    padding's nodes unchanged, every cast the identity.
+    """
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    relabel = {'dtype': ('bfloat16', 'float32'), '__dtype__': (str(type_flag(BF16)), str(type_flag(F32)))}
+    for node in graph['nodes']:
+        attrs = node.get('attrs', {})
+        for key, (old, new) in relabel.items():
+            if attrs.get(key) == old:
+                attrs[key] = new
+    return mx.sym.load_json(json.dumps(graph))
+
+
+PADDED_CONVOLUTIONS = pytest.mark.parametrize('kernel, data_shape', [((3,), (2, 5, 12)),
+                                                                     ((3, 3), (2, 3, 8, 8))])
+
+
+@PADDED_CONVOLUTIONS
+def test_zero_channel_padding_appends_zeros_and_changes_nothing(kernel, data_shape):
+    # 1-D and 2-D, with a gradient for the data too (the padding's Concat slices it
+    # back).  The bfloat16 graph, read as FP32, runs here whatever the CPU.
+    out, values, head_grad, converted, _ = padded_convolution(kernel, data_shape)
+    padded = relabelled_float32(converted)
+    internals = padded.get_internals()
+    pads = mx.sym.Group([internals['conv' + PAD_SUFFIX + name + '_output'] for name in ('data', 'weight')])
+    executor = pads.bind(mx.cpu(), args={n: values[n] for n in pads.list_arguments()})
+    for padded_value, name in zip(executor.forward(), ('data', 'conv_weight')):
+        padded_value, value = padded_value.asnumpy(), values[name].asnumpy()
+        assert padded_value.shape == (value.shape[0], value.shape[1] + 1) + value.shape[2:], name
+        assert np.array_equal(padded_value[:, :-1], value), name
+        assert not padded_value[:, -1].any(), name
+    want, got = forward_backward(out, values, head_grad), forward_backward(padded, values, head_grad)
+    assert sorted(got) == sorted(want) == ['conv_bias', 'conv_weight', 'data', 'out']
+    for key in want:
+        assert np.array_equal(got[key], want[key]), key
+
+
+@needs_bfloat16_compute
+@PADDED_CONVOLUTIONS
+def test_zero_channel_padding_is_exact_in_bfloat16(kernel, data_shape):
+    # Every value and sum is exact in bfloat16 (see padded_convolution): the
+    # bfloat16 graph, padded, must give FP32's output and gradients bit for bit.
+    out, values, head_grad, converted, c_values = padded_convolution(kernel, data_shape)
+    assert c_values['conv_weight'].dtype == BFLOAT16
+    want, got = forward_backward(out, values, head_grad), forward_backward(converted, c_values, head_grad)
+    assert sorted(got) == sorted(want) == ['conv_bias', 'conv_weight', 'data', 'out']
+    for key in want:
+        assert np.array_equal(got[key], want[key]), key
 
 
 def test_auto_and_float32_mean_for_symbols_what_they_mean_for_gluon(monkeypatch):
