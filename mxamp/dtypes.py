@@ -105,11 +105,10 @@ def _reference_bfloat16_reorders():
     """Whether oneDNN's bfloat16 reorders, ``amp_cast``'s kernel, are reference loops here.
 
     oneDNN 2.4.4 has jit bfloat16 reorders from avx512_core up; below it (CPU
-    class ``'avx2'``) ``amp_cast`` runs a reference loop.  On an AMD EPYC with
-    AVX2 only, a 256x256x3x3 tensor: ``amp_cast`` float32->bfloat16 47 ms,
-    bfloat16->float32 33 ms; MXNet's generic ``Cast`` 0.8 ms (truncating) and
-    4.6 ms; the rounded narrowing of :func:`_generic_cast` 8.2 ms.  Decided once
-    per process, as oneDNN decides its ISA once.
+    class ``'avx2'``) ``amp_cast`` runs a reference loop, far slower than
+    MXNet's generic ``Cast``, even with the extra work of the rounded narrowing
+    of :func:`_generic_cast` (README, "Supported hardware", has the
+    measurements).  Decided once per process, as oneDNN decides its ISA once.
     """
     from . import hardware
     return hardware.cpu_class() == hardware.AVX2

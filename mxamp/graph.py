@@ -22,8 +22,9 @@ back the precision a tensor was cast from gets the original tensor), graph
 inputs accepted in FP32 and graph outputs cast back to FP32.  Casts of
 parameters and graph inputs are ``Cast`` nodes.  Casts of activations are
 ``amp_cast`` nodes unless ``portable=True``: MXNet 1.9.1's ``amp_cast`` converts
-oneDNN blocked tensors with one reorder, 20x faster than ``Cast`` (which first
-reorders to a plain layout and then converts element by element), but MXNet's
+oneDNN blocked tensors with one reorder, far faster than ``Cast`` (which first
+reorders to a plain layout and then converts element by element; README, "The
+graph rewrite", has the measurement), but MXNet's
 ``tojson``/``save``/``export`` drop ``amp_cast`` nodes by default, so graphs
 meant to be saved by anyone use ``Cast`` only.
 
@@ -58,12 +59,11 @@ CAST_SUFFIX = '_mxamp_cast_'
 # Tag on the nodes that add a zero input channel to a convolution (see Policy.layout).
 PAD_SUFFIX = '_mxamp_pad_'
 
-# Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a slow generic
-# one, while ``Activation`` with the same act_type runs through oneDNN.  Measured
-# on a (16, 256, 56, 56) bfloat16 tensor, forward (this project's CPU, avx512_bf16):
-# relu 99 ms vs 2.7 ms, sigmoid 369 vs 5.8, tanh 629 vs 6.5 (FP32 op: 33, 89, 262).
-# The rewrite runs them as ``Activation`` nodes (same name, same math) when they
-# compute in bfloat16.
+# Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a generic one,
+# slower even than the FP32 operator, while ``Activation`` with the same act_type
+# runs through oneDNN, far faster (measured on avx512_bf16: README, "Performance
+# on a CPU", unary activations).  The rewrite runs them as ``Activation`` nodes
+# (same name, same math) when they compute in bfloat16.
 ONEDNN_ACTIVATIONS = {'relu': 'relu', 'sigmoid': 'sigmoid', 'tanh': 'tanh'}
 
 # The version tag MXNet writes into graph files (1.9.1 -> 10901).
@@ -457,10 +457,10 @@ class _Builder(object):
                                CAST_SUFFIX + target)
             while name in self.names:
                 name += '_'
-            # Measured on a (16, 96, 56, 56) bfloat16 conv output, forward+backward:
-            # Cast round trip 64 ms, amp_cast round trip 3 ms.  Variables keep
-            # Cast: a parameter may hold a blocked oneDNN layout that amp_cast's
-            # reorder rejects (see mxamp.dtypes.amp_cast), and they are small.
+            # Activations take the faster amp_cast (see the module docstring).
+            # Variables keep Cast: a parameter may hold a blocked oneDNN layout
+            # that amp_cast's reorder rejects (see mxamp.dtypes.amp_cast), and
+            # they are small.
             fast = not self.portable and self.nodes[entry[0]]['op'] != 'null'
             nid = self.add({'op': 'amp_cast' if fast else 'Cast', 'name': name,
                             'attrs': {'dtype': target},

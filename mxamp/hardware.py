@@ -17,12 +17,12 @@ its instruction set; mxamp names the four cases after it:
     No AVX-512 (AVX2 and older, or a ``DNNL_MAX_CPU_ISA`` below
     ``AVX512_CORE``): oneDNN has no bfloat16 primitives.  Convolution,
     FullyConnected, BatchNorm, Pooling and Activation raise in bfloat16;
-    elementwise ops fall to reference kernels 17-200x slower than FP32.
+    elementwise ops fall to reference kernels, many times slower than FP32.
 ``'avx512'``
     AVX-512 (``avx512_core``) without AVX512-BF16: oneDNN emulates bfloat16,
-    by its own estimate about 2x slower than FP32.
+    by its own estimate slower than FP32.
 ``'avx512_bf16'``
-    AVX512-BF16 instructions: native bfloat16, up to 2x FP32 convolutions.
+    AVX512-BF16 instructions: native bfloat16, convolutions faster than FP32.
 ``'amx'``
     AMX tiles, enabled by :func:`enable_amx`: native bfloat16 on AMX kernels.
 

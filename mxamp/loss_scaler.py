@@ -75,9 +75,9 @@ def _finite_flags(arrays):
 
     * float16 and float32 on GPU, float16 on CPU: ``multi_all_finite``.
     * float32 and bfloat16 on CPU: ``multi_sum_sq`` (bfloat16 cast to float32
-      first), then ``multi_all_finite`` on the per-array sums.  On CPU, MXNet
-      1.9.1's ``multi_all_finite`` is about 9x slower than ``multi_sum_sq``
-      (measured: 270 ms vs 32 ms for 34M float32 elements).  A sum of squares
+      first), then ``multi_all_finite`` on the per-array sums: on a CPU, MXNet
+      1.9.1's ``multi_all_finite`` is many times slower than ``multi_sum_sq``
+      (README, "Performance on a CPU", has the measurement).  A sum of squares
       is non-finite when any element is, and also when it exceeds float32's
       range (elements around 1e19): such gradients count as overflow too.
     """

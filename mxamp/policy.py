@@ -247,18 +247,11 @@ BFLOAT16_CPU_KERNELS = _names('''
     max min _rnn_param_concat Cast amp_cast amp_multicast SliceChannel slice slice_axis
 ''')
 
-# Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), slower than the
-# FP32 op between two amp_casts.  Measured after a bfloat16 1x1 convolution on a
-# (16, 96, 56, 56) tensor, forward+backward, median of 11 interleaved runs (two
-# runs agreed); the factor is bfloat16 time / FP32-between-amp_casts time:
-# broadcast_* 5.6-9.8x (a squeeze-excitation broadcast_mul 789 vs 105 ms),
-# elemwise_sub/mul/div 3.3-7.4x, _maximum/_minimum 7.6x, scalar arithmetic
-# 3.9-8.5x, clip (ReLU6) 4.2x, abs/negative/sign/sqrt/cbrt 3.5-6.5x, max/min
-# 3.7x, AdaptiveAvgPooling2D 6x, BilinearResize2D 14x, softsign 7.6x,
-# _contrib STE/div_sqrt_dim/gradientmultiplier 2.3-5.7x, SequenceReverse 1.7x.
-# The oneDNN-backed ops (Activation, LeakyReLU, Pooling, Concat, stack,
-# elemwise_add, add_n, reshapes, slices, SequenceMask) are 1.0-1.7x faster in
-# bfloat16: they stay there.
+# Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), measured slower
+# than the FP32 op between two amp_casts, op by op on avx512_bf16 (README, "The
+# precision policy", has the method and the factors).  The oneDNN-backed ops
+# (Activation, LeakyReLU, Pooling, Concat, stack, elemwise_add, add_n, reshapes,
+# slices, SequenceMask) measured faster in bfloat16: they stay there.
 BFLOAT16_CPU_SLOW = _names('''
     softsign _contrib_AdaptiveAvgPooling2D _contrib_BilinearResize2D
     broadcast_like broadcast_axis broadcast_to elemwise_sub elemwise_mul elemwise_div
@@ -277,13 +270,14 @@ BFLOAT16_CPU_OPS = BFLOAT16_CPU_KERNELS - BFLOAT16_CPU_SLOW
 # DNNL_MAX_CPU_ISA=AVX2 on AVX-512 machines: Convolution, FullyConnected,
 # Deconvolution, BatchNorm, Pooling, Activation and LeakyReLU raise ("could not
 # create a primitive descriptor iterator"); elementwise ops, Concat and softmax
-# run through reference kernels 17-200x slower than FP32.  'avx512' (no
-# AVX512-BF16): oneDNN emulates bfloat16 at about half FP32's speed (oneDNN's own
-# estimate; not measured on such a CPU by this project).  Both therefore compute
-# nothing in bfloat16.  'amx' uses the table measured on 'avx512_bf16': the
-# project's AMX measurements (README, "Performance") ran with it.  Which classes
-# compute bfloat16 at all is mxamp.hardware's answer (computes_bfloat16), so that
-# 'auto', the scripts and this table agree.
+# run through reference kernels, many times slower than FP32 (README,
+# "Supported hardware").  'avx512' (no AVX512-BF16): oneDNN emulates bfloat16,
+# slower than FP32 by oneDNN's own estimate (not measured on such a CPU by this
+# project).  Both therefore compute nothing in bfloat16.  'amx' uses the table
+# measured on 'avx512_bf16': the project's AMX measurements (README,
+# "Performance") ran with it.  Which classes compute bfloat16 at all is
+# mxamp.hardware's answer (computes_bfloat16), so that 'auto', the scripts and
+# this table agree.
 BFLOAT16_CPU_OPS_BY_CLASS = {
     klass: BFLOAT16_CPU_OPS if computes_bfloat16(klass) else frozenset() for klass in CPU_CLASSES}
 
@@ -315,11 +309,11 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     channels per group are multiples of 16 (depthwise: the channels), oneDNN
     falls back to a GEMM convolution in plain NCHW layouts, and the BatchNorm
     after it to its slow plain-layout kernel; with fewer than 16 input channels
-    an even count still gets the blocked kernel (an odd one does not).  Conv +
-    BatchNorm forward+backward, 7x7 stride-2 stem, batch 16 at 224x224:
-    bfloat16 on 3 channels 347 ms, FP32 on 3 channels 194 ms, bfloat16 on 4
-    channels 107 ms.  ResNeXt-50 32x4d (4 and 8 channels per group) trains at
-    0.98x FP32 with those convolutions in bfloat16, 1.93x with them in FP32.
+    an even count still gets the blocked kernel (an odd one does not).  The
+    fallback is slower than FP32: an RGB stem runs fastest in bfloat16 on 4
+    channels, and ResNeXt-50's grouped convolutions (4 and 8 channels per
+    group) fastest in FP32 (README, "Convolution layouts under bfloat16", has
+    the measurements).
 
     Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
     ``'pad_channels'`` (an odd number of input channels below 16 with output
