@@ -5,7 +5,8 @@ policy (`mxamp.policy`) and one graph rewrite (`mxamp.graph`) serve the Symbol
 front (`convert_symbol`, `convert_model`, the ``mxamp convert`` tool) and the
 Gluon front (`convert`); FP32 master weights (`MultiPrecision`), the
 loss-scaling `Trainer` (Gluon) and `ModuleTrainer` (``mx.mod.Module``) train
-what they produce.
+what they produce; `for_inference` (and ``convert_model(..., for_inference=True)``)
+fuses a converted network with oneDNN for inference (`mxamp.inference`).
 """
 import os
 
@@ -25,6 +26,8 @@ from .optimizer import MultiPrecision  # noqa: E402
 if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from . import diagnose  # noqa: E402
     from .gluon import convert, summary  # noqa: E402
+    from . import inference  # noqa: E402
+    from .inference import for_inference  # noqa: E402
     from .graph import GraphError  # noqa: E402
     from .symbol import convert_model, convert_symbol  # noqa: E402
     from .loss_scaler import LossScaler  # noqa: E402
@@ -32,5 +35,5 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .trainer import Trainer  # noqa: E402
 
 __version__ = '0.1.0'
-__all__ = ['convert', 'summary', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'LossScaler', 'MultiPrecision',
+__all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer']

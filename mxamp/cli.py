@@ -6,7 +6,8 @@ exits with status 2 and one line on stderr naming what is wrong and where (the
 options as typed here: ``--exclude``, not ``exclude=``); no traceback, no
 partial output file.  Parameters are checked against the graph before anything
 is written: unknown or missing ones (``--allow-missing`` accepts the latter)
-and shapes the graph rejects.
+and shapes the graph rejects.  ``--for-inference`` also fuses the converted
+graph with MXNet's oneDNN backend (`mxamp.inference.fuse_symbol`).
 """
 import argparse
 import os
@@ -80,8 +81,14 @@ def build_parser():
                               'the graph computes in bfloat16 (CPUs with avx512_bf16 or AMX); '
                               'avx2 and avx512 (no native bfloat16) give a graph that computes in '
                               'FP32 with the same bfloat16 parameters; auto: this machine\'s class')
+    convert.add_argument('--for-inference', action='store_true',
+                         help="also fuse the graph for inference on a CPU with MXNet's oneDNN "
+                              'backend (BatchNorm folded into convolutions, activations and '
+                              'additions as post-ops); needs --input-shape for the inputs; the '
+                              'output cannot be trained')
     convert.add_argument('--report', action='store_true',
-                         help='print per-operator precision counts and the casts inserted')
+                         help='print per-operator precision counts and the casts inserted (and '
+                              'the fused nodes, with --for-inference)')
     return parser
 
 
@@ -89,6 +96,7 @@ def _convert(args):
     import mxnet as mx
 
     from .graph import GraphError, format_report, load_graph
+    from .inference import format_fusions, fused_nodes
     from .policy import canonical_ops
     from .symbol import Names, ParameterError, _convert, load_params, save_model
 
@@ -115,15 +123,20 @@ def _convert(args):
         arg_params, aux_params = load_params(args.params)
     try:
         symbol, arg_params, aux_params, conversion = _convert(
-            graph, args.dtype, Names('--exclude', '--input-shape', '--allow-missing'), arg_params=arg_params, aux_params=aux_params,
+            graph, args.dtype, Names('--exclude', '--input-shape', '--allow-missing',
+                                     '--for-inference', '--cpu'),
+            arg_params=arg_params, aux_params=aux_params,
             allow_missing=args.allow_missing, exclude=args.exclude, fp32_ops=args.fp32_ops,
             lp_ops=args.lp_ops, ctx=mx.cpu() if args.cpu else None,
-            input_shapes=dict(args.input_shape), cpu_class=args.cpu_class)
+            input_shapes=dict(args.input_shape), cpu_class=args.cpu_class,
+            for_inference=args.for_inference)
     except ParameterError as err:
         raise GraphError('%s: %s' % (args.params, err))
     written = save_model(args.output, symbol, arg_params, aux_params)
     if args.report:
         print(format_report(conversion))
+        if args.for_inference:
+            print(format_fusions(fused_nodes(symbol)))
     for path in written:
         print('wrote %s' % path)
     if args.dtype == 'bfloat16' and args.cpu_class is None and cpu_class() == AVX2:

@@ -303,18 +303,21 @@ class _Converted(object):
 _CLASSES = {}
 
 
-def _converted_class(cls):
-    """The generated subclass of `cls` (same name and module), created once per class."""
-    if issubclass(cls, _Converted):
+def _mixed_class(mixin, cls):
+    """The generated subclass of `cls` with `mixin` first in its MRO (same name and module).
+
+    Created once per (mixin, class); `cls` already holding `mixin` is returned as it is.
+    """
+    if issubclass(cls, mixin):
         return cls
     with _lock:
-        klass = _CLASSES.get(cls)
+        klass = _CLASSES.get((mixin, cls))
         if klass is None:
-            klass = type(cls.__name__, (_Converted, cls),
+            klass = type(cls.__name__, (mixin, cls),
                          {'__module__': cls.__module__,
                           '__qualname__': getattr(cls, '__qualname__', cls.__name__),
                           '__doc__': cls.__doc__})
-            _CLASSES[cls] = klass
+            _CLASSES[(mixin, cls)] = klass
     return klass
 
 
@@ -611,7 +614,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     settings = _Settings.decide(name, fp32_ops or (), lp_ops or (), patterns, fp32, params)
     for block in _walk(net):
         if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
-            block.__class__ = _converted_class(type(block))
+            block.__class__ = _mixed_class(_Converted, type(block))
             block._mxamp_settings = settings
             block._mxamp_conversions = {}    # device type -> (_graph_identity, Conversion)
             block._mxamp_device = None       # device type of the graph built, if any
@@ -649,12 +652,14 @@ def summary(net, print_fn=print):
     One row per operator of the converted graph (the graph the net last ran,
     or a symbolic build of it): node name, operator, precision it computes in,
     and the casts on its inputs.  Totals follow: ops per precision, casts per
-    direction, parameters per storage dtype.
+    direction, parameters per storage dtype.  A net made by
+    `mxamp.for_inference` gets a line saying what was fused and that it is for
+    inference only (the rows are the converted graph's, before fusion).
 
     Parameters
     ----------
     net : HybridBlock
-        A net returned by :func:`convert`.
+        A net returned by :func:`convert` or `mxamp.for_inference`.
     print_fn : callable or None
         Called with the text; None prints nothing.
 
@@ -663,8 +668,12 @@ def summary(net, print_fn=print):
     str
     """
     float32_reason = getattr(net, '_mxamp_float32_reason', None)
+    # Set by mxamp.for_inference: what it fused, and that the net cannot train.
+    inference = getattr(net, '_mxamp_inference', None)
     if float32_reason is not None and not is_converted(net):
         text = 'mxamp summary: %s runs in float32: %s' % (_describe(net), float32_reason)
+        if inference is not None:
+            text += '\n' + inference
         if print_fn is not None:
             print_fn(text)
         return text
@@ -696,9 +705,11 @@ def summary(net, print_fn=print):
     else:
         how = ''
     lines = ['mxamp summary: %s converted to %s (graph built for %s%s)'
-             % (_describe(net), settings.dtype, device or 'cpu', how),
-             fmt % ('node', 'op', 'computes in', 'casts on inputs'),
-             fmt % (tuple('-' * w for w in widths[:3]) + ('-' * 15,))]
+             % (_describe(net), settings.dtype, device or 'cpu', how)]
+    if inference is not None:
+        lines.append(inference)
+    lines += [fmt % ('node', 'op', 'computes in', 'casts on inputs'),
+              fmt % (tuple('-' * w for w in widths[:3]) + ('-' * 15,))]
     lines.extend((fmt % row).rstrip() for row in rows)
     if heads:
         lines.append('outputs cast back: %s' % ', '.join(heads))

@@ -32,6 +32,7 @@ import mxnet as mx
 from . import kvstore_transport
 from . import optimizer as _mp_optimizer
 from .dtypes import cast, name_of_array
+from .inference import check_trainable_symbol
 from .loss_scaler import LossScalingState, make_loss_scaler
 
 __all__ = ['ModuleTrainer']
@@ -106,6 +107,7 @@ class ModuleTrainer(LossScalingState):
         if not (module.binded and module.for_training and module.params_initialized):
             raise RuntimeError('ModuleTrainer: bind the module with for_training=True and call '
                                'init_params() first')
+        check_trainable_symbol(module.symbol, 'ModuleTrainer')
         if module.optimizer_initialized:
             raise RuntimeError('ModuleTrainer: the module already has an optimizer; '
                                'ModuleTrainer creates it (do not call init_optimizer())')

@@ -30,6 +30,7 @@ import mxnet as mx
 from . import hardware
 from .dtypes import LOW_PRECISION, cast, dtype_name
 from .graph import GraphError, convert_graph, error_line, load_graph
+from .inference import fuse_symbol
 from .policy import Policy, emulates_float16
 
 
@@ -92,9 +93,11 @@ _PROBE_SHAPES = (((1, 3, 224, 224), (1, 1, 448, 448)),             # images
 # of inputs (an unrolled RNN) is checked as far as the probes found reach.
 _PROBE_BUDGET = 16
 
-Names = collections.namedtuple('Names', ['exclude', 'input_shapes', 'allow_missing'])
+Names = collections.namedtuple('Names', ['exclude', 'input_shapes', 'allow_missing',
+                                         'for_inference', 'cpu'])
 # How errors name the options: the Python API's spelling (the command line has its own).
-PYTHON_NAMES = Names('exclude', 'input_shapes', 'allow_missing=True')
+PYTHON_NAMES = Names('exclude', 'input_shapes', 'allow_missing=True', 'for_inference=True',
+                     'ctx=mx.cpu()')
 
 
 class ParameterError(GraphError):
@@ -187,7 +190,7 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
 
 def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, fp32_ops=None,
                   lp_ops=None, ctx=None, input_types=None, input_shapes=None, return_conversion=False,
-                  portable=True, cpu_class=None, allow_missing=False):
+                  portable=True, cpu_class=None, allow_missing=False, for_inference=False):
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
     Parameters consumed only by low-precision ops are cast to `dtype`;
@@ -208,14 +211,23 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
         `arg_params`/`aux_params` (a variable named like a parameter,
         ``*_weight``, ``*_gamma``..., or any auxiliary state): they stay FP32
         variables of the converted graph, bound by the caller.
+    for_inference : bool
+        Also fuse the converted graph with MXNet's oneDNN backend for
+        inference on a CPU (`mxamp.inference.fuse_symbol`: BatchNorm folded
+        into convolutions, activations and residual additions as post-ops;
+        also for ``'float32'``).  Needs `input_shapes` for the inputs the graph
+        cannot shape from its parameters, and a CPU target (float16:
+        ``ctx=mx.cpu()``).  The fused graph cannot be trained
+        (`mxamp.ModuleTrainer` refuses it); its parameters are the converted
+        ones, unchanged.
 
     Returns
     -------
     (mx.sym.Symbol, dict, dict)
-        The converted symbol and its ``arg_params``, ``aux_params``; with
+        The converted (and fused) symbol and its ``arg_params``, ``aux_params``; with
         ``return_conversion=True`` a fourth item, the `mxamp.graph.Conversion`
         (None when `dtype` is, or ``'auto'`` resolves to, ``'float32'``: then
-        the checkpoint comes back unchanged).
+        the checkpoint comes back unconverted, fused with `for_inference`).
 
     Raises
     ------
@@ -234,21 +246,30 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     >>> bf16_args['fc_weight'].dtype      # stored in bfloat16
     dtype([('bfloat16', '<u2')])
     >>> mx.model.save_checkpoint('net_bf16', 0, bf16_sym, bf16_args, bf16_auxs)
+
+    For inference on a CPU, fused:
+
+    >>> fused_sym, fused_args, fused_auxs = mxamp.convert_model(
+    ...     sym, args, {}, 'bfloat16', input_shapes={'data': (1, 4)}, for_inference=True)
+    >>> mxamp.inference.fused_nodes(fused_sym)
+    Counter({'_sg_mkldnn_fully_connected': 1})
     """
     result = _convert(sym, dtype, PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
                       allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops,
                       lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
-                      portable=portable, cpu_class=cpu_class)
+                      portable=portable, cpu_class=cpu_class, for_inference=for_inference)
     return result if return_conversion else result[:3]
 
 
 def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, allow_missing=False,
              exclude=None, fp32_ops=None, lp_ops=None, ctx=None, input_types=None,
-             input_shapes=None, portable=True, cpu_class=None):
+             input_shapes=None, portable=True, cpu_class=None, for_inference=False):
     """`convert_symbol` (no `arg_params`) and `convert_model`, with errors naming `names`.
 
     Returns ``(symbol, arg_params, aux_params, conversion)``; the parameters
     are None without `arg_params`, the conversion None for ``'float32'``.
+    With `for_inference` the symbol (and parameters) are fused by
+    `mxamp.inference.fuse_symbol`.
     """
     graph = load_graph(sym)
     if arg_params is not None:
@@ -263,22 +284,37 @@ def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, a
     if arg_params is not None:
         check_params(graph, arg_params, aux_params, input_shapes, allow_missing, names)
     dtype = hardware.resolve_dtype(dtype, ctx)
+    devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
+    if for_inference and ('gpu' in devices or (dtype == 'float16' and not devices)):
+        raise ValueError("%s fuses with MXNet's oneDNN backend, for CPUs: a %s graph for a GPU "
+                         "has nothing it can fuse%s"
+                         % (names.for_inference, dtype,
+                            ' (float16 for a CPU: %s)' % names.cpu if dtype == 'float16' else ''))
     if dtype == 'float32':
-        return graph.symbol, arg_params, aux_params, None
-    policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
-    shapes = {}
-    if arg_params is not None:
-        shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
-    shapes.update(input_shapes)
-    conversion = convert_graph(graph, policy, params=params, input_types=input_types, shapes=shapes,
-                               portable=portable)
-    if arg_params is None:
-        return conversion.symbol, None, None, conversion
+        symbol, conversion = graph.symbol, None
+    else:
+        policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
+        shapes = {}
+        if arg_params is not None:
+            shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
+        shapes.update(input_shapes)
+        conversion = convert_graph(graph, policy, params=params, input_types=input_types, shapes=shapes,
+                                   portable=portable)
+        symbol = conversion.symbol
+        if arg_params is not None:
+            arg_params, aux_params = _cast_params(arg_params, conversion), _cast_params(aux_params, conversion)
+    if for_inference:
+        symbol, fused_args, fused_auxs = fuse_symbol(symbol, arg_params, aux_params, input_shapes,
+                                                     names.input_shapes)
+        if arg_params is not None:
+            arg_params, aux_params = fused_args, fused_auxs
+    return symbol, arg_params, aux_params, conversion
 
-    def converted(values):
-        return {name: cast(value, conversion.dtype) if name in conversion.lp_params else value
-                for name, value in values.items()}
-    return conversion.symbol, converted(arg_params), converted(aux_params), conversion
+
+def _cast_params(values, conversion):
+    """`values` with the parameters the rewrite stores in low precision cast to its dtype."""
+    return {name: cast(value, conversion.dtype) if name in conversion.lp_params else value
+            for name, value in values.items()}
 
 
 def is_parameter_name(name):

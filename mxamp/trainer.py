@@ -72,6 +72,7 @@ from mxnet import gluon
 from . import diagnose
 from . import optimizer as _mp_optimizer
 from .dtypes import LOW_PRECISION, param_precision, widen
+from .inference import check_trainable_params
 from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
@@ -218,6 +219,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                  compression_params=None, update_on_kvstore=None, loss_scale='auto',
                  master_weights=None, diagnose_net=None):
         param_list = _as_param_list(params)
+        check_trainable_params(param_list, 'mxamp.Trainer')
         low = any(param_precision(p) in LOW_PRECISION for p in param_list)
         optimizer_params = dict(optimizer_params or {})
         multi_precision = optimizer_params.pop('multi_precision', None)

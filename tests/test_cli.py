@@ -12,6 +12,7 @@ import mxnet as mx
 from conftest import CORPUS, require_corpus
 from mxamp import cli, hardware
 from mxamp.dtypes import BFLOAT16
+from mxamp.inference import fused_nodes
 
 from test_graph import params_of, small_cnn
 
@@ -283,3 +284,35 @@ def test_missing_output_directory_is_reported(model, tmp_path, capsys):
     status, _, err = convert(capsys, model + '-symbol.json', '-o', str(tmp_path / 'no' / 'dir' / 'x'),
                              '--dtype', 'bfloat16')
     assert status == 2 and 'does not exist' in err
+
+
+def test_for_inference_writes_a_fused_model_and_reports_the_fusions(model, tmp_path, capsys):
+    out_prefix = str(tmp_path / 'fused')
+    status, out, err = convert(capsys, model + '-symbol.json', '--params', model + '-0000.params',
+                               '-o', out_prefix, '--dtype', 'bfloat16', '--cpu-class', 'auto',
+                               '--for-inference', '--input-shape', 'data=2,16,8,8', '--report')
+    assert status == 0, err
+    assert ("fused for inference by MXNet's oneDNN backend: 2 _sg_mkldnn_conv, "
+            "1 _sg_mkldnn_fully_connected") in out
+    symbol, args, auxs = mx.model.load_checkpoint(out_prefix, 0)
+    assert fused_nodes(symbol) == {'_sg_mkldnn_conv': 2, '_sg_mkldnn_fully_connected': 1}
+    assert args['conv0_weight'].dtype == BFLOAT16
+    module = mx.mod.Module(symbol, context=mx.cpu())
+    module.bind(data_shapes=[('data', (4, 16, 8, 8))], label_shapes=[('softmax_label', (4,))],
+                for_training=False)
+    module.set_params(args, auxs)
+    module.forward(mx.io.DataBatch([mx.nd.ones((4, 16, 8, 8))], [mx.nd.zeros(4)]), is_train=False)
+    assert np.isfinite(module.get_outputs()[0].asnumpy()).all()
+
+
+def test_for_inference_errors_exit_2_and_write_nothing(model, tmp_path, capsys):
+    for extra, message in (
+            ([], "mxamp: error: --input-shape: fusing for inference needs the shape of 'data'"),
+            (['--dtype', 'float16', '--input-shape', 'data=2,16,8,8'],
+             'mxamp: error: --for-inference fuses with MXNet\'s oneDNN backend, for CPUs: a float16 '
+             'graph for a GPU has nothing it can fuse (float16 for a CPU: --cpu)')):
+        argv = [model + '-symbol.json', '--params', model + '-0000.params', '-o',
+                str(tmp_path / 'x'), '--dtype', 'bfloat16', '--for-inference'] + extra
+        status, out, err = convert(capsys, *argv)
+        assert status == 2 and err.count('\n') == 1 and err.startswith(message), err
+        assert not any(name.startswith('x') for name in os.listdir(str(tmp_path)))

@@ -1,0 +1,316 @@
+"""The inference path: a converted network fused by oneDNN, which refuses to be trained.
+
+This module owns :func:`for_inference` (Gluon), :func:`fuse_symbol` (the Symbol
+front's ``convert_model(..., for_inference=True)`` and ``mxamp convert
+--for-inference``) and the refusal to train what they produce
+(:func:`check_trainable_params`, :func:`check_trainable_symbol`, called by
+`mxamp.Trainer` and `mxamp.ModuleTrainer`).
+
+Why more than ``optimize_for``
+------------------------------
+MXNet 1.9.1's oneDNN subgraph backend (``optimize_for(x, backend='MKLDNN')``)
+folds BatchNorm into convolutions and fuses activations and residual additions
+as post-ops: on CPUs with AMX that is most of mixed precision's inference speed.
+Called directly on a converted net it has three traps, which this module closes:
+
+* **Order under deferred initialisation.**  ``optimize_for`` partitions the
+  graph in the same step that finishes deferred initialisation, so it sees
+  the parameters still in FP32 (mxamp casts them right after).  A bfloat16
+  graph declares its weights bfloat16; where a convolution reads them through
+  a zero input channel (planned only where bfloat16 computes, see
+  `mxamp.policy`), the padding's ``Concat`` then joins an FP32 weight and a
+  bfloat16 zero: "Non-uniform data type in Concat ... _mxamp_pad_weight".
+  :func:`for_inference` first builds the graph unfused (parameters
+  materialised and cast), then partitions it: every parameter has its final
+  dtype when the backend infers types.  Nothing is computed.
+* **No gradient.**  The fused ops' backward returns zeros for every input
+  (MXNet's ``MakeZeroGradNodes``), and Gluon does not refuse to record them:
+  training through a fused net silently learns nothing (and its BatchNorm,
+  folded, uses the running statistics in training mode too).  A net made by
+  :func:`for_inference` raises under ``autograd.record()`` and `mxamp.Trainer`
+  refuses its parameters; `mxamp.ModuleTrainer` refuses a graph holding fused
+  nodes.
+* **Stale weights.**  The fused convolution folds BatchNorm into its weights
+  when it first runs and keeps the result: ``load_parameters`` into a fused
+  FP32 net left its outputs at the old values (measured).  ``load_parameters``
+  of a net made by :func:`for_inference` therefore partitions again at the
+  next call.
+
+On a GPU MXNet 1.9.1 has no oneDNN backend (and no other fusing backend in
+its standard builds): :func:`for_inference` converts, materialises and
+hybridizes with static memory there, and refuses training the same way, so
+that the same code behaves the same on both devices.
+
+MXNet internals relied on (MXNet 1.9.1), each used in one place below:
+``HybridBlock._build_cache`` (finishes deferred initialisation, then partitions
+with ``_backend`` and makes the CachedOp, without running it: what
+``optimize_for`` does after ``hybridize``), ``_cached_graph`` (the partitioned
+graph, whose fused nodes are reported), ``_clear_cached_op``, and
+``Parameter._data`` / ``_deferred_init`` (whether a parameter is initialised,
+deferred or not).  mxamp adds
+attributes of its own: ``_mxamp_inference`` on the net (the line `mxamp.summary`
+prints) and on each of its ``Parameter`` objects (the net they belong to, which
+`check_trainable_params` names).
+"""
+import collections
+import json
+
+import mxnet as mx
+from mxnet import autograd
+from mxnet.gluon import HybridBlock
+
+from . import gluon as gluon_mod
+from . import hardware
+from .graph import GraphError, error_line
+
+__all__ = ['for_inference', 'fuse_symbol', 'fused_nodes', 'format_fusions',
+           'check_trainable_params', 'check_trainable_symbol']
+
+# MXNet's oneDNN subgraph backend, and the op-name prefix of the nodes it makes.
+BACKEND = 'MKLDNN'
+FUSED_PREFIX = '_sg_mkldnn_'
+
+_REFUSAL = ("its fused oneDNN ops have no gradient (MXNet returns zeros), so training "
+            "would silently learn nothing")
+_FIX = ('train the net before mxamp.for_inference, or load its checkpoint into a fresh net '
+        'to train that one')
+
+
+def fused_nodes(symbol):
+    """``collections.Counter`` of the oneDNN fused nodes of `symbol`, by operator.
+
+    Examples
+    --------
+    >>> conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3), num_filter=8, name='conv')
+    >>> relu = mx.sym.Activation(conv, act_type='relu', name='relu')
+    >>> fused = relu.optimize_for('MKLDNN', {}, {}, ctx=mx.cpu(), shape_dict={'data': (1, 4, 8, 8)})
+    >>> mxamp.inference.fused_nodes(fused)
+    Counter({'_sg_mkldnn_conv': 1})
+    """
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    return collections.Counter(node['op'] for node in graph['nodes']
+                               if node['op'].startswith(FUSED_PREFIX))
+
+
+def format_fusions(counts):
+    """One line saying what fusing for inference did, from `fused_nodes`' counts."""
+    found = ', '.join('%d %s' % (n, op) for op, n in sorted(counts.items()))
+    return ("fused for inference by MXNet's oneDNN backend: %s"
+            % (found or "no node (nothing in the graph is a pattern it fuses)"))
+
+
+# --------------------------------------------------------------------------
+# Gluon
+
+class _InferenceOnly(object):
+    """Mixin placed first in the MRO of a net made by `for_inference`."""
+
+    def forward(self, x, *args):
+        if autograd.is_recording():
+            raise RuntimeError('%s was made by mxamp.for_inference: %s; %s (or, to use it frozen '
+                               'inside a recorded graph, call it under autograd.pause())'
+                               % (gluon_mod._describe(self), _REFUSAL, _FIX))
+        return super(_InferenceOnly, self).forward(x, *args)
+
+    def load_parameters(self, *args, **kwargs):
+        """``load_parameters`` whose values the fused graph uses from the next call on."""
+        super(_InferenceOnly, self).load_parameters(*args, **kwargs)
+        # Partition again at the next call: a fused convolution keeps the
+        # BatchNorm-folded weights it computed from the previous values.
+        self._clear_cached_op()
+
+
+def for_inference(net, *inputs, dtype='auto'):
+    """Make `net` a converted, fused inference network, in place; returns `net`.
+
+    The one call for inference: it converts `net` (`mxamp.convert` with
+    `dtype`) unless it is converted already (that conversion is kept),
+    finishes deferred initialisation (and the casts of the parameters) from
+    `inputs` without computing anything, then lets MXNet's oneDNN backend fuse
+    the graph on a CPU (BatchNorm folded into convolutions, activations and
+    residual additions as post-ops) and hybridizes it with static memory.
+    Works on a fresh net under deferred initialisation, after training, after
+    ``load_parameters``.  Outputs match the unfused converted net up to the
+    rounding of the folded BatchNorm.
+
+    The result cannot be trained: a call under ``autograd.record()`` (train or
+    predict mode) raises RuntimeError, and so does `mxamp.Trainer` on its
+    parameters.  ``load_parameters`` still works (the next call fuses the new
+    values); after changing parameters otherwise (``set_data``) call
+    ``for_inference`` again.  On a GPU (no oneDNN) nothing is fused, the rest
+    is the same.  `mxamp.summary` says what was fused.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.HybridBlock
+        Initialised (deferred initialisation is fine), converted or not.
+    *inputs : NDArray
+        Example inputs, as the net is called with (FP32): their shapes settle
+        deferred parameters, their context chooses the device.
+    dtype : str
+        For a net not converted yet: as `mxamp.convert` (``'auto'``: float16
+        on a GPU, bfloat16 on a CPU that computes it, float32 elsewhere).  For
+        a converted net, ``'auto'`` or its own dtype.
+
+    Returns
+    -------
+    net, ready to call.
+
+    Raises
+    ------
+    TypeError
+        `net` is not a HybridBlock, or no NDArray input is given.
+    ValueError
+        Inputs on several contexts, or a `dtype` other than the one `net` is
+        converted to.
+    RuntimeError
+        `net` is not initialised.
+
+    Examples
+    --------
+    >>> net = mx.gluon.nn.HybridSequential()
+    >>> net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation('relu'))
+    >>> net.initialize()
+    >>> x = mx.nd.ones((1, 3, 8, 8))
+    >>> net = mxamp.for_inference(net, x)
+    >>> net(x).shape
+    (1, 8, 6, 6)
+    >>> with mx.autograd.record():
+    ...     net(x)
+    Traceback (most recent call last):
+    RuntimeError: HybridSequential '...' was made by mxamp.for_inference: ...
+    """
+    if not isinstance(net, HybridBlock):
+        raise TypeError('mxamp.for_inference needs a gluon HybridBlock, got %s'
+                        % type(net).__name__)
+    arrays = [x for x in gluon_mod._flat(inputs) if isinstance(x, mx.nd.NDArray)]
+    if not arrays:
+        raise TypeError('mxamp.for_inference(net, *inputs) needs example inputs (NDArrays, as '
+                        'the net is called with) to settle shapes and the device')
+    contexts = {x.context for x in arrays}
+    if len(contexts) > 1:
+        raise ValueError('mxamp.for_inference: the inputs are on several contexts (%s); give '
+                         'inputs on the one the net will run on'
+                         % ', '.join(sorted(str(c) for c in contexts)))
+    device = arrays[0].context.device_type
+    uninitialised = [p.name for p in net.collect_params().values()
+                     if p._data is None and not p._deferred_init]
+    if uninitialised:
+        raise RuntimeError("mxamp.for_inference: parameter '%s' of %s is not initialised; call "
+                           "net.initialize() or net.load_parameters() first"
+                           % (uninitialised[0], gluon_mod._describe(net)))
+    if gluon_mod.is_converted(net):
+        kept = net._mxamp_settings.dtype
+        if not (isinstance(dtype, str) and dtype.lower() == 'auto') and \
+                hardware.resolve_dtype(dtype, arrays[0].context) != kept:
+            raise ValueError('mxamp.for_inference: %s is converted to %s, dtype=%r asks for '
+                             'another precision (give dtype=\'auto\' to keep it, or convert an '
+                             'FP32 copy)' % (gluon_mod._describe(net), kept, dtype))
+    else:
+        gluon_mod.convert(net, dtype)
+    backend = BACKEND if device == 'cpu' else None
+    flags = dict(static_alloc=True, static_shape=True)
+    # Unfused first: deferred parameters get their shapes and their mxamp dtype,
+    # so that the backend partitions a graph whose parameters are final.
+    net.hybridize(True, backend=None, clear=True, **flags)
+    net._build_cache(*inputs)
+    if backend:
+        net.hybridize(True, backend=backend, clear=True, **flags)
+        net._build_cache(*inputs)
+        line = format_fusions(fused_nodes(net._cached_graph[1]))
+    else:
+        line = 'not fused (MXNet 1.9.1 has no oneDNN backend on %s)' % device
+    net.__class__ = gluon_mod._mixed_class(_InferenceOnly, type(net))
+    net._mxamp_inference = '%s; inference only (training through it raises)' % line
+    owner = gluon_mod._describe(net)
+    for param in net.collect_params().values():
+        param._mxamp_inference = owner
+    return net
+
+
+def check_trainable_params(params, who):
+    """Raise RuntimeError, naming `who`, if a parameter belongs to a net made by `for_inference`."""
+    for param in params:
+        owner = getattr(param, '_mxamp_inference', None)
+        if owner is not None:
+            raise RuntimeError("%s: parameter '%s' belongs to %s, made by mxamp.for_inference: %s; %s"
+                               % (who, param.name, owner, _REFUSAL, _FIX))
+
+
+def check_trainable_symbol(symbol, who):
+    """Raise RuntimeError, naming `who`, if `symbol` holds oneDNN fused nodes."""
+    counts = fused_nodes(symbol)
+    if counts:
+        raise RuntimeError('%s: the graph is fused for inference (%s): %s; train the unfused '
+                           'converted graph (convert without for_inference / --for-inference)'
+                           % (who, ', '.join('%d %s' % (n, op) for op, n in sorted(counts.items())),
+                              _REFUSAL))
+
+
+# --------------------------------------------------------------------------
+# Symbol API
+
+def fuse_symbol(symbol, arg_params, aux_params, input_shapes, option='input_shapes'):
+    """MXNet's oneDNN fusion of `symbol` for inference on a CPU.
+
+    Parameters
+    ----------
+    symbol : mx.sym.Symbol
+        A graph (converted or FP32) whose variables declare their dtypes or
+        have values in the parameters.
+    arg_params, aux_params : dict of str to NDArray, or None
+        Its parameters: they give shapes and dtypes; not modified.
+    input_shapes : dict of str to tuple
+        Shapes of the graph's inputs: the backend fuses only nodes whose
+        shapes it infers, so each input the graph cannot shape from the others
+        needs one.  The fused graph runs other batch sizes too.
+    option : str
+        How errors name `input_shapes` (the command line's ``--input-shape``).
+
+    Returns
+    -------
+    (mx.sym.Symbol, dict, dict)
+        The fused graph and its parameters (MXNet's oneDNN backend keeps the
+        parameters as they are: BatchNorm is folded inside the fused
+        convolution at run time).
+
+    Raises
+    ------
+    ValueError
+        An input whose shape is neither given nor inferable.
+    GraphError
+        The backend rejects the graph.
+
+    Examples
+    --------
+    >>> conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(1, 1), num_filter=4, name='conv')
+    >>> bn = mx.sym.BatchNorm(conv, name='bn')
+    >>> args = {'conv_weight': mx.nd.ones((4, 4, 1, 1)), 'conv_bias': mx.nd.zeros((4,)),
+    ...         'bn_gamma': mx.nd.ones((4,)), 'bn_beta': mx.nd.zeros((4,))}
+    >>> auxs = {'bn_moving_mean': mx.nd.zeros((4,)), 'bn_moving_var': mx.nd.ones((4,))}
+    >>> fused, args, auxs = mxamp.inference.fuse_symbol(bn, args, auxs, {'data': (1, 4, 8, 8)})
+    >>> mxamp.inference.fused_nodes(fused)
+    Counter({'_sg_mkldnn_conv': 1})
+    """
+    args, auxs = dict(arg_params or {}), dict(aux_params or {})
+    arguments = symbol.list_arguments()
+    shapes = {name: tuple(shape) for name, shape in input_shapes.items()}
+    known = dict({name: value.shape for name, value in args.items()}, **shapes)
+    try:
+        inferred, _, _ = symbol.infer_shape_partial(**known)
+    except mx.base.MXNetError as err:
+        raise GraphError('cannot fuse for inference: the graph rejects the shapes: %s'
+                         % error_line(err))
+    unknown = [name for name, shape in zip(arguments, inferred)
+               if name not in args and not (shape and all(shape))]
+    if unknown:
+        raise ValueError("%s: fusing for inference needs the shape of %s (MXNet's oneDNN backend "
+                         "fuses only nodes whose shapes it infers)"
+                         % (option, ', '.join("'%s'" % name for name in unknown)))
+    try:
+        # optimize_for adds the parameters a backend creates to args/auxs and
+        # drops those it removes: it works on this function's copies.
+        fused = symbol.optimize_for(BACKEND, args, auxs, ctx=mx.cpu(), shape_dict=shapes)
+    except mx.base.MXNetError as err:
+        raise GraphError("MXNet's oneDNN backend cannot fuse the graph: %s" % error_line(err))
+    return fused, args, auxs
