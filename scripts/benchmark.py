@@ -23,7 +23,8 @@ inference (``net(x)``, FP32 input, FP32 output):
                     fusion: BatchNorm folded into convolutions, ReLU and residual
                     additions fused as post-ops).
 ``mxamp``           ``mxamp.convert(net)`` (bfloat16).
-``mxamp+fusion``    ``mxamp.convert(net)`` then ``optimize_for(x, backend='MKLDNN')``.
+``mxamp+fusion``    ``mxamp.for_inference(net, x, dtype='bfloat16')``: converted, then
+                    the same oneDNN fusion (mxamp's inference path).
 ``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``
                     (does not patch MXNet globally, so it shares the process).
 
@@ -166,14 +167,16 @@ def build_inference(mode, name, x):
     # Deferred initialisation finished with a 1-image batch: no full-size FP32
     # pass before the mode's own (it would count in the mode's peak RSS).
     net(x[:1]).wait_to_read()
-    if mode in ('mxamp', 'mxamp+fusion'):
+    if mode == 'mxamp':
         mxamp.convert(net, 'bfloat16')
     if mode == 'contrib.amp':
         from mxnet.contrib import amp
         net.hybridize()
         net(x[:1]).wait_to_read()
         net = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())
-    if mode.endswith('+fusion'):
+    if mode == 'mxamp+fusion':
+        mxamp.for_inference(net, x, dtype='bfloat16')
+    elif mode == 'fp32+fusion':
         net.optimize_for(x, backend='MKLDNN', static_alloc=True, static_shape=True)
     else:
         _hybridize(net)
