@@ -1,8 +1,9 @@
-"""Shared test fixtures: the ../shared corpus of real symbol files."""
+"""Shared test fixtures: the ../shared corpus of real symbol files, precision warnings."""
 import csv
 import json
 import os
 import re
+import warnings
 
 import pytest
 from hypothesis import settings
@@ -15,6 +16,16 @@ if os.environ.get('CI'):
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', 'shared'))
 CORPUS = os.path.join(SHARED, 'corpus', 'symbols')
 MANIFEST = os.path.join(CORPUS, 'MANIFEST.tsv')
+
+
+@pytest.fixture
+def quiet_precision_warnings():
+    """Silence mxamp's once-per-process notes on what a CPU computes (float16
+    emulated, bfloat16 storage-only): modules that convert many nets use it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='mxamp: float16 on a CPU')
+        warnings.filterwarnings('ignore', message='mxamp: bfloat16 on this')
+        yield
 
 
 def corpus_rows():

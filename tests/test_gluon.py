@@ -39,12 +39,7 @@ def dname(param):
     return dtype_name(param.dtype)
 
 
-@pytest.fixture(autouse=True)
-def quiet_float16_warning():
-    with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message='mxamp: float16 on a CPU')
-        warnings.filterwarnings('ignore', message='mxamp: bfloat16 on this')
-        yield
+pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')
 
 
 def small_cnn(in_channels=0):

@@ -9,7 +9,6 @@ kernels), the tolerance of tests/test_gluon.py.
 """
 import collections
 import json
-import warnings
 
 import mxnet as mx
 import numpy as np
@@ -31,12 +30,7 @@ DTYPES = ['float32', 'float16', 'bfloat16']
 FUSED = collections.Counter({'_sg_mkldnn_conv': 2, '_sg_mkldnn_fully_connected': 1})
 
 
-@pytest.fixture(autouse=True)
-def quiet_precision_warnings():
-    with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message='mxamp: float16 on a CPU')
-        warnings.filterwarnings('ignore', message='mxamp: bfloat16 on this')
-        yield
+pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')
 
 
 def close(dtype):
