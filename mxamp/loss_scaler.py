@@ -73,13 +73,15 @@ def _finite_flags(arrays):
     grouped by context and dtype: ``multi_all_finite`` reads every input with the
     dtype of its first one and rejects bfloat16.
 
-    * float16 and float32 on GPU, float16 on CPU: ``multi_all_finite``.
-    * float32 and bfloat16 on CPU: ``multi_sum_sq`` (bfloat16 cast to float32
-      first), then ``multi_all_finite`` on the per-array sums: on a CPU, MXNet
-      1.9.1's ``multi_all_finite`` is many times slower than ``multi_sum_sq``
-      (README, "Performance on a CPU", has the measurement).  A sum of squares
-      is non-finite when any element is, and also when it exceeds float32's
-      range (elements around 1e19): such gradients count as overflow too.
+    * float16 and float32 on GPU: ``multi_all_finite``.
+    * Every dtype on CPU: ``multi_sum_sq`` (float16 and bfloat16 widened to
+      float32 first: ``multi_sum_sq`` adds float16 in float16, which overflows,
+      and rejects bfloat16), then ``multi_all_finite`` on the per-array sums:
+      on a CPU, MXNet 1.9.1's ``multi_all_finite`` is many times slower than
+      widening and ``multi_sum_sq`` (README, "Performance on a CPU", has the
+      measurements).  A sum of squares is non-finite when any element is, and
+      also when it exceeds float32's range (float32 elements around 1e19;
+      float16 ones cannot reach it): such gradients count as overflow too.
     """
     groups = collections.OrderedDict()
     for arr in arrays:
@@ -89,10 +91,10 @@ def _finite_flags(arrays):
     for ctx, by_dtype in groups.items():
         flag = mx.nd.ones((1,), ctx=ctx, dtype=np.float32)
         for dtype, group in by_dtype.items():
-            sum_sq = ctx.device_type == 'cpu' and dtype in (np.float32, BFLOAT16)
+            sum_sq = ctx.device_type == 'cpu'
             for start in range(0, len(group), _MAX_FINITE_ARRAYS):
                 chunk = group[start:start + _MAX_FINITE_ARRAYS]
-                if dtype == BFLOAT16:
+                if dtype == BFLOAT16 or sum_sq and dtype != np.float32:
                     chunk = [widen(a) for a in chunk]
                 if sum_sq:
                     chunk = [mx.nd.multi_sum_sq(*chunk, num_arrays=len(chunk))]

@@ -1265,3 +1265,17 @@ def test_bfloat16_over_a_dist_kvstore_is_known_before_initialisation():
     net.initialize()
     with pytest.raises(ValueError, match='update_on_kvstore=True is not supported'):
         Trainer(net.collect_params(), 'sgd', kvstore='dist_sync', update_on_kvstore=True)
+
+
+@pytest.mark.parametrize('poison, finite', [(None, True), (np.nan, False), (np.inf, False),
+                                            (-np.inf, False)])
+def test_float16_overflow_check_on_cpu(poison, finite):
+    """float16 gradients on a CPU are checked through FP32 sums of squares: the largest
+    finite float16 values are no overflow (their squares overflow float16, not float32),
+    any inf or NaN is."""
+    from mxamp.loss_scaler import _finite_flags
+    grads = [nd.full((1000,), 65504.0, dtype='float16'), nd.ones((3, 3), dtype='float16')]
+    if poison is not None:
+        grads[1][1, 2] = poison
+    flags = _finite_flags(grads)
+    assert len(flags) == 1 and flags[0].asscalar() == (1.0 if finite else 0.0)
