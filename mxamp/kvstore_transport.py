@@ -35,11 +35,26 @@ from .dtypes import amp_cast, cast_into, name_of_array, param_precision
 __all__ = ['Bfloat16KVStoreTrainer', 'broadcast', 'init_zeros', 'pushpull']
 
 
-def _on_the_wire(arrays):
-    """What crosses the kvstore for `arrays`: FP32 copies of bfloat16 ones, the others
-    themselves.  A key keeps the byte size it was initialised with, so its values and
-    its gradients must travel in the same dtype."""
-    return [amp_cast(a, np.float32) if name_of_array(a) == 'bfloat16' else a for a in arrays]
+def _on_the_wire(key, arrays, buffers=None):
+    """What crosses the kvstore for `arrays` (one per device, one dtype): FP32 copies
+    of bfloat16 ones, the others themselves.
+
+    A key keeps the byte size it was initialised with, so its values and its
+    gradients must travel in the same dtype.  `buffers`, a dict owned by the
+    caller, keeps the FP32 copies per key, allocated once and refilled after.
+    ``amp_cast``: a weight may still hold a oneDNN blocked layout.
+    """
+    if name_of_array(arrays[0]) != 'bfloat16':
+        return arrays
+    wire = None if buffers is None else buffers.get(key)
+    if wire is None:
+        wire = [amp_cast(a, np.float32) for a in arrays]
+        if buffers is not None:
+            buffers[key] = wire
+    else:
+        for array, buf in zip(arrays, wire):
+            amp_cast(array, np.float32, out=buf)
+    return wire
 
 
 def _back_from_the_wire(wire, arrays):
@@ -48,7 +63,7 @@ def _back_from_the_wire(wire, arrays):
             cast_into(value, target)
 
 
-def broadcast(kvstore, key, arrays):
+def broadcast(kvstore, key, arrays, buffers=None):
     """Initialise `key` with ``arrays[0]`` of worker 0 and pull it into every array.
 
     bfloat16 travels as FP32.  Every worker must call it, with the same key
@@ -61,8 +76,10 @@ def broadcast(kvstore, key, arrays):
     key : int
     arrays : list of NDArray
         One array per device, same shape; overwritten.
+    buffers : dict, optional
+        The FP32 copies of bfloat16 arrays, per key, kept for later calls.
     """
-    wire = _on_the_wire(arrays)
+    wire = _on_the_wire(key, arrays, buffers)
     kvstore.init(key, wire[0])
     kvstore.pull(key, out=wire, priority=-key)
     _back_from_the_wire(wire, arrays)
@@ -75,17 +92,18 @@ def init_zeros(kvstore, key, like):
 
     For keys that are only summed (:func:`pushpull`), never broadcast.
     """
-    kvstore.init(key, _on_the_wire([like])[0].zeros_like())
+    kvstore.init(key, _on_the_wire(key, [like])[0].zeros_like())
 
 
-def pushpull(kvstore, key, arrays):
+def pushpull(kvstore, key, arrays, buffers=None):
     """Sum `arrays` (one per device) over devices and workers, in place.  No host sync.
 
     bfloat16 travels as FP32 and the sum is rounded back once; other dtypes
     travel as they are.  `key` must have been initialised by :func:`broadcast`
-    or :func:`init_zeros`.
+    or :func:`init_zeros`.  `buffers`: as for :func:`broadcast` (a step then
+    allocates no FP32 copy).
     """
-    wire = _on_the_wire(arrays)
+    wire = _on_the_wire(key, arrays, buffers)
     kvstore.pushpull(key, wire, out=wire, priority=-key)
     _back_from_the_wire(wire, arrays)
 
@@ -142,18 +160,6 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
         return (self._fp32_reduce and param._stype == 'default'
                 and name_of_array(param) == 'bfloat16')
 
-    def _fp32_copies(self, index, arrays):
-        """FP32 buffers for kvstore key `index`, one per context (allocated once)."""
-        # dtypes.amp_cast: a weight may still hold a oneDNN blocked layout.
-        buffers = self._fp32_buffers.get(index)
-        if buffers is None:
-            buffers = [amp_cast(a, np.float32) for a in arrays]
-            self._fp32_buffers[index] = buffers
-        else:
-            for array, buf in zip(arrays, buffers):
-                amp_cast(array, np.float32, out=buf)
-        return buffers
-
     def _init_params(self):
         # gluon.Trainer internals: _params_to_init, _param2idx, Parameter._data,
         # _deferred_init.  bfloat16 values are broadcast as FP32 copies.
@@ -164,12 +170,8 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
                 if param._deferred_init or not self._is_fp32_reduced(param):
                     rest.append(param)
                     continue
-                index = self._param2idx[param.name]
-                arrays = param._check_and_get(param._data, list)
-                buffers = self._fp32_copies(index, arrays)
-                self._kvstore.broadcast(index, buffers[0], buffers)
-                for buf, array in zip(buffers, arrays):
-                    cast_into(buf, array)
+                broadcast(self._kvstore, self._param2idx[param.name],
+                          param._check_and_get(param._data, list), self._fp32_buffers)
             self._params_to_init = rest
         super(Bfloat16KVStoreTrainer, self)._init_params()
         if self._distributed:
@@ -206,9 +208,6 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
                 self._kvstore.push(index, grads, priority=-index)
                 self._kvstore.pull(index, grads, priority=-index, ignore_sparse=True)
             elif self._is_fp32_reduced(param):
-                buffers = self._fp32_copies(index, grads)
-                self._kvstore.pushpull(index, buffers, priority=-index)
-                for buf, grad in zip(buffers, grads):
-                    cast_into(buf, grad)
+                pushpull(self._kvstore, index, grads, self._fp32_buffers)
             else:
                 self._kvstore.pushpull(index, grads, priority=-index)

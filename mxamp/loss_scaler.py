@@ -104,6 +104,28 @@ def _finite_flags(arrays):
     return flags
 
 
+def head_gradients(outputs, value, cache):
+    """Arrays full of `value`, shaped like `outputs` and in their dtypes, for
+    ``Module.backward(out_grads=...)``.  No host sync.
+
+    `cache` (a dict owned by the caller) keeps them, reused while `value` is
+    unchanged: a step then allocates nothing.
+    """
+    result = []
+    for out in outputs:
+        key = (out.shape, out.context, np.dtype(out.dtype).str
+               if out.dtype != BFLOAT16 else 'bf16')
+        cached = cache.get(key)
+        if cached is None or cached[0] != value:
+            grad = mx.nd.full(out.shape, value, ctx=out.context, dtype=np.float32)
+            if out.dtype != np.float32:
+                grad = mx.nd.amp_cast(grad, dtype=out.dtype)
+            cached = (value, grad)
+            cache[key] = cached
+        result.append(cached[1])
+    return result
+
+
 class LossScaler(object):
     """Dynamic or fixed loss scaling with skip-on-overflow.
 
@@ -331,19 +353,7 @@ class LossScaler(object):
         Marks the step as scaled (see :meth:`check_scaled`).  No host sync.
         """
         self._scaled = True
-        result = []
-        for out in outputs:
-            key = (out.shape, out.context, np.dtype(out.dtype).str
-                   if out.dtype != BFLOAT16 else 'bf16')
-            cached = self._out_grads.get(key)
-            if cached is None or cached[0] != self._scale:
-                grad = mx.nd.full(out.shape, self._scale, ctx=out.context, dtype=np.float32)
-                if out.dtype != np.float32:
-                    grad = mx.nd.amp_cast(grad, dtype=out.dtype)
-                cached = (self._scale, grad)
-                self._out_grads[key] = cached
-            result.append(cached[1])
-        return result
+        return head_gradients(outputs, self._scale, self._out_grads)
 
     # -- overflow ----------------------------------------------------------------
     def has_overflow(self, arrays, kvstore=None, rescale_grad=None):

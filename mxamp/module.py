@@ -33,7 +33,7 @@ from . import kvstore_transport
 from . import optimizer as _mp_optimizer
 from .dtypes import cast, name_of_array
 from .inference import check_trainable_symbol
-from .loss_scaler import LossScalingState, make_loss_scaler
+from .loss_scaler import LossScalingState, head_gradients, make_loss_scaler
 
 __all__ = ['ModuleTrainer']
 
@@ -124,10 +124,11 @@ class ModuleTrainer(LossScalingState):
                      in zip(group.param_arrays, group.grad_arrays) if grads[0] is not None]
         self._loss_scaler = make_loss_scaler(loss_scale, trainable)
         self._ones = {}
+        self._wire = {}     # FP32 copies of bfloat16 weights and gradients, per kvstore key
         if self._kvstore is not None:
             # Every device and worker starts from worker 0's device-0 weights.
             for key, per_device in enumerate(group.param_arrays):
-                kvstore_transport.broadcast(self._kvstore, key, per_device)
+                kvstore_transport.broadcast(self._kvstore, key, per_device, self._wire)
 
     # -- construction --------------------------------------------------------------
     @staticmethod
@@ -192,14 +193,7 @@ class ModuleTrainer(LossScalingState):
         outputs = self._module.get_outputs() if outputs is None else outputs
         if self._loss_scaler is not None:
             return self._loss_scaler.out_grads(outputs)
-        grads = []
-        for out in outputs:
-            name = name_of_array(out) or 'float32'
-            key = (out.shape, out.context, name)
-            if key not in self._ones:
-                self._ones[key] = cast(mx.nd.ones(out.shape, ctx=out.context), name)
-            grads.append(self._ones[key])
-        return grads
+        return head_gradients(outputs, 1.0, self._ones)
 
     def backward(self):
         """``module.backward`` with the loss scale as head gradient.  No host sync."""
@@ -225,14 +219,14 @@ class ModuleTrainer(LossScalingState):
             loss scale would shrink every update without a word.
         """
         if self._loss_scaler is not None:
-            self._loss_scaler.check_scaled('ModuleTrainer.step()', 'call trainer.backward() instead '
-                                      'of module.backward(): it passes the loss scale as head '
-                                      'gradient')
+            self._loss_scaler.check_scaled('ModuleTrainer.step()',
+                                           'call trainer.backward() instead of module.backward(): '
+                                           'it passes the loss scale as head gradient')
         group = self._module._exec_group
         if self._kvstore is not None:
             for key, grads in enumerate(group.grad_arrays):
                 if grads[0] is not None:
-                    kvstore_transport.pushpull(self._kvstore, key, grads)
+                    kvstore_transport.pushpull(self._kvstore, key, grads, self._wire)
         if self._loss_scaler is None:
             self._module.update()
             return True
@@ -275,7 +269,8 @@ class ModuleTrainer(LossScalingState):
                 'updater': self._module._updater.get_states(dump_optimizer=False),
                 'num_update': opt.num_update,
                 'index_update_counts': opt._all_index_update_counts,
-                'loss_scaler': None if self._loss_scaler is None else self._loss_scaler.state_dict()}
+                'loss_scaler': (None if self._loss_scaler is None
+                                else self._loss_scaler.state_dict())}
 
     def load_state_dict(self, state):
         """Restore what :meth:`state_dict` returned.
