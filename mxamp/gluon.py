@@ -66,7 +66,6 @@ each ``Parameter`` of a converted tree, ``_mxamp_precision`` (the dtype it
 gets: `mxamp.dtypes.param_precision` reads it).
 """
 import collections
-import fnmatch
 import inspect
 import json
 import threading
@@ -81,7 +80,7 @@ from mxnet.gluon import Block, HybridBlock
 from . import graph as graph_mod
 from . import hardware
 from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
-from .policy import Policy, emulates_float16
+from .policy import Policy, emulates_float16, exclude_matches
 
 __all__ = ['convert', 'summary', 'is_converted']
 
@@ -511,8 +510,7 @@ def _exclude_patterns(net, exclude, node_names):
                 patterns.append(block.prefix + '*')
             else:
                 pattern = item
-                if not any(name == pattern or fnmatch.fnmatchcase(name, pattern)
-                           for name in node_names):
+                if not any(exclude_matches(name, pattern) for name in node_names):
                     raise ValueError("exclude=%r matches no block (by name, prefix or child "
                                      "path such as 'features.3') and no graph node" % item)
                 patterns.append(pattern)

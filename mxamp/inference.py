@@ -92,11 +92,14 @@ def fused_nodes(symbol):
                                if node['op'].startswith(FUSED_PREFIX))
 
 
+def _count_text(counts):
+    return ', '.join('%d %s' % (n, op) for op, n in sorted(counts.items()))
+
+
 def format_fusions(counts):
     """One line saying what fusing for inference did, from `fused_nodes`' counts."""
-    found = ', '.join('%d %s' % (n, op) for op, n in sorted(counts.items()))
     return ("fused for inference by MXNet's oneDNN backend: %s"
-            % (found or "no node (nothing in the graph is a pattern it fuses)"))
+            % (_count_text(counts) or "no node (nothing in the graph is a pattern it fuses)"))
 
 
 # --------------------------------------------------------------------------
@@ -243,8 +246,7 @@ def check_trainable_symbol(symbol, who):
     if counts:
         raise RuntimeError('%s: the graph is fused for inference (%s): %s; train the unfused '
                            'converted graph (convert without for_inference / --for-inference)'
-                           % (who, ', '.join('%d %s' % (n, op) for op, n in sorted(counts.items())),
-                              _REFUSAL))
+                           % (who, _count_text(counts), _REFUSAL))
 
 
 # --------------------------------------------------------------------------

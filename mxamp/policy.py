@@ -443,6 +443,12 @@ def _runs_in_bfloat16_on_cpu(op, attrs):
     return condition is None or condition(attrs or {})
 
 
+def exclude_matches(node_name, entry):
+    """Whether `entry` of an ``exclude`` list (a node name or an ``fnmatch`` pattern)
+    names the node `node_name`."""
+    return node_name == entry or fnmatch.fnmatchcase(node_name, entry)
+
+
 class Policy(object):
     """Precision decisions for one target dtype.
 
@@ -504,8 +510,7 @@ class Policy(object):
                    self.batchnorm_data, self.cpu_class))
 
     def is_excluded(self, node_name):
-        return any(node_name == pattern or fnmatch.fnmatchcase(node_name, pattern)
-                   for pattern in self.exclude)
+        return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
 
     def op_class(self, op, attrs=None, node_name=None):
         """Class of one node: ``'low'``, ``'float32'``, ``'widest'`` or ``'neutral'``.

@@ -21,7 +21,6 @@ and the rewrite share the Symbol MXNet loaded.
 """
 import collections
 import difflib
-import fnmatch
 import os
 import tempfile
 
@@ -31,7 +30,7 @@ from . import hardware
 from .dtypes import LOW_PRECISION, cast, dtype_name
 from .graph import GraphError, convert_graph, error_line, load_graph
 from .inference import fuse_symbol
-from .policy import Policy, emulates_float16
+from .policy import Policy, emulates_float16, exclude_matches
 
 
 def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batchnorm_data='low',
@@ -365,10 +364,6 @@ def check_input_shapes(graph, input_shapes, params=(), what='input_shapes'):
     return input_shapes
 
 
-def _matches(name, entry):
-    return name == entry or fnmatch.fnmatchcase(name, entry)
-
-
 def check_exclude(graph, exclude, what='exclude'):
     """Raise ValueError (naming option `what`) for `exclude` entries that match no node of `graph`.
 
@@ -376,7 +371,7 @@ def check_exclude(graph, exclude, what='exclude'):
     applies them to operator nodes; the message suggests a close node name.
     """
     nodes = [node['name'] for node in load_graph(graph)['nodes'] if node['op'] != 'null']
-    unmatched = [entry for entry in exclude or () if not any(_matches(n, entry) for n in nodes)]
+    unmatched = [entry for entry in exclude or () if not any(exclude_matches(n, entry) for n in nodes)]
     if unmatched:
         described = ', '.join("'%s'%s" % (entry, _suggestion(entry, nodes)) for entry in unmatched)
         raise ValueError('%s: %s %s no node of the graph'
