@@ -612,7 +612,7 @@ class GluonRunner(object):
         # Local updates: the schedule, the states and the scaler stay in this process,
         # where checkpoints can save them.  bfloat16 gradients cross a dist kvstore as
         # FP32 (mxamp.Trainer casts them: MXNet's servers abort on bfloat16).
-        self.trainer = mxamp.Trainer(net.collect_params(), args.optimizer.lower(),
+        self.trainer = mxamp.Trainer(net.collect_params(), args.optimizer,
                                      _optimizer_params(args, base_lr, steps_per_epoch),
                                      kvstore=kvstore, update_on_kvstore=False,
                                      loss_scale=_loss_scale_arg(args.loss_scale))
@@ -710,7 +710,7 @@ class ModuleRunner(object):
                                                            factor_type='in', magnitude=2)))
         params = dict(_optimizer_params(args, base_lr, steps_per_epoch),
                       rescale_grad=1.0 / global_batch)
-        self.trainer = mxamp.ModuleTrainer(mod, args.optimizer.lower(), params, kvstore=kvstore,
+        self.trainer = mxamp.ModuleTrainer(mod, args.optimizer, params, kvstore=kvstore,
                                            loss_scale=_loss_scale_arg(args.loss_scale))
         # Explicit per name: MXNet's default (no decay unless *_weight) is not the recipe's.
         self.trainer.optimizer.set_wd_mult({name: 0.0 if args.no_wd and _no_wd(name) else 1.0
