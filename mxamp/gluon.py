@@ -325,6 +325,15 @@ def is_converted(block):
     return isinstance(block, _Converted)
 
 
+def chosen_precision(block):
+    """The precision :func:`convert` gave `block`: its dtype, ``'float32'`` when
+    convert kept it in FP32 (asked for float32, or ``'auto'`` on a CPU without
+    bfloat16 kernels), None when convert never saw it."""
+    if is_converted(block):
+        return block._mxamp_settings.dtype
+    return 'float32' if getattr(block, '_mxamp_float32_reason', None) else None
+
+
 # --------------------------------------------------------------------------
 # Graphs
 

@@ -184,11 +184,14 @@ def computes_bfloat16(klass=None):
 def describe_cpu_class(klass=None):
     """One phrase naming CPU class `klass` (default: this CPU's) and its bfloat16 support.
 
-    Mentions ``DNNL_MAX_CPU_ISA`` when that variable is what lowered this CPU's class.
+    Mentions ``DNNL_MAX_CPU_ISA`` only when that variable is what lowered this
+    CPU's class (on an AMX machine mxamp itself sets it, to a value that lowers
+    nothing).
     """
     if klass is None:
         klass = cpu_class()
-        if klass != _hardware_class():
+        cap = isa_cap()
+        if cap == klass and CPU_CLASSES.index(cap) < CPU_CLASSES.index(_hardware_class()):
             return 'CPU limited by DNNL_MAX_CPU_ISA=%s to class %r (%s)' % (
                 os.environ.get('DNNL_MAX_CPU_ISA'), klass, _CLASS_TEXT[klass])
     return '%r class %s' % (klass, _CLASS_TEXT[klass])

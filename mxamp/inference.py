@@ -127,7 +127,8 @@ def for_inference(net, *inputs, dtype='auto'):
     """Make `net` a converted, fused inference network, in place; returns `net`.
 
     The one call for inference: it converts `net` (`mxamp.convert` with
-    `dtype`) unless it is converted already (that conversion is kept),
+    `dtype`) unless `mxamp.convert` has seen it already (that precision is
+    kept, also when it is float32),
     finishes deferred initialisation (and the casts of the parameters) from
     `inputs` without computing anything, then lets MXNet's oneDNN backend fuse
     the graph on a CPU (BatchNorm folded into convolutions, activations and
@@ -153,7 +154,8 @@ def for_inference(net, *inputs, dtype='auto'):
     dtype : str
         For a net not converted yet: as `mxamp.convert` (``'auto'``: float16
         on a GPU, bfloat16 on a CPU that computes it, float32 elsewhere).  For
-        a converted net, ``'auto'`` or its own dtype.
+        a net `mxamp.convert` has seen, ``'auto'`` or its own dtype: the
+        precision it chose is kept, float32 included.
 
     Returns
     -------
@@ -202,8 +204,9 @@ def for_inference(net, *inputs, dtype='auto'):
         raise RuntimeError("mxamp.for_inference: parameter '%s' of %s is not initialised; call "
                            "net.initialize() or net.load_parameters() first"
                            % (uninitialised[0], gluon_mod._describe(net)))
-    if gluon_mod.is_converted(net):
-        kept = net._mxamp_settings.dtype
+    kept = gluon_mod.chosen_precision(net)
+    if kept is not None:
+        # The user's precision stands, float32 included: 'auto' is for unconverted nets.
         if not (isinstance(dtype, str) and dtype.lower() == 'auto') and \
                 hardware.resolve_dtype(dtype, arrays[0].context) != kept:
             raise ValueError('mxamp.for_inference: %s is converted to %s, dtype=%r asks for '

@@ -1,4 +1,22 @@
-"""Shared test fixtures: the ../shared corpus of real symbol files, precision warnings."""
+"""Shared test fixtures: the ../shared corpus of real symbol files, precision warnings,
+and a simulated CPU class.
+
+A simulated CPU class
+---------------------
+What mxamp decides depends on the CPU class (`mxamp.hardware.cpu_class`), and CI
+runs on whichever CPU the submitting machine has: code written on an AVX2
+machine can break the bfloat16 CPUs unseen (``DNNL_MAX_CPU_ISA`` only lowers a
+class).  ``pytest --simulate-cpu-class=avx512_bf16`` (or ``amx``; also the
+environment variable ``MXAMP_TEST_CPU_CLASS``) makes mxamp see that class's CPU
+flags, as `mxamp.hardware.enable_amx` leaves them on such a machine, for the
+whole run: every decision (``'auto'``, the policy, warnings, summaries) is the
+one that class takes.  What cannot be simulated is a bfloat16 kernel: on a CPU
+without them, a test that fails because oneDNN has no bfloat16 primitive
+(`missing_bfloat16_kernel`) is reported as skipped, with the simulated class in
+the reason, and everything it checked before that point has been checked.
+Tests that must run bfloat16 kernels to mean anything use
+`needs_bfloat16_compute`, which asks the real CPU.
+"""
 import csv
 import json
 import os
@@ -7,6 +25,8 @@ import warnings
 
 import pytest
 from hypothesis import settings
+
+from mxamp import hardware
 
 # CI must be reproducible: the same examples on every run (a developer's run explores).
 settings.register_profile('ci', derandomize=True, deadline=None, print_blob=True)
@@ -58,10 +78,122 @@ def require_corpus():
                     'root in the developers\' workspace, not in a clone' % CORPUS)
 
 
+# --------------------------------------------------------------------------
+# CPU classes: the real one, and the simulated one
+
+#: This machine's CPU flags and whether oneDNN computes bfloat16 on it, read before
+#: any simulation: what kernels can run.
+REAL_CPU_FLAGS = hardware.cpu_flags()
+REAL_CPU_CLASS = hardware.cpu_class()
+REAL_COMPUTES_BFLOAT16 = hardware.computes_bfloat16()
+
+_AVX512_CORE = frozenset(('avx512f', 'avx512bw', 'avx512vl', 'avx512dq'))
+#: The CPU flags (added to the real ones) of each class a run can simulate.
+SIMULATED_FLAGS = {
+    hardware.AVX512_BF16: _AVX512_CORE | {'avx512_bf16'},
+    hardware.AMX: _AVX512_CORE | {'avx512_bf16', 'amx_bf16'},
+}
+#: The class this run simulates, or None (set by pytest_configure).
+SIMULATED_CPU_CLASS = None
+
+# What MXNet 1.9.1 says where oneDNN has no bfloat16 primitive (README, "Supported
+# hardware"): the errors a simulated class meets when a test runs its graphs.
+_MISSING_KERNEL = ('could not create a primitive descriptor', 'Unknown type enum 12',
+                   'unknown type for MKLDNN')
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        '--simulate-cpu-class', choices=sorted(SIMULATED_FLAGS),
+        default=os.environ.get('MXAMP_TEST_CPU_CLASS') or None,
+        help='let mxamp see the CPU flags of this class for the whole run (its decisions, '
+             'not its kernels: tests that need bfloat16 kernels this CPU lacks are skipped '
+             'with the reason); also MXAMP_TEST_CPU_CLASS')
+
+
+def pytest_configure(config):
+    global SIMULATED_CPU_CLASS
+    klass = config.getoption('simulate_cpu_class')
+    if klass is None:
+        return
+    if os.environ.get('DNNL_MAX_CPU_ISA') and hardware.isa_cap() != hardware.AMX:
+        raise pytest.UsageError('--simulate-cpu-class=%s with DNNL_MAX_CPU_ISA=%s: the cap '
+                                'would lower the simulated class again; unset it'
+                                % (klass, os.environ['DNNL_MAX_CPU_ISA']))
+    SIMULATED_CPU_CLASS = klass
+    read_cpuinfo = hardware.cpu_flags
+
+    def simulated_flags():
+        # /proc/cpuinfo as that class's machine shows it (nothing when unreadable).
+        found = read_cpuinfo()
+        return found | SIMULATED_FLAGS[klass] if found else found
+    simulated_flags.cache_clear = read_cpuinfo.cache_clear
+    # Module attributes that mxamp.hardware reads at each call (cpu_flags is the
+    # one source of flags; _amx_enabled is enable_amx's result).
+    hardware.cpu_flags = simulated_flags
+    hardware._amx_enabled = klass == hardware.AMX
+    if klass == hardware.AMX:
+        # What enable_amx sets on an AMX machine; oneDNN ignores a cap above the CPU.
+        os.environ['DNNL_MAX_CPU_ISA'] = 'AVX512_CORE_AMX'
+    assert hardware.cpu_class() == klass
+
+
+def pytest_report_header(config):
+    if SIMULATED_CPU_CLASS is None:
+        return 'mxamp: CPU class %r' % REAL_CPU_CLASS
+    return ('mxamp: CPU class %r SIMULATED on a %r CPU (tests that need bfloat16 kernels it '
+            'lacks are skipped)' % (SIMULATED_CPU_CLASS, REAL_CPU_CLASS))
+
+
+def missing_bfloat16_kernel(error):
+    """Whether `error` (or an exception it was raised from) is oneDNN lacking a bfloat16 primitive."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any(text in str(error) for text in _MISSING_KERNEL):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if (SIMULATED_CPU_CLASS is not None and not REAL_COMPUTES_BFLOAT16 and report.failed
+            and call.excinfo is not None and missing_bfloat16_kernel(call.excinfo.value)):
+        report.outcome = 'skipped'
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           'Skipped: simulated CPU class %r: needs bfloat16 kernels, which this '
+                           '%r CPU lacks (%s)' % (SIMULATED_CPU_CLASS, REAL_CPU_CLASS,
+                                                  _first_line(call.excinfo.value)))
+
+
+@pytest.fixture(autouse=True)
+def _drain_missing_kernel_errors():
+    """Under a simulated class, end each test with MXNet's queue drained.
+
+    MXNet raises an operator's error at the next sync, which can be in the next
+    test: a kernel missing in one test must be that test's skip, not another's.
+    """
+    yield
+    if SIMULATED_CPU_CLASS is not None and not REAL_COMPUTES_BFLOAT16:
+        import mxnet as mx
+        try:
+            mx.nd.waitall()
+        except mx.base.MXNetError as error:
+            if not missing_bfloat16_kernel(error):
+                raise
+
+
+def _first_line(error):
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0][:160] if lines else type(error).__name__
+
+
 def _bf16_skip_reason():
-    from mxamp import hardware
-    return ('this CPU computes no bfloat16 (%s): the test runs a graph that computes in '
-            'bfloat16' % hardware.describe_cpu_class())
+    return ('this CPU computes no bfloat16 (%r class): the test runs a graph that computes in '
+            'bfloat16' % REAL_CPU_CLASS)
 
 
 def needs_bfloat16_compute(test):
@@ -71,8 +203,7 @@ def needs_bfloat16_compute(test):
     zero-channel padding); tests of numerics build their graphs for this CPU
     instead (``cpu_class='auto'``) and run everywhere.
     """
-    from mxamp import hardware
-    return pytest.mark.skipif(not hardware.computes_bfloat16(), reason=_bf16_skip_reason())(test)
+    return pytest.mark.skipif(not REAL_COMPUTES_BFLOAT16, reason=_bf16_skip_reason())(test)
 
 
 def computes_in(dtype):
@@ -80,9 +211,9 @@ def computes_in(dtype):
 
     float16: float16 (GPU kernels; on a CPU the GEMMs are emulated but the graph
     still says float16); bfloat16: bfloat16 on CPUs with bfloat16 kernels, FP32
-    elsewhere (bfloat16 storage only).
+    elsewhere (bfloat16 storage only): what mxamp decides, so the simulated
+    class where a run simulates one.
     """
-    from mxamp import hardware
     if dtype == 'bfloat16' and not hardware.computes_bfloat16():
         return 'float32'
     return dtype

@@ -12,6 +12,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from conftest import REAL_CPU_FLAGS
 from mxamp import hardware
 from mxamp.dtypes import BFLOAT16
 
@@ -143,6 +144,18 @@ def test_dnnl_max_cpu_isa_lowers_the_class(flags, monkeypatch, isa, expected):
     assert hardware.cpu_class() == expected
     if expected != 'amx':
         assert 'DNNL_MAX_CPU_ISA=%s' % isa in hardware.describe_cpu_class()
+
+
+def test_describe_names_the_cap_only_where_it_lowered_the_class(flags, monkeypatch):
+    # On an AMX machine mxamp itself sets DNNL_MAX_CPU_ISA=AVX512_CORE_AMX: a class
+    # named for another reason (here a caller's own) must not blame the variable.
+    flags('avx512_bf16', 'amx_bf16', *AVX512_CORE)
+    monkeypatch.setattr(hardware, '_amx_enabled', True)
+    monkeypatch.setenv('DNNL_MAX_CPU_ISA', 'AVX512_CORE_AMX')
+    monkeypatch.setattr(hardware, 'cpu_class', lambda: 'avx2')
+    assert hardware.describe_cpu_class() == "'avx2' class " + hardware._CLASS_TEXT['avx2']
+    monkeypatch.delenv('DNNL_MAX_CPU_ISA')
+    assert 'DNNL_MAX_CPU_ISA' not in hardware.describe_cpu_class()
 
 
 def test_dnnl_max_cpu_isa_never_raises_the_class(flags, monkeypatch):
@@ -287,9 +300,10 @@ def conv_kernels(output):
             if line.startswith('dnnl_verbose,exec,cpu,convolution,')]
 
 
-# These fresh processes run without DNNL_MAX_CPU_ISA, so what counts is the CPU itself.
+# These fresh processes run without DNNL_MAX_CPU_ISA, so what counts is the CPU itself
+# (never a simulated class: conftest).
 needs_bf16_kernels = pytest.mark.skipif(
-    not set(AVX512_CORE) <= hardware.cpu_flags(),
+    not set(AVX512_CORE) <= REAL_CPU_FLAGS,
     reason="this CPU has no AVX-512 (avx512_core): MXNet 1.9.1's oneDNN has no bfloat16 "
            "convolution to run here")
 
@@ -306,13 +320,13 @@ def test_bf16_conv_after_enable_amx_exits_cleanly(bf16_conv_run):
     value = float(re.search(r'VALUE=([-0-9.e+]+)', output).group(1))
     assert abs(value - 2.88) < 0.03  # 9 taps * 32 channels * 0.01, in bfloat16
     assert conv_kernels(output), output[-2000:]
-    if not hardware.has_amx_bf16():
+    if 'amx_bf16' not in REAL_CPU_FLAGS:
         assert 'ENABLED=False ISA=None' in output
 
 
 @needs_bf16_kernels
 def test_bf16_conv_uses_amx_kernel(bf16_conv_run):
-    if not hardware.has_amx_bf16():
+    if 'amx_bf16' not in REAL_CPU_FLAGS:
         pytest.skip('this CPU has no amx_bf16 (/proc/cpuinfo), so no AMX kernel to look for')
     returncode, output = bf16_conv_run
     assert returncode == 0
@@ -347,7 +361,7 @@ ISA_TIMING = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif('sse4_1' not in hardware.cpu_flags() or 'avx2' not in hardware.cpu_flags(),
+@pytest.mark.skipif('sse4_1' not in REAL_CPU_FLAGS or 'avx2' not in REAL_CPU_FLAGS,
                     reason='needs an x86-64 CPU better than SSE4.1 to see the cap')
 @pytest.mark.parametrize('when, capped', [('early', True), ('late', False)])
 def test_onednn_reads_isa_at_first_primitive(when, capped):

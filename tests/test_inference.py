@@ -122,6 +122,23 @@ def test_an_existing_conversion_is_kept_and_another_dtype_refused():
     assert dname(net[0].weight) == 'float16' and fused_of(net) == FUSED
 
 
+@pytest.mark.parametrize('how', ['float32', 'fp32', 'auto'])
+def test_the_float32_that_convert_chose_is_kept(monkeypatch, how):
+    # A net that mxamp.convert kept in float32 (asked, or 'auto' on a CPU without
+    # bfloat16 kernels) stays float32 where 'auto' would mean bfloat16 for a new one.
+    x = data()
+    monkeypatch.setattr(hw, 'cpu_class', lambda: hw.AVX2)
+    monkeypatch.setattr(hw, '_warned_auto_float32', True)
+    net, other = mg.convert(make(), how), mg.convert(make(), how)
+    reference = net(x).asnumpy()
+    monkeypatch.setattr(hw, 'cpu_class', lambda: hw.AVX512_BF16)
+    assert mxamp.for_inference(net, x) is net
+    assert dname(net[0].weight) == 'float32' and fused_of(net) == FUSED
+    assert rel_err(net(x).asnumpy(), reference) < 1e-5
+    with pytest.raises(ValueError, match="converted to float32, dtype='bfloat16' asks for another"):
+        mxamp.for_inference(other, x, dtype='bfloat16')
+
+
 def test_bad_calls_are_refused_in_one_line():
     x = data()
     with pytest.raises(TypeError, match='needs example inputs'):
