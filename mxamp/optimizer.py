@@ -42,6 +42,24 @@ How an update runs
 
 The state of a weight on the generic path is ``(master, inner_state)``, the
 layout of MXNet's own ``Optimizer.create_state_multi_precision``.
+
+Weights the user changes
+------------------------
+A master copy that never looks at its weight would write itself back at the
+next update, silently undoing whatever changed the weight since: a
+``load_parameters`` mid-training, ``set_data``, an in-place
+``param.data()[:] = ...``, an EMA recipe that swaps averaged weights in
+(MXNet's own ``multi_precision`` has that flaw).  So each update first restarts
+every element of the master copy whose weight no longer holds the master's
+rounding from the weight (:func:`follow_weight`): however the weight changed,
+the update starts from the weight the user sees, as in FP32.  Elements nobody
+touched keep their full FP32 master value.  A changed weight restarts from its
+low-precision value (what the weight holds; the FP32 digits below it are not
+recoverable from it): to restore a master copy exactly, load the trainer's
+states saved with the parameters.  The check is one memory-bound pass per
+weight (README, "Weights you change", has its cost on ResNet-50);
+``follow_weights=False`` turns it off for loops that never change weights
+outside the optimizer.
 """
 import warnings
 
@@ -52,7 +70,7 @@ import mxnet as mx
 from . import kvkeys
 from .dtypes import BFLOAT16, amp_cast, cast_into, widen
 
-__all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup']
+__all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup', 'follow_weight']
 
 _FLOAT16 = np.dtype(np.float16)
 _LOW = (_FLOAT16, BFLOAT16)
@@ -91,6 +109,9 @@ class MultiPrecision(object):
 
     ``multi_precision`` defaults to True (MXNet's default is False); with
     ``multi_precision=False`` the optimizer behaves exactly like its base.
+    ``follow_weights`` (default True): before each update, master copies
+    follow weights changed outside the optimizer (see the module
+    documentation; False saves its pass over the weights).
 
     The mixin overrides only ``create_state_multi_precision`` and
     ``update_multi_precision``, the two hooks through which MXNet's ``Updater``
@@ -115,9 +136,10 @@ class MultiPrecision(object):
     :mod:`mxamp.kvkeys`) and raises.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, follow_weights=True, **kwargs):
         kwargs.setdefault('multi_precision', True)
         super(MultiPrecision, self).__init__(*args, **kwargs)
+        self.follow_weights = bool(follow_weights)
 
     # -- which path --------------------------------------------------------
     def _mxamp_fused_fp16(self):
@@ -139,6 +161,35 @@ class MultiPrecision(object):
                 break
         setattr(cls, '_mxamp_fused_fp16_cache', fused)
         return fused
+
+    def _mxamp_master_index(self):
+        """Where the fused path's state keeps the master copy: 0 or 1.
+
+        MXNet 1.9.1's SGD, NAG and LARS define their own
+        ``create_state_multi_precision``, returning ``(inner_state, master)``;
+        the others (LAMB, :class:`AdamW`) inherit ``Optimizer``'s, which
+        returns ``(master, inner_state)``, the generic path's layout too.
+        """
+        cls = type(self)
+        cached = cls.__dict__.get('_mxamp_master_index_cache')
+        if cached is not None:
+            return cached
+        mro = cls.__mro__
+        index = 0
+        for klass in mro[mro.index(MultiPrecision) + 1:]:
+            if 'create_state_multi_precision' in klass.__dict__:
+                index = 0 if klass is mx.optimizer.Optimizer else 1
+                break
+        setattr(cls, '_mxamp_master_index_cache', index)
+        return index
+
+    def _mxamp_follow(self, weights, states, generic):
+        """Master copies of `states` follow their `weights` (see :func:`follow_weight`)."""
+        if not getattr(self, 'follow_weights', True):   # pickles from before the option: on
+            return
+        at = 0 if generic else self._mxamp_master_index()
+        for weight, state in zip(weights, states):
+            follow_weight(state[at], weight)
 
     def _mxamp_generic(self, weight):
         """True when `weight` takes the generic cast-update-cast path."""
@@ -187,10 +238,14 @@ class MultiPrecision(object):
                 self._mxamp_overflow_flag(weight, grad)
                 return
             first = weight
+        many = isinstance(index, (list, tuple))
+        if self.multi_precision and _is_low(first):
+            self._mxamp_follow(weight if many else [weight], state if many else [state],
+                               self._mxamp_generic(first))
         if not self._mxamp_generic(first):
             super(MultiPrecision, self).update_multi_precision(index, weight, grad, state)
             return
-        if isinstance(index, (list, tuple)):
+        if many:
             masters = [s[0] for s in state]
             inner = [s[1] for s in state]
             grads32 = [_float32(g) for g in grad]
@@ -214,6 +269,33 @@ class MultiPrecision(object):
         if base is None:
             return super(MultiPrecision, self).__reduce_ex__(protocol)
         return (_restore_mixed, (base,), self.__getstate__())
+
+
+def follow_weight(master, weight):
+    """Restart `master` from `weight` wherever `weight` no longer holds `master` rounded.
+
+    After an update `weight` holds `master` rounded to its dtype; an element
+    where it holds anything else was changed outside the optimizer, and its
+    master restarts from the weight's value (widened exactly).  Elements where
+    they agree keep their FP32 master value.  In place, no host sync: five
+    elementwise passes (the master narrowed and widened back, the weight
+    widened, compared, selected), about 46 bytes of memory traffic per value.
+
+    Parameters
+    ----------
+    master : NDArray
+        float32, the master copy; overwritten.
+    weight : NDArray
+        float16 or bfloat16, same shape, in any oneDNN layout.
+    """
+    if weight.stype != 'default':
+        return   # mxamp stores no sparse weight in low precision
+    # Compared in FP32: MXNet's float16/bfloat16 comparisons convert element by
+    # element, slower than the two widening casts (measured).  _equal is the
+    # elementwise comparison, without the broadcast kernel of ``==``.
+    seen = amp_cast(weight, np.float32)
+    written = widen(amp_cast(master, weight.dtype))
+    mx.ndarray.where(mx.ndarray._internal._equal(seen, written), master, seen, out=master)
 
 
 def _restore_mixed(base):

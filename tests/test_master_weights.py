@@ -1,0 +1,238 @@
+"""FP32 master weights follow weights the user changes (issue #20, item 2).
+
+Plain FP32 Gluon trains on from whatever the weights hold; a master copy that
+ignores its weight would write itself back at the next step.  Each workflow
+below (a checkpoint loaded mid-training, ``set_data``, an in-place write, an EMA
+swap) runs on a converted net and on an FP32 twin, with values exactly
+representable in the low precision, so both start from the same weights: the
+converted net must end where the FP32 one does, to within the rounding of a
+few updates.  Without the follow-up the converted net lands where the stale
+master copy leads, far away.
+"""
+import numpy as np
+import pytest
+
+import mxnet as mx
+from mxnet import autograd, gluon
+from mxnet.gluon import nn
+
+import mxamp
+from mxamp import optimizer as mo
+from mxamp.dtypes import cast, to_float32_numpy
+
+DTYPES = ['float16', 'bfloat16']
+# Updates of the SGD family (fused float16 kernels, (state, master) layout), the
+# generic path ((master, state) layout) and an optimizer with no momentum.
+OPTIMIZERS = {
+    'sgd': ('sgd', {'learning_rate': 0.05, 'momentum': 0.9}),
+    'nag': ('nag', {'learning_rate': 0.05, 'momentum': 0.9}),
+    'adam': ('adam', {'learning_rate': 0.05}),
+    'adamw': ('adamw', {'learning_rate': 0.05, 'wd': 0.01}),
+    'lamb': ('lamb', {'learning_rate': 0.05}),
+    'rmsprop': ('rmsprop', {'learning_rate': 0.05}),
+    'plain_sgd': ('sgd', {'learning_rate': 0.05}),
+}
+ULP = {'float16': 2.0 ** -10, 'bfloat16': 2.0 ** -7}
+
+pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')
+
+
+def representable(shape, dtype, seed):
+    """FP32 values that `dtype` holds exactly (so converted and FP32 nets agree)."""
+    values = mx.nd.array(np.random.RandomState(seed).uniform(-1, 1, shape))
+    return cast(cast(values, dtype), 'float32')
+
+
+def make_pair(dtype, ctx=(mx.cpu(),)):
+    """A converted net and its FP32 twin, with the same representable weights."""
+    nets = []
+    for _ in range(2):
+        net = nn.HybridSequential()
+        net.add(nn.Dense(8, in_units=6, activation='tanh'), nn.Dense(3, in_units=8))
+        net.initialize(ctx=list(ctx))
+        nets.append(net)
+    for seed, (low, ref) in enumerate(zip(nets[0].collect_params().values(),
+                                          nets[1].collect_params().values())):
+        value = representable(low.shape, dtype, seed)
+        low.set_data(value)
+        ref.set_data(value)
+    return mxamp.convert(nets[0], dtype), nets[1]
+
+
+def batch(seed, ctx=mx.cpu()):
+    rng = np.random.RandomState(100 + seed)
+    return (mx.nd.array(rng.uniform(-1, 1, (4, 6)), ctx=ctx),
+            mx.nd.array(rng.uniform(-1, 1, (4, 3)), ctx=ctx))
+
+
+def trainer_for(net, name='sgd', kwargs=None, **options):
+    """mxamp.Trainer with a fixed power-of-two loss scale: the same (exact) scaling in
+    FP32 and low precision, and no step skipped while dynamic scaling settles."""
+    return mxamp.Trainer(net.collect_params(), name,
+                         dict(kwargs or {'learning_rate': 0.05, 'momentum': 0.9}),
+                         loss_scale=128.0, **options)
+
+
+def step(net, trainer, seed, contexts=(mx.cpu(),)):
+    loss_fn = gluon.loss.L2Loss()
+    with autograd.record():
+        losses = [loss_fn(net(x), y) for x, y in (batch(seed, ctx) for ctx in contexts)]
+        with trainer.scale_loss(losses) as scaled:
+            autograd.backward(scaled)
+    assert trainer.step(4 * len(contexts))
+
+
+def weights(net):
+    return [to_float32_numpy(p.data()) for p in net.collect_params().values()]
+
+
+def assert_same_run(low, ref, dtype, steps):
+    for got, want in zip(weights(low), weights(ref)):
+        # Each update is rounded once more in low precision than in FP32.
+        assert np.abs(got - want).max() <= 2 * steps * ULP[dtype] * max(1, np.abs(want).max()), \
+            np.abs(got - want).max()
+
+
+def change(how, net, values, tmp_path):
+    """Write `values` (per parameter, FP32) into `net`'s weights the way a user would."""
+    params = list(net.collect_params().values())
+    if how == 'load_parameters':
+        twin = nn.HybridSequential()
+        twin.add(nn.Dense(8, in_units=6, activation='tanh'), nn.Dense(3, in_units=8))
+        twin.initialize()
+        for param, value in zip(twin.collect_params().values(), values):
+            param.set_data(value)
+        path = str(tmp_path / ('other-%d.params' % id(net)))
+        twin.save_parameters(path)
+        net.load_parameters(path, ctx=params[0].list_ctx())
+    elif how == 'set_data':
+        for param, value in zip(params, values):
+            param.set_data(value)
+    elif how == 'in_place':
+        for param, value in zip(params, values):
+            for data in param.list_data():
+                data[:] = value.as_in_context(data.context)
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('how', ['load_parameters', 'set_data', 'in_place'])
+def test_a_changed_weight_is_where_the_next_step_starts(tmp_path, dtype, how):
+    low, ref = make_pair(dtype)
+    trainers = [trainer_for(net) for net in (low, ref)]
+    for seed in range(3):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed)
+    values = [representable(p.shape, dtype, 50 + i) for i, p in enumerate(ref.collect_params().values())]
+    for net in (low, ref):
+        change(how, net, values, tmp_path)
+    for seed in range(3, 5):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed)
+    # The new weights moved by two small steps, not back to the old run.
+    assert np.abs(weights(ref)[0] - to_float32_numpy(values[0])).max() < 0.2
+    assert_same_run(low, ref, dtype, steps=2)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('key', sorted(OPTIMIZERS))
+def test_every_optimizer_follows_an_ema_swap(dtype, key):
+    # EMA recipe: keep an FP32 average, write it into the model, train on from it.
+    name, kwargs = OPTIMIZERS[key]
+    low, ref = make_pair(dtype)
+    trainers = [trainer_for(net, name, kwargs) for net in (low, ref)]
+    # An average kept from an earlier run (or a teacher): far from the current weights.
+    average = [to_float32_numpy(representable(p.shape, dtype, 200 + i))
+               for i, p in enumerate(ref.collect_params().values())]
+    for seed in range(4):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed)
+        average = [0.9 * a + 0.1 * w for a, w in zip(average, weights(ref))]
+    swapped = [cast(cast(mx.nd.array(a), dtype), 'float32') for a in average]
+    # The swap moves the weights by far more than the tolerance below.
+    assert max(np.abs(s.asnumpy() - w).max() for s, w in zip(swapped, weights(ref))) \
+        > 5 * 2 * 2 * ULP[dtype]
+    for net in (low, ref):
+        for param, value in zip(net.collect_params().values(), swapped):
+            param.set_data(value)
+    for seed in range(4, 6):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed)
+    assert_same_run(low, ref, dtype, steps=2)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('update_on_kvstore', [False, True])
+def test_several_contexts_through_a_kvstore(tmp_path, dtype, update_on_kvstore):
+    # With update_on_kvstore=True gluon itself re-initialises the kvstore on
+    # set_data/load_parameters (what FP32 gluon does): mxamp then rebuilds the
+    # master copies from the new weights.  With False, the per-context updaters follow.
+    contexts = (mx.cpu(0), mx.cpu(1))
+    low, ref = make_pair(dtype, ctx=contexts)
+    trainers = [trainer_for(net, kvstore='device', update_on_kvstore=update_on_kvstore)
+                for net in (low, ref)]
+    for seed in range(2):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed, contexts)
+    values = [representable(p.shape, dtype, 70 + i) for i, p in enumerate(ref.collect_params().values())]
+    for net in (low, ref):
+        change('set_data', net, values, tmp_path)
+    for seed in range(2, 4):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed, contexts)
+    assert_same_run(low, ref, dtype, steps=2)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_states_saved_after_a_change_resume_from_the_changed_weights(tmp_path, dtype):
+    # save_states right after load_parameters holds the master copies of the old
+    # weights; a run resumed from both files starts from the loaded weights.
+    low, ref = make_pair(dtype)
+    trainers = [trainer_for(net, 'adam', {'learning_rate': 0.01}) for net in (low, ref)]
+    for seed in range(3):
+        for net, trainer in zip((low, ref), trainers):
+            step(net, trainer, seed)
+    values = [representable(p.shape, dtype, 90 + i) for i, p in enumerate(ref.collect_params().values())]
+    resumed = []
+    for index, (net, trainer) in enumerate(zip((low, ref), trainers)):
+        change('load_parameters', net, values, tmp_path)
+        trainer.save_states(str(tmp_path / ('%d.states' % index)))
+        fresh = trainer_for(net, 'adam', {'learning_rate': 0.01})
+        fresh.load_states(str(tmp_path / ('%d.states' % index)))
+        resumed.append(fresh)
+    for seed in range(3, 5):
+        for net, trainer in zip((low, ref), resumed):
+            step(net, trainer, seed)
+    assert_same_run(low, ref, dtype, steps=2)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_untouched_weights_keep_their_fp32_master(dtype):
+    # 1000 updates of 1e-4 only add up through the master copy: the check must
+    # not restart an untouched master from its rounded weight.
+    opt = mo.create('sgd', learning_rate=1e-4)
+    updater = mx.optimizer.get_updater(opt)
+    weight, grad = cast(mx.nd.ones((5,)), dtype), cast(mx.nd.ones((5,)), dtype)
+    for _ in range(1000):
+        updater(0, grad, weight)
+    assert np.allclose(to_float32_numpy(weight), 0.9, atol=ULP[dtype])
+
+
+def test_follow_weight_restarts_only_the_changed_elements():
+    master = mx.nd.array([1.0001, 2.0003, -3.0, 0.5])
+    weight = cast(master, 'bfloat16')
+    weight[1] = 7.0                                  # the user's change
+    mo.follow_weight(master, weight)
+    assert np.array_equal(master.asnumpy(), np.float32([1.0001, 7.0, -3.0, 0.5]))
+
+
+def test_follow_weights_false_keeps_the_old_behaviour():
+    opt = mo.create('sgd', learning_rate=0.0, follow_weights=False)
+    assert opt.follow_weights is False and mo.create('sgd').follow_weights is True
+    updater = mx.optimizer.get_updater(opt)
+    weight, grad = cast(mx.nd.ones((3,)), 'bfloat16'), cast(mx.nd.zeros((3,)), 'bfloat16')
+    updater(0, grad, weight)
+    weight[:] = 5.0
+    updater(0, grad, weight)
+    assert np.array_equal(to_float32_numpy(weight), np.ones(3, np.float32))
