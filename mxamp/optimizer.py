@@ -56,10 +56,10 @@ the update starts from the weight the user sees, as in FP32.  Elements nobody
 touched keep their full FP32 master value.  A changed weight restarts from its
 low-precision value (what the weight holds; the FP32 digits below it are not
 recoverable from it): to restore a master copy exactly, load the trainer's
-states saved with the parameters.  The check is one memory-bound pass per
-weight (README, "Weights you change", has its cost on ResNet-50);
-``follow_weights=False`` turns it off for loops that never change weights
-outside the optimizer.
+states saved with the parameters.  The check is five memory-bound
+elementwise passes per weight, no host sync (README, "What happens when... you
+change the weights", has its cost on ResNet-50); ``follow_weights=False`` turns
+it off for loops that never change weights outside the optimizer.
 """
 import warnings
 
