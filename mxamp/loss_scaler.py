@@ -3,18 +3,22 @@
 This module owns :class:`LossScaler`: the loss scale and its schedule, the
 overflow check of gradients on any number of contexts and in any dtypes (one
 host sync; distributed workers agree through :func:`mxamp.kvkeys.agree_overflow`),
-the check that a step's gradients were scaled at all, its state, and a
-Module's step (:meth:`LossScaler.update_module`).  :class:`mxamp.Trainer`
-drives one for Gluon.
+on a skipped step the check of the loss itself (a loss that is not finite is
+no gradient overflow: the scale is kept), the check that a step's gradients
+were scaled at all, its state, and a Module's step
+(:meth:`LossScaler.update_module`).  :class:`mxamp.Trainer` drives one for Gluon.
 
 MXNet internals relied on (MXNet 1.9.1):
 
 * ``mx.mod.Module`` (:meth:`LossScaler.update_module`): ``_exec_group``'s
   ``param_names`` and ``grad_arrays`` (the gradients to check, per device),
   ``_optimizer`` (its ``rescale_grad`` takes the loss scale), ``_kvstore`` and
-  ``_update_on_kvstore`` (the agreement between workers).
+  ``_update_on_kvstore`` (the agreement between workers); ``symbol`` and
+  ``get_outputs(merge_multi_context=False)`` (the losses: outputs not under
+  ``BlockGrad``).
 """
 import collections
+import json
 import logging
 import math
 import warnings
@@ -26,7 +30,8 @@ import mxnet as mx
 from mxnet import autograd
 
 from . import diagnose, kvkeys
-from .dtypes import BFLOAT16, precision_name, widen
+from .dtypes import BFLOAT16, precision_name, to_float32_numpy, widen
+from .policy import CAST_OPS, registered_ops
 
 __all__ = ['LossScaler', 'OverflowInfo']
 
@@ -153,6 +158,20 @@ class LossScaler(object):
     Early skipped steps cost accuracy, not only time (README, "Training", has
     the measurements): the start is where they happen.
 
+    A loss that is not finite is not a gradient overflow.  When a step is
+    skipped, the losses that :meth:`scale` received (kept by reference, no
+    copy) or, with :meth:`update_module`, the Module's loss outputs are read;
+    if one holds inf/NaN, the forward pass itself failed (in float16, e.g. a
+    -1e18 fill of masked attention scores, which is -inf there), and no loss
+    scale can fix that.  The step stays skipped and counted, but the scale
+    and its count of clean steps are left as they are: lowering the scale
+    would only lose small gradients to underflow once the loss is finite
+    again, and a step that says nothing about the scale must not decide it.
+    What happens then is what ``at_min_scale`` says for an overflow that
+    loss scaling cannot fix: one warning per scaler, an error, or nothing.
+    The read costs host syncs on skipped steps only; distributed workers
+    agree on it (any worker's loss counts), so all of them keep the same scale.
+
     :class:`Trainer` drives a scaler for Gluon; :meth:`update_module` does the
     same for ``mx.mod.Module``.
 
@@ -175,15 +194,19 @@ class LossScaler(object):
     min_scale, max_scale : float, default 1.0 and 2**24
         Bounds of the dynamic scale.
     at_min_scale : {'warn', 'raise', 'ignore'}, default 'warn'
-        What to do on an overflow when the scale is already `min_scale`: warn
-        (``RuntimeWarning``), raise ``FloatingPointError`` (after skipping the
-        step and counting it), or do nothing.  Persistent overflow at the floor
-        usually means the model itself produces inf/NaN.
+        What to do when loss scaling cannot fix a skipped step: on an overflow
+        when the scale is already `min_scale`, and on a step whose loss is not
+        finite (whatever the scale, fixed scales included).  Warn
+        (``RuntimeWarning``: at every such overflow at the floor, but once per
+        scaler for a loss that is not finite), raise ``FloatingPointError``
+        (after skipping the step and counting it), or do nothing.  Persistent
+        overflow at the floor usually means the model itself produces inf/NaN.
     on_overflow : callable, optional
         Called as ``on_overflow(info)`` after every skipped step, with an
         :class:`OverflowInfo` ``(step, loss_scale, next_loss_scale,
-        skipped_steps)``.  Skips are also logged at INFO level on the
-        ``mxamp.trainer`` logger.
+        skipped_steps)``; after a step whose loss is not finite,
+        ``next_loss_scale`` equals ``loss_scale``.  Skips are also logged at
+        INFO level on the ``mxamp.trainer`` logger.
 
     Examples
     --------
@@ -229,6 +252,9 @@ class LossScaler(object):
         self._skipped_steps = 0
         self._steps = 0
         self._scaled = False        # scale() or out_grads() since the last update()
+        self._losses = []           # what scale() received since the last update()
+        self._agreement = None      # (dist kvstore, rescale_grad) of this step's verdict
+        self._loss_warned = False   # the warning about a non-finite loss is given once
         self._out_grads = {}
         self._base_rescale = weakref.WeakKeyDictionary()
         self._flag_kvstores = weakref.WeakKeyDictionary()   # overflow key initialised there
@@ -332,7 +358,9 @@ class LossScaler(object):
 
         Recorded by autograd (opens a ``record`` scope if none is active), so
         ``backward`` on the result gives scaled gradients.  Marks the step as
-        scaled (see :meth:`check_scaled`).  No host sync.
+        scaled (see :meth:`check_scaled`).  Keeps a reference to `loss` (no
+        copy) until :meth:`update`, which reads it only if the step is
+        skipped.  No host sync.
         """
         self._scaled = True
         if isinstance(loss, (list, tuple)):
@@ -340,6 +368,7 @@ class LossScaler(object):
         if not isinstance(loss, mx.nd.NDArray):
             raise TypeError('scale() expects an NDArray or a list of NDArrays, got %r'
                             % (type(loss),))
+        self._losses.append(loss)
         if autograd.is_recording():
             return loss * self._scale
         with autograd.record():
@@ -382,12 +411,16 @@ class LossScaler(object):
             not run an mxamp optimizer (typically: it failed to unpickle it).
         """
         flags = _finite_flags(_flat_grads(arrays))
+        self._agreement = None
         if kvstore is not None and 'dist' in kvstore.type:
             cpu = mx.cpu()
             bad = mx.nd.zeros((1,), ctx=cpu)
             for flag in flags:
                 bad += 1.0 - flag.as_in_context(cpu)
-            return kvkeys.agree_overflow(kvstore, bad, rescale_grad, self._flag_kvstores)
+            overflow = kvkeys.agree_overflow(kvstore, bad, rescale_grad, self._flag_kvstores)
+            # update() agrees on the loss check through the same kvstore, if it comes to that.
+            self._agreement = (kvstore, rescale_grad)
+            return overflow
         if not flags:
             return False
         if len(flags) == 1:
@@ -395,8 +428,19 @@ class LossScaler(object):
         gathered = mx.nd.concat(*[f.as_in_context(mx.cpu()) for f in flags], dim=0)
         return bool((gathered.asnumpy() != 1.0).any())
 
-    def update(self, overflow, details=None):
-        """Record the outcome of a step and adjust the scale.  No host sync.
+    def update(self, overflow, details=None, loss_details=None, kvstore=None):
+        """Record the outcome of a step and adjust the scale.
+
+        On a skipped step, first reads the losses that :meth:`scale` received
+        since the last update: when one is not finite, the scale and its
+        count of clean steps are kept, and ``at_min_scale`` says whether to
+        warn (once per scaler), raise or do nothing (see the class docstring).
+
+        No host sync when the step was applied.  On a skipped step, one host
+        sync per kept loss (to read it) and, with a distributed kvstore, one
+        ``pushpull`` (:func:`mxamp.kvkeys.agree_overflow`) so that every worker
+        keeps or lowers the scale alike: all workers must then call this on the
+        same steps, which an agreed overflow verdict guarantees.
 
         Parameters
         ----------
@@ -404,16 +448,36 @@ class LossScaler(object):
             Whether the step was skipped because of inf/NaN gradients.
         details : callable, optional
             Called with no argument only when an overflow happens at
-            `min_scale` (and ``at_min_scale`` is not ``'ignore'``); the string
-            it returns is appended to the error or warning.  :class:`Trainer`
-            and :meth:`update_module` use it to name the parameters with
-            inf/NaN gradients (host syncs, on that path only).
+            `min_scale` with finite losses (and ``at_min_scale`` is not
+            ``'ignore'``); the string it returns is appended to the error or
+            warning.  :class:`Trainer` and :meth:`update_module` use it to name
+            the parameters with inf/NaN gradients (host syncs, on that path only).
+        loss_details : callable, optional
+            Called with no argument only when a loss that is not finite is
+            reported (the first time with ``'warn'``, every time with
+            ``'raise'``); the string it returns is appended to the error or
+            warning.  :class:`Trainer` and :meth:`update_module` use it to say
+            where the inf/NaN starts and how to keep that block in FP32.
+            Default: how to find the first layer whose output is not finite
+            and what usually fixes it.
+        kvstore : KVStore, optional
+            A distributed kvstore through which the workers agree whether some
+            worker's loss was not finite.  Default: the one :meth:`has_overflow`
+            agreed through on this step, if any.  Give it when the overflow
+            verdict is shared without it (every worker checked the same
+            gradients, summed over workers).
 
         Raises
         ------
         FloatingPointError
-            On overflow at `min_scale` with ``at_min_scale='raise'``.
+            With ``at_min_scale='raise'``, on overflow at `min_scale` and on a
+            loss that is not finite.
         """
+        losses, self._losses = self._losses, []
+        agreement, self._agreement = self._agreement, None
+        # The verdict on the losses comes first: a failed agreement must not leave
+        # the counters half updated.
+        nonfinite_loss = self._nonfinite_loss(losses, kvstore, agreement) if overflow else None
         self._steps += 1
         self._scaled = False
         if not overflow:
@@ -427,6 +491,9 @@ class LossScaler(object):
                 self._scale = new
             return
         self._skipped_steps += 1
+        if nonfinite_loss is not None:
+            self._report_nonfinite_loss(nonfinite_loss, loss_details)
+            return
         self._clean_steps = 0
         old = self._scale
         at_floor = self.dynamic and old <= self.min_scale
@@ -450,8 +517,51 @@ class LossScaler(object):
                 raise FloatingPointError(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
+    def _nonfinite_loss(self, losses, kvstore, agreement):
+        """Where a loss of the step is not finite: None (nowhere), ``'here'`` or
+        ``'another worker'``.  Host syncs; one pushpull with a distributed kvstore."""
+        agreed_kvstore, agreed_rescale = agreement or (None, None)
+        if kvstore is None:
+            kvstore = agreed_kvstore
+        bad = sum(not np.isfinite(to_float32_numpy(loss)).all() for loss in losses)
+        if kvstore is not None and 'dist' in kvstore.type:
+            # Servers that run the optimizer adopt the rescale_grad sent with the flag:
+            # resend this step's, which they already hold.
+            anywhere = kvkeys.agree_overflow(
+                kvstore, mx.nd.array([bad], ctx=mx.cpu()),
+                agreed_rescale if kvstore is agreed_kvstore else None, self._flag_kvstores)
+        else:
+            anywhere = bad > 0
+        if not anywhere:
+            return None
+        return 'here' if bad else 'another worker'
+
+    def _report_nonfinite_loss(self, where, loss_details):
+        """Log a skipped step whose loss is not finite (`where`: ``'here'`` or
+        ``'another worker'``); warn once, or raise."""
+        _LOG.info('mxamp: inf/NaN loss at step %d (%s), update skipped; loss scale %g kept',
+                  self._steps, where, self._scale)
+        if self.on_overflow is not None:
+            self.on_overflow(OverflowInfo(self._steps, self._scale, self._scale,
+                                          self._skipped_steps))
+        if self.at_min_scale == 'ignore' or (self.at_min_scale == 'warn' and self._loss_warned):
+            return
+        message = ('mxamp: the loss is not finite (inf/NaN in the forward output%s) at step '
+                   '%d, so this is not a gradient overflow and loss scaling cannot fix it: the '
+                   'step was skipped and the loss scale kept at %g'
+                   % ('' if where == 'here' else ' of another worker', self._steps, self._scale))
+        if where == 'here':
+            message += (loss_details if loss_details is not None else _default_loss_details)()
+        else:
+            message += ".  That worker's warning or error says where it comes from"
+        if self.at_min_scale == 'raise':
+            raise FloatingPointError(message)
+        self._loss_warned = True
+        warnings.warn(message + '.  Warned once; further such steps are skipped and logged '
+                      'at INFO on the mxamp.trainer logger', RuntimeWarning, stacklevel=4)
+
     # -- Module ------------------------------------------------------------------
-    def update_module(self, module):
+    def update_module(self, module, kvstore=None):
         """Check, then update a bound ``mx.mod.Module`` or skip the step.
 
         Call after ``module.backward(scaler.out_grads(module.get_outputs()))``
@@ -461,7 +571,19 @@ class LossScaler(object):
         an overflow, and adjusts the scale.  The check happens before the
         module pushes anything to its kvstore, so a skipped step leaves weights
         and optimizer states untouched also with ``update_on_kvstore``.
-        **One host sync.**
+        **One host sync** when the step is applied.  A skipped step also reads
+        the Module's losses (its outputs, except those under ``BlockGrad``):
+        when one is not finite, the scale is kept, as :meth:`update` does for
+        the losses of :meth:`scale` (host syncs on that path only).
+
+        Parameters
+        ----------
+        module : mx.mod.Module
+        kvstore : KVStore, optional
+            A distributed kvstore that summed the gradients before this call
+            (:class:`mxamp.ModuleTrainer`'s), through which the workers agree
+            whether some worker's loss was not finite.  Not needed when the
+            Module's own kvstore sums them.
 
         Returns
         -------
@@ -479,7 +601,9 @@ class LossScaler(object):
             On overflow at `min_scale` with ``at_min_scale='raise'``.  The error
             (or, with ``'warn'``, the warning) names the parameters whose
             gradients hold inf/NaN, as :class:`Trainer` does, and says how to
-            find the first layer whose output is not finite.
+            find the first layer whose output is not finite.  Also on a loss
+            that is not finite, with ``at_min_scale='raise'``; the error (or the
+            one warning) says so and how to find the layer.
         """
         # MXNet 1.9.1 Module internals: _exec_group.param_names and .grad_arrays
         # (aligned; per parameter, per device; None for fixed parameters),
@@ -493,7 +617,6 @@ class LossScaler(object):
         self.check_scaled('update_module()', 'pass the loss scale to backward: '
                           'module.backward(scaler.out_grads(module.get_outputs()))')
         optimizer = module._optimizer
-        kvstore = module._kvstore
         named_grads = list(zip(module._exec_group.param_names, module._exec_group.grad_arrays))
         grads = [g for _, per_device in named_grads for g in per_device]
         base = self._base_rescale.get(optimizer)
@@ -502,12 +625,15 @@ class LossScaler(object):
             self._base_rescale[optimizer] = base
         rescale = base / self._scale
         # The servers learn rescale_grad from the flag only when they run the optimizer.
-        overflow = self.has_overflow(grads, kvstore=kvstore, rescale_grad=rescale
+        overflow = self.has_overflow(grads, kvstore=module._kvstore, rescale_grad=rescale
                                      if module._update_on_kvstore else None)
-        if not overflow:
+        if overflow:
+            self._losses.extend(_module_losses(module))     # what update() reads
+        else:
             optimizer.rescale_grad = rescale
             module.update()
-        self.update(overflow, details=lambda: _module_overflow_details(named_grads))
+        self.update(overflow, details=lambda: _module_overflow_details(named_grads),
+                    loss_details=_module_loss_details, kvstore=kvstore)
         return not overflow
 
     # -- state -------------------------------------------------------------------
@@ -559,6 +685,54 @@ def _nonfinite_gradients_text(find_names, total):
     shown = ', '.join(names[:10]) + (', ...' if len(names) > 10 else '')
     return ('.  Parameters with inf/NaN gradients (%d of %d): %s'
             % (len(names), total, shown or 'none'))
+
+
+def _nonfinite_loss_text(where, keep_fp32):
+    """The end of the message about a loss that is not finite: `where` it starts, the
+    usual cause and its remedies, `keep_fp32` naming how to keep a block in FP32."""
+    return ('.  %s.  A common cause in float16 (largest finite value 65504): a fill such as '
+            '-1e9 or -1e18 for masked positions (attention) becomes -inf, and 0 * -inf or a '
+            'softmax over a fully masked row is NaN; use a finite fill such as -1e4, or keep '
+            'the block that computes it in FP32 with %s' % (where, keep_fp32))
+
+
+def _default_loss_details():
+    return _nonfinite_loss_text(
+        'To find the first layer whose output is not finite, call '
+        'mxamp.diagnose.first_nonfinite_output(net, *inputs) with the inputs of that batch',
+        'mxamp.convert(net, dtype, exclude=[block]) or mxamp.convert_symbol(sym, dtype, '
+        'exclude=[node])')
+
+
+def _module_loss_details():
+    return _nonfinite_loss_text(
+        'To find the first layer whose output is not finite, call '
+        'mxamp.diagnose.first_nonfinite_output(module.symbol, *inputs, arg_params=arg, '
+        'aux_params=aux) with the inputs of that batch and arg, aux = module.get_params()',
+        'mxamp.convert_symbol(sym, dtype, exclude=[node])')
+
+
+def _module_losses(module):
+    """The outputs of `module` that take head gradients, on every device: the losses.
+
+    Outputs under ``BlockGrad`` (logits for metrics) are left out, also behind
+    the cast to FP32 that a converted graph may add.  No copy, no host sync.
+    """
+    graph = json.loads(module.symbol.tojson(remove_amp_cast=False))
+    nodes = graph['nodes']
+    ops = registered_ops()
+
+    def op_of(node):
+        return ops.get(node['op'], node['op'])     # variables ('null') are no operator
+    losses = []
+    for (nid, _, _), per_device in zip(graph['heads'],
+                                       module.get_outputs(merge_multi_context=False)):
+        node = nodes[nid]
+        while op_of(node) in CAST_OPS:
+            node = nodes[node['inputs'][0][0]]
+        if op_of(node) != 'BlockGrad':
+            losses.extend(per_device)
+    return losses
 
 
 def _module_overflow_details(named_grads):

@@ -58,6 +58,10 @@ class ModuleTrainer(LossScalingState):
       kvstore, over workers, before the overflow check: every worker sees the
       same sums, so all of them skip the same steps.  The optimizer runs in
       this process (the states are here for :meth:`save_states`).
+    * A skipped step whose loss (an output not under ``BlockGrad``) is not
+      finite keeps the loss scale: the forward pass fails, which no scale
+      fixes; one warning says so (``at_min_scale``, see
+      :class:`mxamp.LossScaler`).  The workers agree on it through the kvstore.
     * Initial weights are broadcast from worker 0 (or device 0) at
       construction, as ``gluon.Trainer`` does.
 
@@ -204,6 +208,8 @@ class ModuleTrainer(LossScalingState):
 
         Call after :meth:`backward`, instead of ``module.update()``.
         **One host sync** with loss scaling (the overflow check), none without.
+        A skipped step also reads the losses (one host sync per output and
+        device; see :meth:`mxamp.LossScaler.update_module`).
 
         Returns
         -------
@@ -217,6 +223,9 @@ class ModuleTrainer(LossScalingState):
             came since the last step: gradients from ``module.backward()``
             without head gradients are not scaled, and dividing them by the
             loss scale would shrink every update without a word.
+        FloatingPointError
+            With ``at_min_scale='raise'``, after skipping a step that overflows
+            at the minimum loss scale or whose loss is not finite.
         """
         if self._loss_scaler is not None:
             self._loss_scaler.check_scaled('ModuleTrainer.step()',
@@ -230,7 +239,9 @@ class ModuleTrainer(LossScalingState):
         if self._loss_scaler is None:
             self._module.update()
             return True
-        return self._loss_scaler.update_module(self._module)
+        # The gradients were summed here, not by the module: the workers agree on a
+        # skipped step's loss check through this kvstore.
+        return self._loss_scaler.update_module(self._module, kvstore=self._kvstore)
 
     # -- checkpoints -------------------------------------------------------------------
     def save_params(self, fname):

@@ -38,6 +38,9 @@ What it does differently from ``mxnet.contrib.amp``
 * Overflow at the minimum loss scale raises (or warns) with the names of the
   parameters whose gradients are inf/NaN, and, with ``diagnose_net=net``, the
   first layer whose output is not finite.
+* A skipped step whose loss is not finite is told apart from a gradient
+  overflow: the loss scale is kept, and one warning (or the error) says that
+  the forward pass fails and where.
 * Nothing is monkey-patched: MXNet is left exactly as it was.
 
 MXNet internals relied on (MXNet 1.9.1):
@@ -76,7 +79,7 @@ from .inference import check_trainable_params
 from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
-                          LossScalingState, _positive, make_loss_scaler)
+                          _nonfinite_loss_text, LossScalingState, _positive, make_loss_scaler)
 
 __all__ = ['LossScaler', 'OverflowInfo', 'Trainer']
 
@@ -161,14 +164,15 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         any parameter is float16 or bfloat16.  A ``multi_precision`` entry in
         `optimizer_params` takes precedence.
     diagnose_net : Block, optional
-        Debug mode for overflow at the loss scale's floor.  The trainer keeps a
-        reference to the inputs of `diagnose_net`'s latest call (a forward
-        pre-hook: no copy, no sync), and when gradients overflow at
-        ``min_scale`` it re-runs that forward op by op
+        Debug mode for overflow at the loss scale's floor and for a loss that
+        is not finite.  The trainer keeps a reference to the inputs of
+        `diagnose_net`'s latest call (a forward pre-hook: no copy, no sync),
+        and when gradients overflow at ``min_scale``, or a skipped step's loss
+        is not finite, it re-runs that forward op by op
         (:func:`mxamp.diagnose.first_nonfinite_output`, inference mode, on the
         CPU) and names the first layer whose output is not finite in the
         error or warning.  Costs one extra batch kept alive; the re-run only
-        happens on that path.
+        happens on those paths.
 
     A forgotten ``scale_loss``
     --------------------------
@@ -183,14 +187,32 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
     Overflow at the floor
     ---------------------
-    When dynamic scaling overflows at ``min_scale``, the ``FloatingPointError``
-    (``at_min_scale='raise'``) or ``RuntimeWarning`` (``'warn'``) names the
+    When dynamic scaling overflows at ``min_scale`` with a finite loss (else see
+    below), the ``FloatingPointError`` (``at_min_scale='raise'``) or
+    ``RuntimeWarning`` (``'warn'``, at every such step) names the
     parameters whose gradients hold inf/NaN
     (:func:`mxamp.diagnose.nonfinite_gradients`: one host sync per parameter,
     only then) and, with `diagnose_net`, the first layer whose output is not
     finite; without it, the message says how to find that layer.  The layer
     that overflows is usually upstream of the parameters named: an inf output
     makes the gradients of the layers that consume it non-finite.
+
+    A loss that is not finite
+    -------------------------
+    When a step is skipped, the trainer also reads what :meth:`scale_loss`
+    received (kept by reference since then, not copied).  If that loss holds
+    inf/NaN, the forward pass itself fails (in float16, typically a fill such
+    as -1e18 for masked attention scores: -inf there, and ``0 * -inf`` is
+    NaN): that is no gradient overflow, and no loss scale fixes it.  The step
+    is still skipped and counted, but the loss scale is kept (see
+    :class:`LossScaler`), and ``at_min_scale`` decides: one
+    ``RuntimeWarning`` per trainer (``'warn'``), ``FloatingPointError``
+    (``'raise'``) or nothing.  The message names the first layer whose output
+    is not finite with `diagnose_net` (else says how to find it) and the
+    remedies: a finite fill such as -1e4, or that block kept in FP32 with
+    ``mxamp.convert(net, dtype, exclude=[block])``.  Cost: host syncs on
+    skipped steps only, one per loss array, plus one ``pushpull`` with a
+    distributed kvstore (all workers keep the same scale).
 
     Examples
     --------
@@ -275,7 +297,8 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
         Call ``autograd.backward`` on the yielded value inside the block.  Can be
         used several times before one :meth:`step` (several losses, gradient
-        accumulation with ``grad_req='add'``).  No host sync.
+        accumulation with ``grad_req='add'``).  `loss` is kept by reference (no
+        copy) until the step, which reads it only when it skips.  No host sync.
         """
         if self._unscaled:
             raise RuntimeError('scale_loss() after unscale() in the same step: the gradients '
@@ -515,7 +538,12 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         if overflow:
             self._mark_consumed()
         if self._loss_scaler is not None:
-            self._loss_scaler.update(overflow, details=self._overflow_details)
+            # With a distributed kvstore and update_on_kvstore=False every worker checked
+            # the same summed gradients, so no kvstore agreed on the verdict: name it, for
+            # the agreement on the loss check of a skipped step.
+            self._loss_scaler.update(overflow, details=self._overflow_details,
+                                     loss_details=self._loss_details,
+                                     kvstore=self._kvstore if self._distributed else None)
         elif overflow:
             warnings.warn('mxamp: the gradient norm is not finite (inf/NaN gradients): step '
                           'skipped.  Loss scaling is off, so nothing adapts; if it recurs, the '
@@ -524,24 +552,34 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
     def _overflow_details(self):
         """What overflowed, for the error at the loss scale's floor (host syncs)."""
-        text = _nonfinite_gradients_text(lambda: diagnose.nonfinite_gradients(self._params),
-                                         len(self._params))
+        return (_nonfinite_gradients_text(lambda: diagnose.nonfinite_gradients(self._params),
+                                          len(self._params))
+                + '.  ' + self._first_nonfinite_layer('an overflowing batch x'))
+
+    def _loss_details(self):
+        """Where a loss that is not finite comes from and what to do (host syncs)."""
+        return _nonfinite_loss_text(self._first_nonfinite_layer('that batch x'),
+                                    'mxamp.convert(net, dtype, exclude=[block])')
+
+    def _first_nonfinite_layer(self, batch):
+        """The first layer whose output is not finite, with `diagnose_net` (re-runs the
+        last batch: host syncs); without it, how to find it on `batch`."""
         if self._diagnose_net is None or not self._last_inputs:
-            return text + ('.  To find the first layer whose output is not finite, call '
-                           'mxamp.diagnose.first_nonfinite_output(net, x) with an overflowing '
-                           'batch x, or create the Trainer with diagnose_net=net')
+            return ('To find the first layer whose output is not finite, call '
+                    'mxamp.diagnose.first_nonfinite_output(net, x) with %s, or create the '
+                    'Trainer with diagnose_net=net' % batch)
         try:
             found = diagnose.first_nonfinite_output(self._diagnose_net, *self._last_inputs[0])
         except Exception as err:
-            return text + ('.  Re-running the last forward pass op by op failed: %s: %s'
-                           % (type(err).__name__, err))
+            return ('Re-running the last forward pass op by op failed: %s: %s'
+                    % (type(err).__name__, err))
         if found is None:
-            return text + ('.  Re-running the last batch op by op (inference mode) gives '
-                           'finite outputs at every layer')
+            return ('Re-running the last batch op by op (inference mode) gives finite outputs '
+                    'at every layer')
         where = ('finite in FP32 but not once stored in %s' % found['cast_to']
                  if found['cast_to'] else 'in %s' % found['dtype'])
-        return text + ('.  First layer whose output is not finite (last batch, inference '
-                       'mode): %s (%s), %s' % (found['node'], found['op'], where))
+        return ('First layer whose output is not finite (last batch, inference mode): %s '
+                '(%s), %s' % (found['node'], found['op'], where))
 
     # -- stepping --------------------------------------------------------------------
     def step(self, batch_size, ignore_stale_grad=False):
@@ -561,7 +599,9 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             True when the update was applied, False when it was skipped because
             some gradient was inf/NaN.  With loss scaling on, **one host sync**
             (the overflow verdict); with ``loss_scale=None``, none.  After
-            :meth:`clip_global_norm`, none: its norm gives the verdict.
+            :meth:`clip_global_norm`, none: its norm gives the verdict.  A
+            skipped step adds one per loss given to :meth:`scale_loss`, to
+            tell a loss that is not finite from a gradient overflow.
 
         Raises
         ------
@@ -570,6 +610,9 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             scaling on, when backward ran since the last step but not on a
             loss from :meth:`scale_loss`: those gradients would be divided by
             the loss scale they never got (:meth:`LossScaler.check_scaled`).
+        FloatingPointError
+            With ``at_min_scale='raise'``, after skipping a step that overflows
+            at the minimum loss scale or whose loss is not finite.
         """
         self._check_outside_scale_loss('step')
         self._check_scaled('step')
@@ -603,8 +646,9 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
         For the ``allreduce_grads()`` / ``update()`` split of ``gluon.Trainer``
         (``update_on_kvstore=False`` only).  Returns True when applied.  One host
-        sync with loss scaling on, none after :meth:`clip_global_norm`.  Raises
-        ``RuntimeError`` as :meth:`step` does.
+        sync with loss scaling on, none after :meth:`clip_global_norm`; a skipped
+        step adds one per loss, as in :meth:`step`.  Raises ``RuntimeError`` as
+        :meth:`step` does.
         """
         self._check_outside_scale_loss('update')
         self._check_scaled('update')

@@ -4,7 +4,8 @@
   inference pass) and their gradients (right after backward) hold a 5-D blocked
   oneDNN layout that MXNet 1.9.1's ``amp_cast`` cannot read;
 * the loss scale at its floor: the error names what overflowed, with ``Trainer``
-  and with ``LossScaler.update_module`` (``mx.mod.Module``).
+  and with ``LossScaler.update_module`` (``mx.mod.Module``);
+* a forward pass that overflows: the loss is not finite, which the error says.
 """
 import warnings
 
@@ -124,8 +125,9 @@ def test_gluoncv_mobilenet_v3_trains_without_waitall():
 # ---------------------------------------------------------------------------------
 def overflowing_float16_net():
     """Dense layers in float16; the middle one's output (8 * 1e4 * 8 = 6.4e5) is
-    finite in FP32 but not in float16 (max 65504).  Its own gradients stay finite:
-    the parameters with inf/NaN gradients are its neighbours'."""
+    finite in FP32 but not in float16 (max 65504).  Through the clip in
+    `_overflowing_step` the loss stays finite, but the gradient of net_out's
+    weight is 0 * inf = NaN: an overflow at the floor, not a loss that is not finite."""
     net = gluon.nn.HybridSequential(prefix='net_')
     with net.name_scope():
         net.add(gluon.nn.Dense(8, in_units=4, prefix='small_'), gluon.nn.Activation('relu'),
@@ -136,9 +138,10 @@ def overflowing_float16_net():
     return mxamp.convert(net, 'float16')
 
 
-def _overflowing_step(net, trainer):
+def _overflowing_step(net, trainer, clip=True):
     with autograd.record():
-        loss = net(nd.ones((2, 4))).sum()
+        out = net(nd.ones((2, 4)))
+        loss = (nd.clip(out, -1, 1) if clip else out).sum()
         with trainer.scale_loss(loss) as scaled:
             autograd.backward(scaled)
     return trainer.step(2)
@@ -154,14 +157,27 @@ def test_error_at_the_floor_names_gradients_and_first_overflowing_layer():
         _overflowing_step(net, trainer)
     message = str(info.value)
     assert 'minimum loss scale 1' in message
-    # The inf output of net_big makes the gradients of its consumer (net_out) and,
-    # through float16 backward, of its producer (net_small) non-finite; not its own.
-    assert ('Parameters with inf/NaN gradients (3 of 6): net_out_weight, net_small_bias, '
-            'net_small_weight.' in message)
+    # The clip stops the inf output of net_big; its consumer's weight gradient is NaN.
+    assert 'Parameters with inf/NaN gradients (1 of 6): net_out_weight.' in message
     assert ('First layer whose output is not finite (last batch, inference mode): '
             'net_big_fwd (FullyConnected), finite in FP32 but not once stored in float16'
             in message)
     assert trainer.skipped_steps == 2
+
+
+def test_forward_overflow_is_a_loss_that_is_not_finite_and_the_error_names_the_layer():
+    net = overflowing_float16_net()
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                      loss_scale=LossScaler(init_scale=2.0, at_min_scale='raise'),
+                      diagnose_net=net)
+    with pytest.raises(FloatingPointError) as info:
+        _overflowing_step(net, trainer, clip=False)                  # the loss is inf
+    message = str(info.value)
+    assert 'the loss is not finite' in message and 'not a gradient overflow' in message
+    assert ('First layer whose output is not finite (last batch, inference mode): '
+            'net_big_fwd (FullyConnected), finite in FP32 but not once stored in float16'
+            in message)
+    assert trainer.skipped_steps == 1 and trainer.loss_scale == 2.0   # kept
 
 
 def test_warning_at_the_floor_without_debug_mode_says_how_to_find_the_layer():
@@ -171,8 +187,7 @@ def test_warning_at_the_floor_without_debug_mode_says_how_to_find_the_layer():
     with pytest.warns(RuntimeWarning) as record:
         assert _overflowing_step(net, trainer) is False
     message = ' '.join(str(w.message) for w in record if 'minimum loss scale' in str(w.message))
-    assert ('Parameters with inf/NaN gradients (3 of 6): net_out_weight, net_small_bias, '
-            'net_small_weight.' in message)
+    assert 'Parameters with inf/NaN gradients (1 of 6): net_out_weight.' in message
     assert 'mxamp.diagnose.first_nonfinite_output(net, x)' in message
     assert 'diagnose_net=net' in message
     # Without overflow at the floor, no diagnosis (and no extra sync) happens.
@@ -185,12 +200,12 @@ def test_warning_at_the_floor_without_debug_mode_says_how_to_find_the_layer():
 def overflowing_module(contexts):
     """The same three dense layers as a Module, in FP32 so that no conversion is needed:
     the middle layer's output (8 * 5 * 1e38) overflows FP32 itself.  net_big's bias is
-    fixed (Module allocates no gradient for it).  The output is the loss: its head
-    gradients carry the loss scale."""
+    fixed (Module allocates no gradient for it).  The output, clipped as in
+    `_overflowing_step`, is the loss (finite): its head gradients carry the loss scale."""
     data = mx.sym.var('data')
     hidden = mx.sym.relu(mx.sym.FullyConnected(data, num_hidden=8, name='net_small'))
     hidden = mx.sym.relu(mx.sym.FullyConnected(hidden, num_hidden=8, name='net_big'))
-    out = mx.sym.FullyConnected(hidden, num_hidden=2, name='net_out')
+    out = mx.sym.clip(mx.sym.FullyConnected(hidden, num_hidden=2, name='net_out'), -1, 1)
     mod = mx.mod.Module(out, data_names=['data'], label_names=None, context=contexts,
                         fixed_param_names=['net_big_bias'])
     mod.bind(data_shapes=[('data', (4, 4))])
@@ -218,10 +233,8 @@ def test_module_error_at_the_floor_names_gradients_as_the_trainer_does():
         _overflowing_module_step(mod, scaler, batch)
     message = str(info.value)
     assert 'minimum loss scale 1' in message
-    # As in the Gluon case: the consumer and the producer of the inf output, not
-    # net_big itself (Module's parameter order, not gluon.Trainer's sorted one).
-    assert ('Parameters with inf/NaN gradients (3 of 6): net_small_weight, net_small_bias, '
-            'net_out_weight.' in message)
+    # As in the Gluon case: the consumer of the inf output, behind the clip.
+    assert 'Parameters with inf/NaN gradients (1 of 6): net_out_weight.' in message
     assert scaler.skipped_steps == 2
     # The message's advice finds the layer.
     assert ('mxamp.diagnose.first_nonfinite_output(module.symbol, *inputs, arg_params=arg, '
@@ -240,5 +253,4 @@ def test_module_warning_at_the_floor_names_gradients():
         assert _overflowing_module_step(mod, scaler, mx.io.DataBatch([nd.ones((4, 4))])) \
             is False
     message = ' '.join(str(w.message) for w in record if 'minimum loss scale' in str(w.message))
-    assert ('Parameters with inf/NaN gradients (3 of 6): net_small_weight, net_small_bias, '
-            'net_out_weight.' in message)
+    assert 'Parameters with inf/NaN gradients (1 of 6): net_out_weight.' in message
