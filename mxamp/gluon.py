@@ -34,7 +34,22 @@ they were.  The hooks:
   (BatchNorm, LayerNorm, ... parameters and running statistics, anything
   feeding an FP32 op or an excluded block) stay FP32.  Parameters whose shape
   is still unknown (deferred initialisation) are initialised in FP32 by MXNet
-  at the first forward pass and cast right after;
+  at the first forward pass and cast right after, as are those initialised
+  after ``convert``.  A low-precision parameter's class is swapped too (same
+  name): its initializer always draws in FP32, and a re-initialised parameter
+  (``initialize(..., force_reinit=True)`` of the net, a child, the
+  ``ParameterDict`` or the parameter) is cast back at once; MXNet's random
+  initializers cannot write bfloat16, and Orthogonal or Bilinear would leave
+  zeros;
+* editing: a child registered after ``convert`` (``net.output =
+  nn.Dense(10)``, ``add``, ``register_child``, at any depth) is converted with
+  the net's settings when it joins (its parameters decided on its own graph),
+  or, converted already, must have the net's dtype and operator lists
+  (ValueError otherwise).  Replacing a child by an FP32 block of its class is
+  allowed, as for FP32 nets.  The graphs of the block's ancestors, which MXNet
+  keeps, are rebuilt at their next call;
+* ``optimize_for`` raises: it would fuse the net for inference without
+  refusing to train it; `mxamp.for_inference` does that;
 * checkpoints: ``save_parameters`` writes every parameter in FP32 (low
   precision to FP32 is exact), so checkpoints are interchangeable with FP32
   nets in both directions; ``load_parameters`` accepts FP32 checkpoints (FP32
@@ -57,13 +72,18 @@ MXNet internals relied on (MXNet 1.9.1), each used in one place below:
 ``HybridBlock._get_graph`` / ``_cached_graph`` (the hook that builds the graph),
 ``_build_cache`` (deferred initialisation, then CachedOp), ``_call_cached_op``,
 ``_cached_op``, ``_clear_cached_op``, ``_active``, ``_reg_params``,
-``_children``, ``Block._collect_params_with_prefix``, ``Parameter._data`` /
-``_grad`` / ``_dtype`` / ``_var`` / ``_deferred_init``, and the names
-``HybridBlock`` gives its graph inputs (``data``, or ``data0``, ``data1``, ...):
-the symbolic build in :func:`convert` names its inputs the same, so that its
-graph is the one MXNet builds later.  mxamp adds one attribute of its own to
-each ``Parameter`` of a converted tree, ``_mxamp_precision`` (the dtype it
-gets: `mxamp.dtypes.param_precision` reads it).
+``_children``, ``Block._collect_params_with_prefix``, ``register_child`` (the
+one way children are registered, clearing only that block's graph), the type
+check of ``Block.__setattr__``, ``Parameter._data`` / ``_grad`` / ``_dtype`` /
+``_var`` / ``_deferred_init`` / ``_finish_deferred_init`` (where a
+parameter is drawn from its initializer), and the names ``HybridBlock`` gives its graph
+inputs (``data``, or ``data0``, ``data1``, ...): the symbolic build in
+:func:`convert` names its inputs the same, so that its graph is the one MXNet
+builds later.  mxamp adds one attribute of its own to each ``Parameter`` of a
+converted tree, ``_mxamp_precision`` (the dtype it gets, decided once:
+`mxamp.dtypes.param_precision` reads it), and to each converted block
+``_mxamp_settings``, ``_mxamp_tree`` (the edit count its tree shares) and
+what its graph was built for.
 """
 import collections
 import inspect
@@ -172,19 +192,60 @@ def _ensure_fp32_var(param):
 
 
 def _sync_params(block):
-    """Give every initialised parameter of `block`'s tree its mxamp dtype, and tell the
-    others which dtype they will get (`mxamp.dtypes.param_precision`)."""
+    """Give every initialised parameter of `block`'s tree its mxamp dtype.
+
+    A parameter's precision is decided once, when it first meets a converted
+    tree (`block`'s settings: ``lp_params``), and kept in
+    ``_mxamp_precision``, which `mxamp.dtypes.param_precision` reads while
+    the parameter is not initialised yet.  A child converted on its own and
+    added later (see `_adopt`) thus keeps the decisions of its own settings.
+    """
     settings = block._mxamp_settings
     for param in block.collect_params().values():
-        current = name_of_array(param)
-        if current not in ('float32',) + LOW_PRECISION:
-            continue  # integer or otherwise special parameters are left alone
-        want = settings.dtype if param.name in settings.lp_params else 'float32'
-        param._mxamp_precision = want
-        if param._data is None:
-            continue  # deferred: MXNet creates it in FP32, cast after (see _build_cache)
-        if current != want:
+        want = getattr(param, '_mxamp_precision', None)
+        if want is None:
+            if name_of_array(param) not in ('float32',) + LOW_PRECISION:
+                continue  # integer or otherwise special parameters are left alone
+            want = settings.dtype if param.name in settings.lp_params else 'float32'
+            param._mxamp_precision = want
+            if want in LOW_PRECISION:
+                param.__class__ = _mixed_class(_LowPrecisionParameter, type(param))
+        if param._data is not None and name_of_array(param) != want:
             _set_param_dtype(param, want)
+
+
+class _LowPrecisionParameter(object):
+    """Mixin placed first in the MRO of a parameter that mxamp stores in low precision."""
+
+    # MXNet 1.9.1: _finish_deferred_init creates the array in the parameter's
+    # dtype (Parameter._dtype) and fills it with the initializer.
+    # Parameter.initialize calls it at once when the shape is known (also for
+    # force_reinit=True, from Block and ParameterDict.initialize too),
+    # HybridBlock._build_cache after inferring deferred shapes.  MXNet's random
+    # initializers cannot write bfloat16 ("Output type must be float16,
+    # float32, float64") and Orthogonal or Bilinear leave zeros in it: every
+    # initializer draws in FP32 here, and the result is cast to the dtype the
+    # parameter had (FP32 while convert's cast is still to come: the first
+    # forward pass makes it, see _build_cache).
+    def _finish_deferred_init(self):
+        if not self._deferred_init:
+            return
+        stored = name_of_array(self)
+        self._dtype = _FLOAT32
+        try:
+            super(_LowPrecisionParameter, self)._finish_deferred_init()
+        finally:
+            _set_param_dtype(self, stored)
+
+    # Parameters pickle (blocks do not): the generated class has no importable
+    # name, so a pickle names the class it was generated from.
+    def __reduce_ex__(self, protocol):
+        return _restore_low_precision, (type(self)._mxamp_base,), self.__dict__
+
+
+def _restore_low_precision(base):
+    """Unpickling helper: an empty parameter of ``_mixed_class(_LowPrecisionParameter, base)``."""
+    return object.__new__(_mixed_class(_LowPrecisionParameter, base))
 
 
 # --------------------------------------------------------------------------
@@ -199,6 +260,7 @@ class _Converted(object):
     # the tuple (input symbols, output Group) from hybrid_forward; _build_cache,
     # infer_shape/infer_type and export all read the graph through it.
     def _get_graph(self, *args):
+        _drop_stale_graph(self)
         if not self._cached_graph:
             for param in self.collect_params().values():
                 _ensure_fp32_var(param)
@@ -213,25 +275,57 @@ class _Converted(object):
                 self._cached_graph = ()
                 raise
             self._mxamp_device = device
+            self._mxamp_graph_edits = self._mxamp_tree.edits
             self._cached_graph = inputs, conversion.symbol
         return self._cached_graph
 
-    # MXNet 1.9.1: _build_cache finishes deferred initialisation (in the
-    # parameter's dtype, FP32 for a low-precision parameter not cast yet) and
-    # makes the CachedOp; arrays are fetched at call time, so casting after it
-    # is in time for the first call.
+    # MXNet 1.9.1: _build_cache finishes deferred initialisation (in FP32 for
+    # a low-precision parameter not cast yet) and makes the CachedOp; arrays
+    # are fetched at call time, so casting after it is in time for the first
+    # call.
     def _build_cache(self, *args):
         super(_Converted, self)._build_cache(*args)
         _sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
     # None, then runs it.  A graph built for another device type (float16
-    # emulation on CPU vs GPU kernels) is rebuilt.
+    # emulation on CPU vs GPU kernels), or before a child was added to the
+    # tree, is rebuilt.
     def _call_cached_op(self, *args):
-        device = _device_type(args)
-        if self._cached_graph and device and device != self._mxamp_device:
-            self._clear_cached_op()
+        _drop_stale_graph(self, _device_type(args))
         return super(_Converted, self)._call_cached_op(*args)
+
+    # MXNet 1.9.1: Block.__setattr__ refuses to replace a Block attribute with a
+    # value that is not an instance of the attribute's class, here the
+    # generated class: an FP32 block of the class it was generated from (what a
+    # user writes: net.output = nn.Dense(10)) raised "Changing attribute type
+    # for output from Dense to Dense".  Such a replacement is let through once
+    # _adopt accepted it (the net is unchanged when it refuses); other types
+    # still meet MXNet's check.
+    def __setattr__(self, name, value):
+        existing = self.__dict__.get(name)
+        if isinstance(value, Block) and isinstance(existing, Block) and \
+                isinstance(value, getattr(type(existing), '_mxamp_base', type(existing))):
+            _adopt(self, value)
+            del self.__dict__[name]
+        super(_Converted, self).__setattr__(name, value)
+
+    # MXNet 1.9.1: Block.__setattr__ and HybridSequential.add register every
+    # child through register_child; HybridBlock.register_child clears only this
+    # block's graph, so the tree's edit count tells its ancestors (and the
+    # block itself, on a later call) to rebuild theirs.
+    def register_child(self, block, name=None):
+        """``register_child`` that gives `block` this net's precision (see `_adopt`)."""
+        _adopt(self, block)
+        super(_Converted, self).register_child(block, name)
+        self._mxamp_tree.edits += 1
+
+    def optimize_for(self, x, *args, **kwargs):
+        """Refused: `mxamp.for_inference` fuses a converted net and refuses to train it."""
+        raise RuntimeError("%s was converted by mxamp: optimize_for would fuse it for inference "
+                           "without stopping training through it (MXNet's fused ops return zero "
+                           "gradients); call mxamp.for_inference(net, x) instead"
+                           % _describe(self))
 
     def forward(self, x, *args):
         # Not hybridized (or hybridize(active=False)): still run the converted
@@ -258,6 +352,8 @@ class _Converted(object):
             raise ValueError('%s was converted by mxamp: its amp_cast nodes are part of the '
                              'mixed-precision graph and cannot be removed on export'
                              % _describe(self))
+        # After a child was added, MXNet's own error asks for a forward call first.
+        _drop_stale_graph(self)
         return super(_Converted, self).export(path, epoch, remove_amp_cast=False)
 
     def save_parameters(self, filename, deduplicate=False):
@@ -273,7 +369,7 @@ class _Converted(object):
         arrays = {}
         for key, param in named.items():
             value = param._reduce()
-            if param.name in self._mxamp_settings.lp_params:
+            if name_of_array(value) in LOW_PRECISION:
                 value = cast(value, 'float32')
             arrays[key] = value
         mx.nd.save(filename, arrays)
@@ -305,7 +401,8 @@ _CLASSES = {}
 def _mixed_class(mixin, cls):
     """The generated subclass of `cls` with `mixin` first in its MRO (same name and module).
 
-    Created once per (mixin, class); `cls` already holding `mixin` is returned as it is.
+    Created once per (mixin, class); `cls` already holding `mixin` is returned
+    as it is.  Its ``_mxamp_base`` is the class before any mixin.
     """
     if issubclass(cls, mixin):
         return cls
@@ -315,7 +412,8 @@ def _mixed_class(mixin, cls):
             klass = type(cls.__name__, (mixin, cls),
                          {'__module__': cls.__module__,
                           '__qualname__': getattr(cls, '__qualname__', cls.__name__),
-                          '__doc__': cls.__doc__})
+                          '__doc__': cls.__doc__,
+                          '_mxamp_base': getattr(cls, '_mxamp_base', cls)})
             _CLASSES[(mixin, cls)] = klass
     return klass
 
@@ -323,6 +421,72 @@ def _mixed_class(mixin, cls):
 def is_converted(block):
     """Whether `block` was converted by :func:`convert`."""
     return isinstance(block, _Converted)
+
+
+class _Tree(object):
+    """What the blocks of one converted tree share: how many children were registered in it.
+
+    A block's graph includes the code of its descendants, and MXNet rebuilds
+    only the graph of the block a child is registered into; each converted
+    block remembers the count its graph was built at (`_drop_stale_graph`).
+    """
+    __slots__ = ('edits',)
+
+    def __init__(self):
+        self.edits = 0
+
+
+def _drop_stale_graph(block, device=None):
+    """Clear `block`'s graph and CachedOp when built for another device type than `device`,
+    or before a child was registered somewhere in its tree."""
+    if block._cached_graph and (device and device != block._mxamp_device
+                                or block._mxamp_graph_edits != block._mxamp_tree.edits):
+        block._clear_cached_op()
+
+
+def _adopt(parent, block):
+    """Give `block`, about to be registered as a child of the converted `parent`, its precision.
+
+    An FP32 HybridBlock is converted with `parent`'s settings (dtype,
+    operator lists, exclude patterns), its parameters decided on its own
+    graph; one converted already keeps its conversion if it has the same
+    dtype and operator lists and no exclude beyond the net's (the net's policy
+    rewrites its ops inside the net's graph).  Either way it joins `parent`'s
+    `_Tree`.  A non-hybrid block is left to MXNet's refusal; a SymbolBlock,
+    which `convert` never converts, keeps FP32 parameters (`_sync_params`).
+
+    Raises
+    ------
+    ValueError
+        `block` was converted with other settings.
+    TypeError
+        `block` cannot be traced (see `convert`).
+    """
+    if not isinstance(block, HybridBlock) or isinstance(block, mx.gluon.SymbolBlock):
+        return
+    settings = parent._mxamp_settings
+    if not is_converted(block):
+        _convert_tree(block, graph_mod.load_graph(_fp32_graph(block)), settings.dtype,
+                      settings.fp32_ops, settings.lp_ops, settings.exclude, parent._mxamp_tree)
+        return
+    own = block._mxamp_settings
+    if (own.dtype, set(own.fp32_ops), set(own.lp_ops)) != \
+            (settings.dtype, set(settings.fp32_ops), set(settings.lp_ops)) or \
+            not set(own.exclude) <= set(settings.exclude):
+        raise ValueError("%s was converted by mxamp with other settings (%s) than %s, which it "
+                         "would join (%s): add it unconverted (FP32), and it takes the net's settings"
+                         % (_describe(block), _settings_text(own), _describe(parent),
+                            _settings_text(settings)))
+    for sub in _walk(block):
+        if is_converted(sub):
+            sub._mxamp_tree = parent._mxamp_tree
+
+
+def _settings_text(settings):
+    """`settings` as the arguments of `convert` that made it (those given)."""
+    given = [('fp32_ops', settings.fp32_ops), ('lp_ops', settings.lp_ops),
+             ('exclude', settings.exclude)]
+    return ', '.join([settings.dtype] + ['%s=%s' % (key, list(value)) for key, value in given if value])
 
 
 def chosen_precision(block):
@@ -420,11 +584,12 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
     if policy.bfloat16_storage_only:
         _warn_bfloat16_storage_only()
     names = set(fp32_symbol.list_inputs())
-    params = {p.name for p in block.collect_params().values()} & names
     # Only parameters already chosen for low precision (by the whole tree, at
-    # convert time) may be declared in low precision: a child block called on
-    # its own must agree with its parents on each parameter's dtype.
-    candidates = params & settings.lp_params
+    # convert time, or for a child added later, see _adopt) may be declared in
+    # low precision: a child block called on its own must agree with its
+    # parents on each parameter's dtype.
+    candidates = {p.name for p in block.collect_params().values()
+                  if p.name in names and getattr(p, '_mxamp_precision', None) == settings.dtype}
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
     return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
                                    portable=False)
@@ -614,20 +779,27 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
     fp32 = graph_mod.load_graph(_fp32_graph(net))
     node_names = [n['name'] for n in fp32['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, exclude, node_names)
+    _convert_tree(net, fp32, name, fp32_ops or (), lp_ops or (), patterns, _Tree())
+    return net
+
+
+def _convert_tree(net, fp32, dtype, fp32_ops, lp_ops, exclude, tree):
+    """Convert the HybridBlocks of `net`'s tree under one `_Settings`, decided on `fp32`
+    (its parsed FP32 graph), as members of `tree`; then cast its parameters."""
     # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
     params = {p.name for p in net.collect_params().values()
               if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
     # No graph is converted here: each block's is, when it is built (_get_graph).
-    settings = _Settings.decide(name, fp32_ops or (), lp_ops or (), patterns, fp32, params)
+    settings = _Settings.decide(dtype, fp32_ops, lp_ops, exclude, fp32, params)
     for block in _walk(net):
         if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
             block.__class__ = _mixed_class(_Converted, type(block))
             block._mxamp_settings = settings
+            block._mxamp_tree = tree
             block._mxamp_conversions = {}    # device type -> (_graph_identity, Conversion)
             block._mxamp_device = None       # device type of the graph built, if any
         block._clear_cached_op()
     _sync_params(net)
-    return net
 
 
 def conversion_of(net):
@@ -644,6 +816,7 @@ def conversion_of(net):
     if not is_converted(net):
         raise TypeError('%s is not converted by mxamp: call mxamp.convert(net) first'
                         % (_describe(net) if isinstance(net, Block) else type(net).__name__))
+    _drop_stale_graph(net)
     if net._cached_graph:
         device = net._mxamp_device
     else:

@@ -11,7 +11,8 @@ Why more than ``optimize_for``
 MXNet 1.9.1's oneDNN subgraph backend (``optimize_for(x, backend='MKLDNN')``)
 folds BatchNorm into convolutions and fuses activations and residual additions
 as post-ops: on CPUs with AMX that is most of mixed precision's inference speed.
-Called directly on a converted net it has three traps, which this module closes:
+Called directly on a converted net it has three traps, which this module closes
+(so a converted net refuses ``optimize_for`` and points here):
 
 * **Order under deferred initialisation.**  ``optimize_for`` partitions the
   graph in the same step that finishes deferred initialisation, so it sees
