@@ -82,6 +82,12 @@ def step(net, trainer, seed, contexts=(mx.cpu(),)):
     assert trainer.step(4 * len(contexts))
 
 
+def train_side_by_side(nets, trainers, seeds, contexts=(mx.cpu(),)):
+    for seed in seeds:
+        for net, trainer in zip(nets, trainers):
+            step(net, trainer, seed, contexts)
+
+
 def weights(net):
     return [to_float32_numpy(p.data()) for p in net.collect_params().values()]
 
@@ -121,15 +127,11 @@ def change(how, net, values, tmp_path):
 def test_a_changed_weight_is_where_the_next_step_starts(tmp_path, dtype, how):
     low, ref = make_pair(dtype)
     trainers = [trainer_for(net) for net in (low, ref)]
-    for seed in range(3):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed)
+    train_side_by_side((low, ref), trainers, range(3))
     values = [representable(p.shape, dtype, 50 + i) for i, p in enumerate(ref.collect_params().values())]
     for net in (low, ref):
         change(how, net, values, tmp_path)
-    for seed in range(3, 5):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed)
+    train_side_by_side((low, ref), trainers, range(3, 5))
     # The new weights moved by two small steps, not back to the old run.
     assert np.abs(weights(ref)[0] - to_float32_numpy(values[0])).max() < 0.2
     assert_same_run(low, ref, dtype, steps=2)
@@ -146,8 +148,7 @@ def test_every_optimizer_follows_an_ema_swap(dtype, key):
     average = [to_float32_numpy(representable(p.shape, dtype, 200 + i))
                for i, p in enumerate(ref.collect_params().values())]
     for seed in range(4):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed)
+        train_side_by_side((low, ref), trainers, [seed])
         average = [0.9 * a + 0.1 * w for a, w in zip(average, weights(ref))]
     swapped = [cast(cast(mx.nd.array(a), dtype), 'float32') for a in average]
     # The swap moves the weights by far more than the tolerance below.
@@ -156,9 +157,7 @@ def test_every_optimizer_follows_an_ema_swap(dtype, key):
     for net in (low, ref):
         for param, value in zip(net.collect_params().values(), swapped):
             param.set_data(value)
-    for seed in range(4, 6):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed)
+    train_side_by_side((low, ref), trainers, range(4, 6))
     assert_same_run(low, ref, dtype, steps=2)
 
 
@@ -172,15 +171,11 @@ def test_several_contexts_through_a_kvstore(tmp_path, dtype, update_on_kvstore):
     low, ref = make_pair(dtype, ctx=contexts)
     trainers = [trainer_for(net, kvstore='device', update_on_kvstore=update_on_kvstore)
                 for net in (low, ref)]
-    for seed in range(2):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed, contexts)
+    train_side_by_side((low, ref), trainers, range(2), contexts)
     values = [representable(p.shape, dtype, 70 + i) for i, p in enumerate(ref.collect_params().values())]
     for net in (low, ref):
         change('set_data', net, values, tmp_path)
-    for seed in range(2, 4):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed, contexts)
+    train_side_by_side((low, ref), trainers, range(2, 4), contexts)
     assert_same_run(low, ref, dtype, steps=2)
 
 
@@ -190,9 +185,7 @@ def test_states_saved_after_a_change_resume_from_the_changed_weights(tmp_path, d
     # weights; a run resumed from both files starts from the loaded weights.
     low, ref = make_pair(dtype)
     trainers = [trainer_for(net, 'adam', {'learning_rate': 0.01}) for net in (low, ref)]
-    for seed in range(3):
-        for net, trainer in zip((low, ref), trainers):
-            step(net, trainer, seed)
+    train_side_by_side((low, ref), trainers, range(3))
     values = [representable(p.shape, dtype, 90 + i) for i, p in enumerate(ref.collect_params().values())]
     resumed = []
     for index, (net, trainer) in enumerate(zip((low, ref), trainers)):
@@ -201,9 +194,7 @@ def test_states_saved_after_a_change_resume_from_the_changed_weights(tmp_path, d
         fresh = trainer_for(net, 'adam', {'learning_rate': 0.01})
         fresh.load_states(str(tmp_path / ('%d.states' % index)))
         resumed.append(fresh)
-    for seed in range(3, 5):
-        for net, trainer in zip((low, ref), resumed):
-            step(net, trainer, seed)
+    train_side_by_side((low, ref), resumed, range(3, 5))
     assert_same_run(low, ref, dtype, steps=2)
 
 

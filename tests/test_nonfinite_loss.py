@@ -23,7 +23,7 @@ from mxamp.dtypes import to_float32_numpy
 from mxamp.loss_scaler import LossScaler
 from mxamp.trainer import Trainer
 
-from test_trainer import _results, _run_dist
+from test_trainer import DIST_WORKER_SETUP, _results, _run_dist
 
 START = LossScaler.DEFAULT_INIT_SCALE
 NOT_FINITE = 'the loss is not finite'
@@ -319,19 +319,7 @@ def test_module_outputs_under_blockgrad_are_not_the_loss():
 # ---------------------------------------------------------------------------------
 # Distributed: the workers agree, so all keep the same scale
 # ---------------------------------------------------------------------------------
-_WORKER = '''
-import sys, warnings, numpy as np, mxnet as mx
-from mxnet import autograd, gluon, nd
-sys.path.insert(0, {root!r})
-from mxamp.trainer import Trainer, LossScaler
-kv = mx.kv.create('dist_sync')
-rank = kv.rank
-weight = gluon.Parameter('w', shape=(4,), init=mx.init.One())
-weight.initialize()
-weight.cast(np.float16)
-tr = Trainer([weight], 'sgd', {{'learning_rate': 0.5}}, kvstore=kv,
-             update_on_kvstore={uok}, loss_scale=LossScaler(init_scale=4.0))
-results = []
+_WORKER = DIST_WORKER_SETUP + '''
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
     for step in range(4):

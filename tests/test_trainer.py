@@ -868,8 +868,10 @@ def test_module_update_needs_a_module_bound_for_training():
 # ---------------------------------------------------------------------------------
 # Distributed: two workers, one server, on 127.0.0.1
 # ---------------------------------------------------------------------------------
-_WORKER = textwrap.dedent('''
-    import sys, numpy as np, mxnet as mx
+# One float16 weight of 4 ones on each of two workers, a Trainer with loss scale 4
+# (format with root= and uok=, the update_on_kvstore); each test's steps follow.
+DIST_WORKER_SETUP = textwrap.dedent('''
+    import sys, warnings, numpy as np, mxnet as mx
     from mxnet import autograd, gluon, nd
     sys.path.insert(0, {root!r})
     from mxamp.trainer import Trainer, LossScaler
@@ -881,6 +883,8 @@ _WORKER = textwrap.dedent('''
     tr = Trainer([weight], 'sgd', {{'learning_rate': 0.5}}, kvstore=kv,
                  update_on_kvstore={uok}, loss_scale=LossScaler(init_scale=4.0))
     results = []
+''')
+_WORKER = DIST_WORKER_SETUP + textwrap.dedent('''
     for step in range(3):
         x = nd.full((2, 4), rank + 1.0, dtype='float16')
         with autograd.record():
