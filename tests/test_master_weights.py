@@ -227,3 +227,28 @@ def test_follow_weights_false_keeps_the_old_behaviour():
     weight[:] = 5.0
     updater(0, grad, weight)
     assert np.array_equal(to_float32_numpy(weight), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_a_module_step_starts_from_the_parameters_loaded_into_it(tmp_path, dtype):
+    # mx.mod.Module through ModuleTrainer: load_params mid-training, then a step
+    # that changes nothing (learning rate 0, no momentum) must leave the loaded values.
+    from test_module import batch as module_batch, fp32_values, initialised
+    mod = initialised(dtype)
+    trainer = mxamp.ModuleTrainer(mod, 'sgd', {'learning_rate': 0.2}, loss_scale=128.0)
+    for seed in range(2):
+        mod.forward(module_batch(seed), is_train=True)
+        trainer.backward()
+        assert trainer.step()
+    arg, aux = fp32_values(seed=5)
+    mx.nd.save(str(tmp_path / 'other.params'),
+               dict([('arg:' + k, v) for k, v in arg.items()] + [('aux:' + k, v) for k, v in aux.items()]))
+    trainer.load_params(str(tmp_path / 'other.params'))
+    trainer.optimizer.set_learning_rate(0.0)
+    mod.forward(module_batch(2), is_train=True)
+    trainer.backward()
+    assert trainer.step()
+    now, _ = mod.get_params()
+    for name in ('conv0_weight', 'fc_weight'):
+        assert np.array_equal(to_float32_numpy(now[name]),
+                              to_float32_numpy(cast(cast(arg[name], dtype), 'float32'))), name
