@@ -135,8 +135,11 @@ def for_inference(net, *inputs, dtype='auto'):
     the graph on a CPU (BatchNorm folded into convolutions, activations and
     residual additions as post-ops) and hybridizes it with static memory.
     Works on a fresh net under deferred initialisation, after training, after
-    ``load_parameters``.  Outputs match the unfused converted net up to the
-    rounding of the folded BatchNorm.
+    ``load_parameters``.  Where the net computes in FP32, outputs match the
+    unfused converted net up to the reordered arithmetic of the folded
+    BatchNorm; where convolutions compute in bfloat16 (CPUs with bfloat16
+    kernels), fused outputs are measurably less accurate than unfused ones
+    (README, "Inference", has the figures and the likely cause).
 
     The result cannot be trained: a call under ``autograd.record()`` (train or
     predict mode) raises RuntimeError, and so does `mxamp.Trainer` on its
