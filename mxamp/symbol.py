@@ -22,7 +22,7 @@ and the rewrite share the Symbol MXNet loaded.
 import collections
 import difflib
 import os
-import tempfile
+import uuid
 
 import mxnet as mx
 
@@ -539,7 +539,10 @@ def save_model(prefix, symbol, arg_params=None, aux_params=None):
     """Write ``PREFIX-symbol.json`` (and ``PREFIX-0000.params``) with no partial files on failure.
 
     Both files are first written to temporary names in the target directory; the
-    renames happen only after both writes succeeded.
+    renames happen only after both writes succeeded.  The writers create the
+    temporary files, so the outputs get the permissions the user's umask gives
+    any new file (``tempfile.mkstemp`` would make them 0600: unreadable by a
+    serving container or another user).
     """
     directory = os.path.dirname(os.path.abspath(prefix))
     if not os.path.isdir(directory):
@@ -552,8 +555,7 @@ def save_model(prefix, symbol, arg_params=None, aux_params=None):
     staged = []
     try:
         for final, write in outputs:
-            handle, temporary = tempfile.mkstemp(prefix='.mxamp-', dir=directory)
-            os.close(handle)
+            temporary = os.path.join(directory, '.mxamp-%d-%s.tmp' % (os.getpid(), uuid.uuid4().hex))
             staged.append((temporary, final))
             write(temporary)
         for temporary, final in staged:
