@@ -12,8 +12,9 @@ graph with MXNet's oneDNN backend (`mxamp.inference.fuse_symbol`).
 import argparse
 import os
 import sys
+import warnings
 
-from .hardware import AVX2, CPU_CLASSES, cpu_class, describe_cpu_class
+from .hardware import AVX2, CPU_CLASSES, cpu_class, describe_cpu_class, resolve_dtype
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
@@ -24,13 +25,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, '%s: error: %s\n' % (self.prog, message))
 
 
-def _low_precision(text):
-    from .dtypes import LOW_PRECISION, dtype_name
+def _dtype(text):
+    """A ``--dtype`` value: what `mxamp.convert_model` accepts, ``'auto'`` included."""
+    from .dtypes import dtype_name
+    if text.lower() == 'auto':
+        return 'auto'
     try:
-        return dtype_name(text, allowed=LOW_PRECISION)
+        return dtype_name(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("unknown dtype '%s': expected float16 (fp16, half) or "
-                                         "bfloat16 (bf16)" % text)
+        raise argparse.ArgumentTypeError("unknown dtype '%s': expected auto, float16 (fp16, half), "
+                                         "bfloat16 (bf16) or float32 (fp32)" % text)
 
 
 def _input_shape(text):
@@ -55,8 +59,13 @@ def build_parser():
     convert.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')
     convert.add_argument('-o', '--output', required=True, metavar='OUT_PREFIX',
                          help='writes OUT_PREFIX-symbol.json (and OUT_PREFIX-0000.params)')
-    convert.add_argument('--dtype', required=True, type=_low_precision, metavar='{float16,bfloat16}',
-                         help='target low precision (also fp16, half, bf16, as in Python)')
+    convert.add_argument('--dtype', required=True, type=_dtype,
+                         metavar='{auto,float16,bfloat16,float32}',
+                         help="target precision, as in Python (also fp16, half, bf16, fp32). "
+                              "auto, as the Python API's default: the fastest this machine "
+                              "computes, float16 where MXNet sees a GPU (unless --cpu), bfloat16 "
+                              "on a CPU with bfloat16 kernels, else float32; float32 writes the "
+                              "graph unchanged")
     convert.add_argument('--params', metavar='IN.params',
                          help='parameters to convert with the graph (arg:/aux: keys)')
     convert.add_argument('--exclude', nargs='+', default=[], metavar='NAME',
@@ -100,8 +109,7 @@ def _convert(args):
     from .policy import canonical_ops
     from .symbol import Names, ParameterError, _convert, load_params, save_model
 
-    if not os.path.isfile(args.symbol):
-        raise GraphError("symbol file '%s' does not exist" % args.symbol)
+    _check_file(args.symbol, 'symbol file')
     try:
         with open(args.symbol) as handle:
             text = handle.read()
@@ -114,16 +122,20 @@ def _convert(args):
     # Operator names are checked here so that errors name the options as typed.
     canonical_ops(args.fp32_ops, '--fp32-ops')
     canonical_ops(args.lp_ops, '--lp-ops')
-    if args.cpu_class is not None and args.dtype != 'bfloat16':
-        raise ValueError('--cpu-class applies to --dtype bfloat16 (float16 graphs for a CPU: --cpu)')
+    with warnings.catch_warnings():
+        # resolve_dtype's note on 'auto' staying float32: the tool prints its choice itself.
+        warnings.simplefilter('ignore', RuntimeWarning)
+        dtype = resolve_dtype(args.dtype, mx.cpu() if args.cpu else None)
+    if args.cpu_class is not None and dtype != 'bfloat16':
+        raise ValueError('--cpu-class applies to --dtype bfloat16 (float16 graphs for a CPU: --cpu)%s'
+                         % ('' if args.dtype != 'auto' else '; --dtype auto chose %s here' % dtype))
     arg_params = aux_params = None
     if args.params:
-        if not os.path.isfile(args.params):
-            raise GraphError("params file '%s' does not exist" % args.params)
+        _check_file(args.params, 'params file')
         arg_params, aux_params = load_params(args.params)
     try:
         symbol, arg_params, aux_params, conversion = _convert(
-            graph, args.dtype, Names('--exclude', '--input-shape', '--allow-missing',
+            graph, dtype, Names('--exclude', '--input-shape', '--allow-missing',
                                      '--for-inference', '--cpu'),
             arg_params=arg_params, aux_params=aux_params,
             allow_missing=args.allow_missing, exclude=args.exclude, fp32_ops=args.fp32_ops,
@@ -133,16 +145,28 @@ def _convert(args):
     except ParameterError as err:
         raise GraphError('%s: %s' % (args.params, err))
     written = save_model(args.output, symbol, arg_params, aux_params)
-    if args.report:
+    if args.dtype == 'auto':
+        print('--dtype auto: %s (%s)' % (dtype, 'a GPU' if dtype == 'float16' and not args.cpu
+                                         else describe_cpu_class()))
+    if args.report and conversion is not None:
         print(format_report(conversion))
         if args.for_inference:
             print(format_fusions(fused_nodes(symbol)))
     for path in written:
         print('wrote %s' % path)
-    if args.dtype == 'bfloat16' and args.cpu_class is None and cpu_class() == AVX2:
+    if dtype == 'bfloat16' and args.cpu_class is None and cpu_class() == AVX2:
         # The graph is for a machine with bfloat16 kernels; say so where it cannot run.
-        sys.stderr.write('mxamp: note: the graph computes in bfloat16, which this %s cannot run; '
-                         '--cpu-class auto writes one for this CPU\n' % describe_cpu_class())
+        sys.stderr.write('mxamp: note: the graph computes in bfloat16, which this CPU cannot run '
+                         '(%s); --cpu-class auto writes one for this CPU\n' % describe_cpu_class())
+
+
+def _check_file(path, what):
+    """Raise GraphError naming `what` when `path` is not a readable regular file."""
+    from .graph import GraphError
+    if os.path.isdir(path):
+        raise GraphError("%s '%s' is a directory" % (what, path))
+    if not os.path.isfile(path):
+        raise GraphError("%s '%s' does not exist" % (what, path))
 
 
 def main(argv=None):

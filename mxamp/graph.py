@@ -43,6 +43,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -255,14 +256,20 @@ def error_line(err):
     """The informative line of an exception's message, for one-line errors.
 
     An MXNetError's message spans a C++ traceback: the line naming the failed
-    check or the error is kept, else the last line that is not traceback.
+    check or the error is kept, else the last line that is not traceback; the
+    log prefixes of MXNet's C++ (``MXNetError:``, ``[12:34:56]
+    ../src/operator/nn/convolution.cc:151:``) are left out.
     """
     lines = [line.strip() for line in str(err).splitlines()
              if line.strip() and not line.strip().startswith(('Traceback', 'File ', '[bt]', 'Stack trace'))]
-    for line in lines:
-        if 'Check failed' in line or 'Error' in line:
-            return line
-    return lines[-1] if lines else type(err).__name__
+    chosen = next((line for line in lines if 'Check failed' in line or 'Error' in line),
+                  lines[-1] if lines else type(err).__name__)
+    return _CPP_LOG_PREFIX.sub('', chosen[len('MXNetError: '):]
+                               if chosen.startswith('MXNetError: ') else chosen)
+
+
+# What MXNet's C++ logging puts before a message: the time and the source line.
+_CPP_LOG_PREFIX = re.compile(r'\[\d\d:\d\d:\d\d\] \S+:\d+: ')
 
 
 def _symbol_from_graph(graph):

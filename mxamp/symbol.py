@@ -349,11 +349,14 @@ def check_variables(graph, names, what):
 def check_input_shapes(graph, input_shapes, params=(), what='input_shapes'):
     """`input_shapes` as ``{name: tuple}``, each name an argument of `graph` outside `params`.
 
-    Raises ValueError naming option `what` and the graph's inputs otherwise.
+    Raises ValueError naming option `what` and the graph's inputs otherwise, and
+    when the graph cannot take the shapes (MXNet's shape inference rejects them:
+    the error names the input and what MXNet says it expects).
     """
     input_shapes = {name: tuple(shape) for name, shape in (input_shapes or {}).items()}
     params = set(params)
-    arguments = load_graph(graph).symbol.list_arguments()
+    symbol = load_graph(graph).symbol
+    arguments = symbol.list_arguments()
     allowed = set(arguments) - params
     unknown = [name for name in input_shapes if name not in allowed]
     if unknown:
@@ -361,7 +364,19 @@ def check_input_shapes(graph, input_shapes, params=(), what='input_shapes'):
         raise ValueError('%s: %s %s not an input of the graph (its inputs: %s)'
                          % (what, _listing(unknown), 'is' if len(unknown) == 1 else 'are',
                             _listing(inputs)))
+    if input_shapes:
+        try:
+            symbol.infer_shape_partial(**input_shapes)
+        except mx.base.MXNetError as err:
+            raise _rejected_shapes(what, input_shapes, err)
     return input_shapes
+
+
+def _rejected_shapes(what, input_shapes, err):
+    """The ValueError for input shapes MXNet's shape inference rejected (`err`)."""
+    given = ', '.join('%s=%s' % (name, ','.join(str(d) for d in shape))
+                      for name, shape in sorted(input_shapes.items()))
+    return ValueError('%s: the graph rejects these shapes (%s): %s' % (what, given, error_line(err)))
 
 
 def check_exclude(graph, exclude, what='exclude'):
@@ -457,7 +472,7 @@ def _probe_shapes(symbol, inputs, input_shapes, what):
         known = infer(input_shapes)
     except mx.base.MXNetError as err:
         if input_shapes:
-            raise ValueError('%s: the graph rejects these shapes: %s' % (what, error_line(err)))
+            raise _rejected_shapes(what, input_shapes, err)
         known = {}      # some graphs infer nothing until an input has a shape
     sets = [(dict(input_shapes), known), (dict(input_shapes), known)]
     budget = _PROBE_BUDGET

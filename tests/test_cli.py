@@ -170,7 +170,8 @@ def _bad_inputs(model, tmp_path):
         ([sym, '--params', good, '--input-shape', 'fc_weight=10,256'],
          "--input-shape: 'fc_weight' is not an input of the graph"),
         ([sym, '--params', good, '--input-shape', 'data=1,16'],
-         "error: --input-shape: the graph rejects these shapes: MXNetError: Error in operator conv0"),
+         "error: --input-shape: the graph rejects these shapes (data=1,16): Error in operator conv0: "
+         "Check failed: dshp.ndim() == 4U (2 vs. 4) : Input data should be 4D"),
         ([sym, '--params', good, '--input-shape', 'data=1,3,8,8'],
          "parameter 'conv0_weight' has shape (16, 16, 3, 3); node 'conv0' (Convolution) needs (16, 3, 3, 3)"),
         ([sym, '--exclude', 'cnov*', 'conv1', 'nosuchnode'],
