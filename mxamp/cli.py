@@ -161,26 +161,33 @@ def _convert(args):
 
 
 def _check_file(path, what):
-    """Raise GraphError naming `what` when `path` is not a readable regular file."""
+    """Raise GraphError naming `what` when `path` is not a regular file, saying what it is instead.
+
+    Reading a device or a named pipe could block or read nothing, so those are
+    refused too (whether the file is readable, its reader says).
+    """
     from .graph import GraphError
     if os.path.isdir(path):
         raise GraphError("%s '%s' is a directory" % (what, path))
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise GraphError("%s '%s' does not exist" % (what, path))
+    if not os.path.isfile(path):
+        raise GraphError("%s '%s' is not a regular file" % (what, path))
 
 
 def main(argv=None):
     """Entry point; returns the exit status (0, or 2 for bad input)."""
     args = build_parser().parse_args(argv)
-    from .graph import GraphError
+    from .graph import GraphError, error_line
     try:
         _convert(args)
     except (GraphError, ValueError, OSError) as err:
         sys.stderr.write('mxamp: error: %s\n' % str(err).splitlines()[0])
         return EXIT_BAD_INPUT
     except Exception as err:  # a bug of mxamp's: still one line, never a traceback
-        lines = str(err).splitlines() or ['']
-        sys.stderr.write('mxamp: internal error (please report): %s: %s\n' % (type(err).__name__, lines[0]))
+        # error_line: an MXNetError's first line is "Traceback (most recent call last):".
+        sys.stderr.write('mxamp: internal error (please report): %s: %s\n'
+                         % (type(err).__name__, error_line(err)))
         return EXIT_INTERNAL_ERROR
     return 0
 

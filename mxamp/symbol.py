@@ -554,10 +554,17 @@ def save_model(prefix, symbol, arg_params=None, aux_params=None):
     """Write ``PREFIX-symbol.json`` (and ``PREFIX-0000.params``) with no partial files on failure.
 
     Both files are first written to temporary names in the target directory; the
-    renames happen only after both writes succeeded.  The writers create the
-    temporary files, so the outputs get the permissions the user's umask gives
-    any new file (``tempfile.mkstemp`` would make them 0600: unreadable by a
-    serving container or another user).
+    renames happen only after both writes succeeded.  The temporary files are
+    created with ``open``, so the outputs get the permissions the user's umask
+    gives any new file (``tempfile.mkstemp`` would make them 0600: unreadable by
+    a serving container or another user).
+
+    Raises
+    ------
+    GraphError
+        When the output directory does not exist, an output path is a
+        directory, or a file cannot be written; the message names the output,
+        never a temporary file.
     """
     directory = os.path.dirname(os.path.abspath(prefix))
     if not os.path.isdir(directory):
@@ -567,12 +574,25 @@ def save_model(prefix, symbol, arg_params=None, aux_params=None):
         saved = {'arg:%s' % k: v for k, v in arg_params.items()}
         saved.update({'aux:%s' % k: v for k, v in (aux_params or {}).items()})
         outputs.append(('%s-0000.params' % prefix, lambda tmp: mx.nd.save(tmp, saved)))
+    # A directory in the way fails only at its rename, possibly after the other
+    # output was renamed into place: refuse it before writing anything.
+    for final, _ in outputs:
+        if os.path.isdir(final):
+            raise GraphError("output '%s' is a directory" % final)
     staged = []
     try:
         for final, write in outputs:
             temporary = os.path.join(directory, '.mxamp-%d-%s.tmp' % (os.getpid(), uuid.uuid4().hex))
-            staged.append((temporary, final))
-            write(temporary)
+            try:
+                # Created here rather than by MXNet, whose error for an unwritable
+                # directory names the temporary file and hides the reason.
+                open(temporary, 'xb').close()
+                staged.append((temporary, final))
+                write(temporary)
+            except OSError as err:
+                raise GraphError("cannot write '%s': %s" % (final, err.strerror or err))
+            except mx.base.MXNetError as err:
+                raise GraphError("cannot write '%s': %s" % (final, error_line(err)))
         for temporary, final in staged:
             os.replace(temporary, final)
     finally:

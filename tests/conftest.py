@@ -217,3 +217,15 @@ def computes_in(dtype):
     if dtype == 'bfloat16' and not hardware.computes_bfloat16():
         return 'float32'
     return dtype
+
+
+@pytest.fixture
+def model(tmp_path):
+    """The prefix of a saved checkpoint of test_graph's small CNN (input 'data', N,16,8,8)."""
+    import mxnet as mx
+    from test_graph import params_of, small_cnn
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    prefix = str(tmp_path / 'cnn')
+    mx.model.save_checkpoint(prefix, 0, symbol, args, auxs)
+    return prefix

@@ -17,15 +17,6 @@ from mxamp.inference import fused_nodes
 from test_graph import params_of, small_cnn
 
 
-@pytest.fixture
-def model(tmp_path):
-    symbol = small_cnn()
-    args, auxs = params_of(symbol)
-    prefix = str(tmp_path / 'cnn')
-    mx.model.save_checkpoint(prefix, 0, symbol, args, auxs)
-    return prefix
-
-
 def convert(capsys, *argv):
     status = cli.main(['convert'] + list(argv))
     out, err = capsys.readouterr()

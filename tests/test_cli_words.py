@@ -4,13 +4,12 @@ import os
 import warnings
 
 import mxnet as mx
-import numpy as np
 import pytest
 
 import mxamp
 from mxamp import cli, hardware
 
-from test_cli import convert, model  # noqa: F401  (model is a fixture)
+from test_cli import convert
 
 
 def graph_of(prefix):
