@@ -30,7 +30,8 @@ __all__ = ['reserved_key', 'agree_overflow', 'store_overflow_sum', 'OVERFLOW_FLA
 
 #: The first key of each purpose; a purpose may use the keys after it, up to the next one.
 _KEYS = {
-    # scripts/train_imagenet.py: which checkpoints every worker holds (one key).
+    # scripts/train_imagenet.py: which checkpoints every worker holds, then whether
+    # every worker accepts its checkpoint's settings (two keys).
     'resume': 2 ** 28,
     # scripts/train_imagenet.py: BatchNorm statistics averaged over workers (one key each).
     'statistics': 2 ** 29,
@@ -50,7 +51,8 @@ def reserved_key(purpose):
     purpose : str
         ``'overflow'`` (the loss scaler's agreement), ``'statistics'`` (values
         averaged over workers: the key of the first, the others follow) or
-        ``'resume'`` (the checkpoints every worker holds).
+        ``'resume'`` (the checkpoints every worker holds, and the key after it:
+        whether every worker accepts its checkpoint's settings).
 
     Raises
     ------

@@ -28,11 +28,14 @@ The same with the Symbol API: ``--symbol resnet --num-layers 50`` instead of
 ``--model``.  On a CPU: ``--dtype auto`` (or ``bfloat16``).  The log and the
 summary say how the precision ran (native, or bfloat16 storage with FP32
 compute) and on which CPU class.  Continue after an interruption, bit-exactly:
-add ``--resume``.  A job that may be pre-empted and restarted with the same
-command line: add ``--resume auto`` (continues from the newest checkpoint, or
-starts from scratch when there is none, and logs which).  ``--no-progress``
-hides the progress bar only; the log lines go to stderr and ``train.log``
-either way.
+add ``--resume``.  It continues the run that the checkpoint records: a setting
+that changes the numbers (data, model, precision, batch, schedule, optimizer,
+loss scaling, seed, devices, workers) must be the same, or be named in
+``--resume-override`` (``--help`` says what may change freely).  A job that may
+be pre-empted and restarted with the same command line: add ``--resume auto``
+(continues from the newest checkpoint, or starts from scratch when there is
+none, and logs which).  ``--no-progress`` hides the progress bar only; the log
+lines go to stderr and ``train.log`` either way.
 
 Seconds-long runs on built-in data (what ``make demo`` and the tests use)::
 
@@ -73,7 +76,8 @@ rank 0's copy if it sees ``--save-dir``, else all go back one epoch).
 Outputs in ``--save-dir`` (``<prefix>`` is ``--save-prefix``, by default the
 model name): ``<prefix>-<epoch>.params`` (FP32 values, loadable by an FP32
 network), ``<prefix>-<epoch>.states`` (optimizer state, FP32 master weights,
-loss scaler), ``<prefix>-<epoch>.json`` (epoch, step, seeds, metrics),
+loss scaler), ``<prefix>-<epoch>.json`` (epoch, step, seeds, metrics, the run's
+settings and those changed by ``--resume-override``),
 ``<prefix>-metrics.csv`` (one row per epoch: learning rate and loss scale at
 its end, training loss, validation top-1/top-5, img/s, seconds, steps skipped
 for inf/NaN gradients in the epoch and in total, peak RSS),
@@ -129,7 +133,7 @@ CSV_FIELDS = ('epoch', 'lr', 'train_loss', 'val_top1', 'val_top5', 'img_per_sec'
 
 
 class UsageError(Exception):
-    """Bad input: reported as one line, exit status 2."""
+    """Bad input: reported as one line (a refused resume: one per setting), exit status 2."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,11 +255,30 @@ def build_parser():
                      help='keep only the newest N checkpoints (default: 0, all)')
     out.add_argument('--resume', nargs='?', const='newest', choices=('newest', 'auto'),
                      help="continue from the newest checkpoint in --save-dir (an error if "
-                          "there is none); --resume auto: the same, or start from scratch "
-                          "when there is none (one command line for a job that may be "
-                          "pre-empted and restarted)")
+                          "there is none) with the settings it records (see "
+                          "--resume-override); --resume auto: the same, or start from "
+                          "scratch when there is none (one command line for a job that may "
+                          "be pre-empted and restarted)")
     out.add_argument('--resume-epoch', type=int, metavar='E',
                      help='continue from the checkpoint of epoch E (an error if it is missing)')
+    out.add_argument('--resume-override', action='extend', type=_setting_names,
+                     metavar='SETTING[,SETTING...]',
+                     help='with --resume or --resume-epoch: let these settings differ from '
+                          "the checkpoint's (named as the refusal prints them, without the "
+                          'dashes, e.g. lr,batch-size; repeatable).  Without it a resume '
+                          'stops (status 2, one line per difference) when a setting that '
+                          'changes the numbers differs: the data, model, --dtype, batch '
+                          'size, learning-rate schedule and warm-up, optimizer, loss scale, '
+                          'label smoothing, seed, number of GPUs, --kv-store or number of '
+                          'workers (DMLC_NUM_WORKER).  Free to change: --num-epochs with '
+                          '--lr-mode step (the cosine and linear schedules span it: extending '
+                          'them needs num-epochs here, and the learning rate then jumps to '
+                          'the longer schedule), --data-nthreads (the run is then not '
+                          'bit-exact), --data-dir, which --gpus (not how many), '
+                          '--stop-at-epoch and the output and logging options.  Never: the '
+                          'network (%s; start a new run).  The changes are logged and kept in '
+                          'the checkpoints and the summary' % ', '.join(
+                              name.lstrip('-') for name in RESUME_FIXED))
     out.add_argument('--stop-at-epoch', type=int, metavar='N',
                      help='end this run after epoch N (its checkpoint written); the schedule '
                           'still spans --num-epochs: split a run into jobs, then --resume')
@@ -319,6 +342,9 @@ def check_args(args):
     if args.resume == 'auto' and args.resume_epoch is not None:
         raise UsageError('--resume auto takes the newest checkpoint if any, --resume-epoch '
                          'names one: give only one of them')
+    if args.resume_override and args.resume is None and args.resume_epoch is None:
+        raise UsageError('--resume-override changes settings of a resumed run: give it with '
+                         '--resume or --resume-epoch')
     try:
         [int(e) for e in args.lr_decay_epoch.split(',') if e.strip()]
     except ValueError:
@@ -870,6 +896,206 @@ def prune_checkpoints(directory, prefix, keep):
 
 
 # ---------------------------------------------------------------------------------------
+# Resume: the run's settings
+
+# What a checkpoint records of its run (`run_settings`), named as the user sets them: what
+# changes the numbers.  A resume refuses any difference that --resume-override does not
+# name, except --num-epochs under --lr-mode step (`compare_settings`).
+RESUME_CHECKED = ('--dataset', '--data-train', '--data-val', '--synthetic', '--num-examples',
+                  '--num-classes', '--image-shape', '--model', '--symbol', '--num-layers',
+                  '--resnet-version', '--dtype', '--loss-scale', '--batch-size', '--num-epochs',
+                  '--max-batches', '--optimizer', '--lr', '--momentum', '--wd', '--no-wd',
+                  '--lr-mode', '--lr-decay', '--lr-decay-epoch', '--warmup-epochs',
+                  '--label-smoothing', '--seed', '--num-gpus', '--kv-store', 'DMLC_NUM_WORKER')
+# The network that the checkpoint holds: no override, its files would not load into another
+# network (or precision).
+RESUME_FIXED = ('--model', '--symbol', '--num-layers', '--resnet-version', '--num-classes',
+                '--image-shape', '--dtype')
+# Options free to change on resume: they leave the numbers alone (--data-nthreads only the
+# bit-exactness; --gpus names the devices, their number is checked as --num-gpus).
+RESUME_FREE = ('--data-dir', '--data-nthreads', '--gpus', '--save-dir', '--save-prefix',
+               '--save-frequency', '--keep-checkpoints', '--resume', '--resume-epoch',
+               '--resume-override', '--stop-at-epoch', '--log-interval', '--no-progress',
+               '--plot', '--compare')
+
+
+def _setting_names(text):
+    """The argparse type of --resume-override: 'lr,batch-size' -> ['--lr', '--batch-size']."""
+    known = {name.lstrip('-'): name for name in RESUME_CHECKED}
+    names = []
+    for word in (w.strip() for w in text.split(',') if w.strip()):
+        if word not in known:
+            raise argparse.ArgumentTypeError(
+                '%r is not a setting that a checkpoint records (%s)'
+                % (word, ', '.join(w for w, name in known.items() if name not in RESUME_FIXED)))
+        if known[word] in RESUME_FIXED:
+            raise argparse.ArgumentTypeError(
+                '%s: the network cannot change on resume (the checkpoint would not load into '
+                'another): start a new run' % word)
+        names.append(known[word])
+    return names
+
+
+def run_settings(args, spec, dtype, contexts, num_workers, base_lr):
+    """This run's settings that its checkpoints record: `RESUME_CHECKED` name -> value.
+
+    Effective values where a default depends on other options (the learning rate,
+    the data's classes and shape, ``auto`` dtype and loss scale): a resume is
+    compared with what ran, not with how it was spelled.  A data file is recorded
+    by absolute path and image count (the count sets the steps per epoch, hence
+    the schedule).
+    """
+    def data_file(path, count):
+        return '%s (%d images)' % (os.path.abspath(path), count) if path else None
+    loss_scale = args.loss_scale
+    if loss_scale == 'auto':
+        loss_scale = 'dynamic' if dtype == 'float16' else 'none'
+    elif loss_scale not in ('dynamic', 'none'):
+        loss_scale = float(loss_scale)
+    return {
+        '--dataset': args.dataset,
+        '--data-train': data_file(args.data_train and spec.train_rec, spec.num_train),
+        '--data-val': data_file(args.data_val and spec.val_rec, spec.num_val),
+        '--synthetic': args.synthetic,
+        '--num-examples': args.num_examples,
+        '--num-classes': spec.num_classes,
+        '--image-shape': ','.join(str(n) for n in spec.image_shape),
+        '--model': args.model,
+        '--symbol': args.symbol,
+        '--num-layers': args.num_layers,
+        '--resnet-version': args.resnet_version,
+        '--dtype': dtype,
+        '--loss-scale': loss_scale,
+        '--batch-size': args.batch_size,
+        '--num-epochs': args.num_epochs,
+        '--max-batches': args.max_batches,
+        '--optimizer': args.optimizer,
+        '--lr': base_lr,
+        '--momentum': args.momentum,
+        '--wd': args.wd,
+        '--no-wd': args.no_wd,
+        '--lr-mode': args.lr_mode,
+        '--lr-decay': args.lr_decay,
+        '--lr-decay-epoch': ','.join(str(int(e)) for e in args.lr_decay_epoch.split(',')
+                                     if e.strip()),
+        '--warmup-epochs': args.warmup_epochs,
+        '--label-smoothing': args.label_smoothing,
+        '--seed': args.seed,
+        '--num-gpus': sum(c.device_type == 'gpu' for c in contexts),
+        '--kv-store': args.kv_store,
+        'DMLC_NUM_WORKER': num_workers,
+    }
+
+
+def _show(value):
+    """A setting's value as a refusal line prints it."""
+    if value is None:
+        return 'none'
+    if isinstance(value, bool):
+        return 'on' if value else 'off'
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _recorded_settings(meta):
+    """A checkpoint's settings.  An earlier version of this script recorded none; what
+    its other fields say stands in for them."""
+    if 'settings' in meta:
+        return meta['settings']
+    stored = {name: meta[key] for key, name in (('dtype', '--dtype'), ('seed', '--seed'),
+                                                ('num_workers', 'DMLC_NUM_WORKER'))
+              if key in meta}
+    if 'path' in meta:
+        stored['--symbol'] = 'resnet' if meta['path'] == 'symbol' else None
+    return stored
+
+
+def compare_settings(stored, current, overrides):
+    """The differences between a checkpoint's settings and this run's.
+
+    Returns ``(refused, overridden, free)``: the lines to refuse with (``--lr:
+    checkpoint 0.1, now 0.2``), ``(name, checkpoint's value, this run's)`` of the
+    differences that `overrides` (names) allows, and lines to log for those free
+    to change.  Settings that `stored` lacks are not compared.
+    """
+    refused, overridden, free = [], [], []
+    mode = current['--lr-mode']
+    for name, now in current.items():
+        if name not in stored or stored[name] == now:
+            continue
+        was = stored[name]
+        line = '%s: checkpoint %s, now %s' % (name, _show(was), _show(now))
+        if name == '--num-epochs' and stored.get('--lr-mode') == mode == 'step':
+            # Step decays at fixed epochs: the schedule up to any epoch stays the same.
+            free.append(line + ': free to change under --lr-mode step')
+        elif name in overrides:
+            overridden.append((name, was, now))
+        elif name == '--num-epochs' and stored.get('--lr-mode') == mode:
+            refused.append(line + ' (the %s schedule spans the epochs: the learning rate '
+                                  'would jump)' % mode)
+        else:
+            refused.append(line)
+    return refused, overridden, free
+
+
+# The resume purpose's second key (kvkeys: a purpose may use the keys after its own).
+_SETTINGS_KEY = _RESUME_KEY + 1
+
+
+def refusing_workers(kvstore, refuses):
+    """Ranks of the workers that refuse to resume; `refuses`: whether this one does.
+
+    One push-pull of a vector with a 1 per refusing worker.  Every worker must
+    call it.
+    """
+    flags = np.zeros(kvstore.num_workers, dtype=np.float32)
+    flags[kvstore.rank] = float(refuses)
+    value = mx.nd.array(flags)
+    kvstore.init(_SETTINGS_KEY, mx.nd.zeros(kvstore.num_workers))
+    kvstore.pushpull(_SETTINGS_KEY, value, out=value)
+    return [int(rank) for rank in np.nonzero(value.asnumpy())[0]]
+
+
+def check_resume_settings(meta, json_file, settings, args, kvstore):
+    """Refuse to resume from `meta` (read from `json_file`) with other `settings`.
+
+    Raises `UsageError` with one line per difference that --resume-override
+    does not name; logs the others.  With a distributed `kvstore`, every worker
+    must call it, and all refuse when one does: a worker that went on alone
+    would wait for the others for ever.  Returns the run's overrides, earlier
+    resumes' and this one's, for its checkpoints and summary.
+    """
+    current = json.loads(json.dumps(settings))    # as a checkpoint gives them back
+    stored = _recorded_settings(meta)
+    refused, overridden, free = compare_settings(stored, current, args.resume_override or ())
+    refusing = refusing_workers(kvstore, bool(refused)) if kvstore is not None else []
+    if refused:
+        raise UsageError('\n'.join(refused + [
+            '--resume: %s was written with the settings above: resume with them, or name '
+            'those to change in --resume-override (see --help)' % json_file]))
+    if refusing:
+        raise UsageError('--resume: the settings of worker(s) %s differ from their checkpoint '
+                         '(their output says which): no worker resumes'
+                         % ', '.join(str(rank) for rank in refusing))
+    unchecked = [name for name in current if name not in stored]
+    if unchecked:
+        _LOG.warning('--resume: %s does not record %s (an earlier version of this script wrote '
+                     'it): not checked; this run\'s checkpoints record them', json_file,
+                     ', '.join(unchecked))
+    if meta.get('data_nthreads', args.data_nthreads) != args.data_nthreads:
+        free.append('--data-nthreads: checkpoint %d, now %d: free to change, but the '
+                    'augmentation now differs from an uninterrupted run\'s'
+                    % (meta['data_nthreads'], args.data_nthreads))
+    for line in free:
+        _LOG.info(line)
+    records = list(meta.get('resume_overrides', []))
+    for name, was, now in overridden:
+        _LOG.warning('%s: checkpoint %s, now %s: changed by --resume-override', name,
+                     _show(was), _show(now))
+        records.append({'epoch': meta['epoch'], 'setting': name, 'checkpoint': was, 'now': now})
+    return records
+
+
+# ---------------------------------------------------------------------------------------
 # Metrics, summary, plot
 
 def peak_rss_mb():
@@ -1122,27 +1348,27 @@ def train(args):
         steps_per_epoch = min(steps_per_epoch, args.max_batches)
     base_lr = args.lr if args.lr is not None else 0.256 * global_batch / 256
     path = 'symbol' if args.symbol else 'gluon'
-    compute, device = describe_precision(dtype, contexts)
-    _LOG.info('%s %s, %s, dtype %s (%s) on %s, %d worker(s), global batch %d, lr %g, '
-              '%d steps/epoch', path, prefix, 'synthetic data' if spec.synthetic else
-              spec.train_rec, dtype, compute, contexts, num_workers, global_batch, base_lr,
-              steps_per_epoch)
-    _LOG.info('device: %s', device)
+    settings = run_settings(args, spec, dtype, contexts, num_workers, base_lr)
 
     csv_path = os.path.join(save_dir, '%s-metrics.csv' % prefix)
-    rows, start_epoch, global_step, resume = [], 0, 0, None
-    # Found (or refused) before the slow model build.
+    rows, start_epoch, global_step, resume, overrides = [], 0, 0, None, []
+    # Found (or refused) before the slow model build, and before this run logs its set-up:
+    # a refused resume leaves the checkpoint's directory as it was.
     found, directory = _resume_point(args, save_dir, prefix, rank,
                                      kvstore if distributed else None)
     if found is not None:
         resume = _paths(directory, prefix, found)
         with open(resume[2]) as handle:
             meta = json.load(handle)
-        for key, value in (('dtype', dtype), ('path', path), ('model', prefix)):
-            if meta.get(key) != value:
-                raise UsageError('--resume: %s was trained with %s %s, not %s'
-                                 % (resume[2], key, meta.get(key), value))
+        overrides = check_resume_settings(meta, resume[2], settings, args,
+                                          kvstore if distributed else None)
         start_epoch, global_step = found, meta['global_step']
+    compute, device = describe_precision(dtype, contexts)
+    _LOG.info('%s %s, %s, dtype %s (%s) on %s, %d worker(s), global batch %d, lr %g, '
+              '%d steps/epoch', path, prefix, 'synthetic data' if spec.synthetic else
+              spec.train_rec, dtype, compute, contexts, num_workers, global_batch, base_lr,
+              steps_per_epoch)
+    _LOG.info('device: %s', device)
 
     seed_everything(args.seed)   # same on every worker: same initial weights
     runner_cls = ModuleRunner if args.symbol else GluonRunner
@@ -1151,8 +1377,9 @@ def train(args):
 
     if resume is not None:
         runner.load(resume[0], resume[1])
-        # The schedule follows this run's arguments (e.g. a longer --num-epochs); it is
-        # a function of the restored update count, so unchanged arguments continue it.
+        # The schedule follows this run's arguments (a longer --num-epochs under --lr-mode
+        # step, or what --resume-override changed); it is a function of the restored
+        # update count, so unchanged arguments continue it.
         runner.optimizer.lr_scheduler = lr_scheduler(args, base_lr, steps_per_epoch)
         if os.path.isfile(csv_path):
             rows = [r for r in read_metrics(csv_path) if r['epoch'] <= start_epoch]
@@ -1217,7 +1444,8 @@ def train(args):
                     'path': path, 'model': prefix, 'rank': rank, 'num_workers': num_workers,
                     'data_nthreads': args.data_nthreads,
                     'rng': 'per epoch e: mxnet/numpy/random and ImageRecordIter seeded from '
-                           'sha256(seed/e/rank/purpose)', 'metrics': row}
+                           'sha256(seed/e/rank/purpose)', 'metrics': row,
+                    'settings': settings, 'resume_overrides': overrides}
             save_checkpoint(runner, save_dir, prefix, epoch + 1, meta)
             prune_checkpoints(save_dir, prefix, args.keep_checkpoints)
 
@@ -1232,7 +1460,8 @@ def train(args):
                'skipped_steps': runner.skipped_steps, 'loss_scale': runner.loss_scale,
                'loss_scaling': _loss_scaling(runner.trainer.loss_scaler),
                'peak_rss_mb': peak_rss_mb(), 'train_time': train_time, 'rank': rank,
-               'num_workers': num_workers, 'global_batch': global_batch}
+               'num_workers': num_workers, 'global_batch': global_batch,
+               'resume_overrides': overrides}
     with open(os.path.join(save_dir, '%s-summary.json' % prefix), 'w') as handle:
         json.dump(summary, handle, indent=1)
     if args.plot and rank == 0:
@@ -1255,7 +1484,10 @@ def main(argv=None):
                     raise UsageError('--compare %s: no such file' % other)
         summary = train(args)
     except UsageError as err:
-        print('%s: error: %s' % (PROG, err), file=sys.stderr)
+        # A refused resume: one line per setting.  Flushed: a distributed launcher may stop
+        # this worker as soon as another one exits.
+        for line in str(err).splitlines():
+            print('%s: error: %s' % (PROG, line), file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         print('%s: interrupted; the checkpoints already written are intact (continue with '

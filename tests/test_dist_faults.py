@@ -246,7 +246,9 @@ def test_killed_worker_stops_job_and_checkpoint_resumes(digits_dir, tmp_path):
         os.remove(save / 'rank1' / 'm-0001.json')
 
     # The same 2-worker launch with --resume continues from epoch 1 on both workers.
-    with _Launch(tmp_path / 'resume', 2, _train_command(digits_dir, save, '--num-epochs', '2',
+    # The run's length is a setting of its cosine schedule: the same 8 epochs, stopped at 2.
+    with _Launch(tmp_path / 'resume', 2, _train_command(digits_dir, save, '--num-epochs', '8',
+                                                        '--stop-at-epoch', '2',
                                                         '--resume')) as launch:
         pids = launch.wait_pids()
         status = launch.wait(JOB_TIMEOUT + 30)
