@@ -8,8 +8,10 @@ bfloat16 parameters cross it as FP32 copies (one buffer per parameter and
 context, allocated once), the FP32 sum is rounded back into the gradient once,
 and the updates run on the workers.  float16 and FP32 arrays, and every array
 with a local kvstore (which sums bfloat16 correctly), take gluon's own path.
-It also waits once for the initial pulls of a distributed kvstore (see
-:meth:`Bfloat16KVStoreTrainer._init_params`).  :func:`broadcast` and
+With a distributed kvstore it also broadcasts every initial value in the
+default layout (MXNet's own broadcast aborts the server on a oneDNN-layout
+value, as an inference pass leaves them) and waits once for the initial pulls
+(see :meth:`Bfloat16KVStoreTrainer._init_params`).  :func:`broadcast` and
 :func:`pushpull` do the same for arrays outside a gluon Trainer
 (:class:`mxamp.ModuleTrainer`, running statistics averaged over workers).
 
@@ -68,7 +70,12 @@ def broadcast(kvstore, key, arrays, buffers=None):
 
     bfloat16 travels as FP32.  Every worker must call it, with the same key
     and shape.  Waits for the pulls (a later push of other arrays under the
-    same key could otherwise be served first).
+    same key could otherwise be served first).  The initial value is sent in
+    the default layout: MXNet 1.9.1's ``KVStoreDist::Init`` pushes it without
+    the merge step that brings every later push out of a oneDNN blocked layout,
+    and an inference pass leaves weights and BatchNorm statistics in one; that
+    push then fails inside MXNet's engine, unseen, and the server aborts at the
+    first pull ("init K first").
 
     Parameters
     ----------
@@ -80,7 +87,8 @@ def broadcast(kvstore, key, arrays, buffers=None):
         The FP32 copies of bfloat16 arrays, per key, kept for later calls.
     """
     wire = _on_the_wire(key, arrays, buffers)
-    kvstore.init(key, wire[0])
+    first = wire[0] if wire is not arrays else amp_cast(arrays[0], arrays[0].dtype)
+    kvstore.init(key, first)
     kvstore.pull(key, out=wire, priority=-key)
     _back_from_the_wire(wire, arrays)
     for array in arrays:
@@ -120,7 +128,8 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
     Parameters are those of ``gluon.Trainer``.  With a distributed kvstore and
     any bfloat16 parameter, `update_on_kvstore` becomes False (the servers
     cannot run updates on bfloat16), and True raises ``ValueError``, as does
-    ``dist_async`` (it always updates on the servers).  Otherwise it is gluon's
+    ``dist_async`` (it always updates on the servers).  With a distributed
+    kvstore the initial broadcast is `broadcast`'s; otherwise it is gluon's
     Trainer unchanged.  Adds no host sync to a step; with a distributed
     kvstore, the initial pulls are waited for once.
 
@@ -162,12 +171,15 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
 
     def _init_params(self):
         # gluon.Trainer internals: _params_to_init, _param2idx, Parameter._data,
-        # _deferred_init.  bfloat16 values are broadcast as FP32 copies.
+        # _deferred_init, _stype.  With a distributed kvstore every dense value is
+        # broadcast by `broadcast` (bfloat16 as FP32 copies, every value in the
+        # default layout: gluon's own broadcast aborts the server on a value that an
+        # inference pass left in a oneDNN layout); sparse ones take gluon's path.
         pending = list(self._params_to_init)
-        if self._kvstore and self._fp32_reduce:
+        if self._kvstore and self._distributed:
             rest = []
             for param in pending:
-                if param._deferred_init or not self._is_fp32_reduced(param):
+                if param._deferred_init or param._stype != 'default':
                     rest.append(param)
                     continue
                 broadcast(self._kvstore, self._param2idx[param.name],

@@ -3,11 +3,12 @@
 
 Usage::
 
-    .venv/bin/python scripts/benchmark.py                       # full run (about 15-25 min)
+    .venv/bin/python scripts/benchmark.py                       # full run (about 20 min, 2 cores)
     .venv/bin/python scripts/benchmark.py --networks resnet50_v1 --tasks inference
-    .venv/bin/python scripts/benchmark.py --repeats 7 --steps 2 --output docs/benchmark.json
+    .venv/bin/python scripts/benchmark.py --networks resnet18_v1 --tasks training \\
+        --modes fp32,mxamp --batch 8,16,32 --threads 1,2 --output sweep.json
     .venv/bin/python scripts/benchmark.py --networks tiny --batch 2 --image-size 32 \\
-        --repeats 1 --steps 1                                    # smoke test (seconds)
+        --repeats 1 --steps 2 --warmup 1                         # smoke test (about a minute)
 
 Networks: gluoncv model-zoo names (default ``resnet50_v1`` and the smaller
 ``resnet18_v1``), random weights (Xavier, fixed seed), 1000 classes, or
@@ -25,8 +26,7 @@ inference (``net(x)``, FP32 input, FP32 output):
 ``mxamp``           ``mxamp.convert(net)`` (bfloat16).
 ``mxamp+fusion``    ``mxamp.for_inference(net, x, dtype='bfloat16')``: converted, then
                     the same oneDNN fusion (mxamp's inference path).
-``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``
-                    (does not patch MXNet globally, so it shares the process).
+``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``.
 
 training (forward + backward of softmax cross-entropy, then ``trainer.step``; SGD
 with momentum):
@@ -36,44 +36,63 @@ with momentum):
                     master weights; no loss scaling, as bfloat16 has FP32's range).
 ``mxamp+scaling``   same with ``loss_scale='dynamic'`` (loss scaler and overflow check on
                     every step): the upper bound of mxamp's own per-step overhead.
-``contrib.amp``     ``amp.init('bfloat16')`` + ``amp.init_trainer`` + ``amp.scale_loss``.
+``contrib.amp``     ``amp.init('bfloat16')`` before building the net, ``amp.init_trainer``,
+                    ``amp.scale_loss``.
 
 Method
 ------
-* Throughput: all modes of one (network, task) live in one process and are
-  measured interleaved: after ``--warmup`` iterations per mode, each repetition
-  runs ``--steps`` iterations of every mode in turn; a repetition gives one
-  img/s value per mode and the table shows the median over ``--repeats``
-  repetitions.  Ratios are computed from those medians (mode / FP32 of the
-  same process).  Separate runs on this shared machine vary up to 2x; within
-  one process, interleaved, ratios are stable.
-* Training iterations are timed in two parts, each ended by ``mx.nd.waitall()``:
-  forward+backward, then ``trainer.step`` (``update_ms``).  mxamp's per-step
-  overhead is ``update_ms(mxamp mode) - update_ms(fp32)`` (master-weight update
-  and cast, loss scaler, overflow check) as a fraction of the mxamp step.
-* ``contrib.amp`` training cannot share the main process: ``amp.init``
-  monkey-patches ``mx.nd``/``mx.sym`` for good.  It runs in a subprocess that
-  first builds and warms up an FP32 net (its graph is built before the patch),
-  then calls ``amp.init``; FP32 and contrib.amp are measured interleaved there,
-  and contrib.amp's ratio is against that process's FP32 (``baseline`` field:
-  ``fp32@contrib.amp process``).  After ``amp.init`` the FP32 optimizer calls go
-  through contrib.amp's wrappers too, as in any process that uses it.  Its ratio
-  to mxamp is a ratio of ratios (``vs_mxamp``).
-* Ratios: ``ratio_vs_fp32`` is the ratio of the medians;
-  ``paired_ratio_vs_fp32`` is the median over repetitions of the ratio within
-  each repetition (mode and FP32 measured seconds apart), more robust when the
-  machine's load changes during the run.  Both come from the per-repetition
-  img/s stored in the JSON.
-* Peak memory: RSS never shrinks, so each mode's peak is measured in its own
-  subprocess that builds only that mode, runs ``--warmup`` + ``--steps``
-  iterations and reports its high-water mark (``peak_rss_mb``).  It is read
-  from ``VmHWM`` in ``/proc/self/status``, not from
-  ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries ``ru_maxrss`` over
-  ``execve`` from the forked parent, so a child of a large benchmark process
-  would report the parent's size (``ru_maxrss_mb`` is kept in the JSON for
-  reference).  ``base_rss_mb`` is the RSS of that process after building the
-  net, before the first iteration (MXNet itself, Python, the weights).
-  ``--no-memory`` skips these subprocesses.
+Every figure is what a user's script gets: a process that builds one mode.
+
+* Configurations: each combination of network, task, ``--batch`` and
+  ``--threads`` value (both accept comma-separated lists) is measured on its
+  own, with its own FP32 baseline.
+* Workers: for each configuration the script runs ``--repeats`` rounds (3 by
+  default); a round starts one fresh Python process (a worker: this script
+  with a hidden ``--_worker`` argument) per mode, in the same order every
+  round (fp32, mxamp, ..., fp32, mxamp, ...).  A worker builds its mode,
+  runs ``--warmup`` untimed iterations (2), then times ``--steps``
+  consecutive iterations (5), each ended by a sync (``wait_to_read`` or
+  ``mx.nd.waitall()``): its img/s is batch x steps over that stretch.  The
+  table shows the median over rounds; ``x FP32`` is the ratio of the
+  medians, ``paired`` the median over rounds of mode img/s / FP32 img/s of
+  the same round.  Alternating whole processes makes a change in the
+  machine's load hit every mode alike; ``paired`` compares processes run
+  seconds apart.
+* Why one process per mode: an earlier version kept all modes of a
+  configuration in one process and timed them interleaved, ``--steps 1`` per
+  repetition.  Every mode's graphs, MXNet's memory pool and oneDNN's
+  primitive cache were then alive at once, and each timed iteration came
+  right after another mode's, on caches and memory that mode had just used.
+  On a 16-core Xeon (ResNet-50 training, batch 64, 16 threads) it reported
+  mxamp at 1.01x and 1.06x FP32 where one process per mode measures 1.61x
+  (at 2 threads, batch 16, both agreed).
+* Threads: each worker starts with ``OMP_NUM_THREADS`` set to the
+  configuration's ``--threads`` (MXNet reads it when it loads, in the fresh
+  process).  The default is the number of CPUs this process may use
+  (``os.sched_getaffinity``), stated rather than left unset: with
+  ``OMP_NUM_THREADS`` unset MXNet 1.9.1 computes on half the logical CPUs
+  (``src/engine/openmp.cc`` assumes hyper-threading on x86), i.e. on one
+  thread on a 2-CPU machine.  Each worker reports the OpenMP thread count
+  MXNet computes with (``omp_get_max_threads()`` of the OpenMP runtime that
+  ``libmxnet.so`` loaded, asked after ``import mxnet``); the table's notes
+  say where it is not the one asked for.  Otherwise a worker runs with the
+  environment the script was started with, not the one ``import mxamp``
+  changed in this process (it may set ``DNNL_MAX_CPU_ISA``), as a user's
+  process would.
+* Training iterations are timed in two parts, each ended by
+  ``mx.nd.waitall()``: forward+backward, then ``trainer.step``
+  (``update_ms``).  mxamp's per-step overhead is ``update_ms(mxamp mode) -
+  update_ms(fp32)`` (master-weight update and cast, loss scaler, overflow
+  check) as a fraction of the mxamp step.
+* ``contrib.amp`` training: ``amp.init`` patches ``mx.nd``/``mx.sym`` for
+  good, which concerns no other mode, as each has its own process; its ratio
+  is against the configuration's FP32, like every mode's.
+* Memory: each worker reports its RSS after building the net, before the
+  first iteration (``base_rss_mb``: MXNet itself, Python, the weights), and
+  its peak at the end (``peak_rss_mb``); the table shows the medians over
+  rounds.  The peak is ``VmHWM`` from ``/proc/self/status``, not
+  ``getrusage(RUSAGE_SELF).ru_maxrss``, which Linux carries over ``execve``
+  from the forked parent (this script, MXNet loaded).
 * AMX: mxamp enables it at import when the CPU has ``amx_bf16``; the JSON
   records the CPU flags, the CPU class and whether AMX was enabled
   (``meta.hardware``).
@@ -83,42 +102,76 @@ Method
   primitive descriptor iterator"), so the ``contrib.amp`` modes are skipped,
   with the reason in the table and in the JSON (``skipped`` in the mode's
   entry); on ``'avx512'`` they run oneDNN's emulated bfloat16.  mxamp's modes
-  then run bfloat16 parameters with FP32
-  compute: they measure that emulation (casts, master weights), not bfloat16
-  arithmetic; every result says which (``mxamp_compute``: ``'native'`` or
-  ``'bfloat16 storage, FP32 compute'``).
+  then run bfloat16 parameters with FP32 compute: they measure that
+  emulation (casts, master weights), not bfloat16 arithmetic; every result
+  says which (``mxamp_compute``: ``'native'`` or ``'bfloat16 storage, FP32
+  compute'``).
 
-Output: a text table on stdout and a JSON file (``--output``, default
-``benchmark.json``) with every measured value (per-repetition img/s included).
+Output
+------
+On stdout a table (one block of rows per configuration) and its notes, then,
+per network and task, FP32 and mxamp img/s by batch size and by thread count
+where several were measured.  The JSON file (``--output``, default
+``benchmark.json``, written whole or not at all) holds ``meta`` (command
+line, versions, CPU, usable CPUs, load average) and one result per
+configuration; per mode: its settings, every worker's answer (``runs``: img/s,
+per-iteration times, memory, environment and OpenMP thread count), the
+medians and ratios, and ``reproduce``, the command that measures that mode and
+FP32 alone.  A worker that fails, crashes or times out becomes an ``error``
+entry for its mode, not measured in later rounds; the table's notes say why.
 """
 import argparse
+import ctypes
 import datetime
 import json
 import os
 import platform
-import resource
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import time
+import traceback
+from collections import namedtuple
+from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+# The environment this script was started with, before `import mxamp` may set
+# DNNL_MAX_CPU_ISA: the one workers start from, as a user's process would.
+LAUNCH_ENV = dict(os.environ)
 
 import mxamp  # noqa: E402  (first: enables AMX before oneDNN's first primitive)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxamp import hardware  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
-
-try:
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover
-    tqdm = None
+from tqdm import tqdm  # noqa: E402
 
 INFERENCE_MODES = ('fp32', 'fp32+fusion', 'mxamp', 'mxamp+fusion', 'contrib.amp')
 TRAINING_MODES = ('fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp')
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+RESULT_PREFIX = 'MXAMP_BENCHMARK_RESULT '
+
+HYBRIDIZE = {'static_alloc': True, 'static_shape': True}
+FUSION_BACKEND = 'MKLDNN'
+# Tiny learning rate: random weights must not drift to inf/NaN during the run.
+SGD = {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5}
+# mxamp.Trainer's loss_scale per mode ('auto': none for bfloat16, which has FP32's range).
+MXAMP_LOSS_SCALE = {'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
+
+# Environment variables that change what a worker measures (prefixes): recorded
+# in the JSON and put in front of the `reproduce` commands.
+PERFORMANCE_VARIABLES = ('OMP_', 'KMP_', 'GOMP_', 'MXNET_', 'DNNL_', 'MKLDNN_', 'MXAMP_',
+                         'LD_PRELOAD')
+# The OpenMP runtimes libmxnet.so links (GNU, Intel), by soname.
+MXNET_OPENMP_SONAMES = ('libgomp.so.1', 'libiomp5.so')
+
+# One measured configuration: every mode of it is compared with its FP32.
+Config = namedtuple('Config', 'network task batch threads')
 
 
 # --------------------------------------------------------------------------
@@ -155,7 +208,7 @@ def make_data(batch, image_size, classes=1000):
 
 
 def _hybridize(net):
-    net.hybridize(static_alloc=True, static_shape=True)
+    net.hybridize(**HYBRIDIZE)
     return net
 
 
@@ -177,7 +230,7 @@ def build_inference(mode, name, x):
     if mode == 'mxamp+fusion':
         mxamp.for_inference(net, x, dtype='bfloat16')
     elif mode == 'fp32+fusion':
-        net.optimize_for(x, backend='MKLDNN', static_alloc=True, static_shape=True)
+        net.optimize_for(x, backend=FUSION_BACKEND, **HYBRIDIZE)
     else:
         _hybridize(net)
 
@@ -187,34 +240,29 @@ def build_inference(mode, name, x):
     return run
 
 
-def _sgd():
-    # Tiny learning rate: random weights must not drift to inf/NaN during the run.
-    return {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5}
-
-
 def build_training(mode, name, x, y):
     if mode == 'contrib.amp':
         from mxnet.contrib import amp
-        amp.init(target_dtype='bfloat16')      # the caller runs this in its own process
+        amp.init(target_dtype='bfloat16')      # patches MXNet for good: a worker's own process
     # Under amp.init this net's graph is built with contrib.amp's patched operators.
     net = make_net(name)
     net(x[:1]).wait_to_read()
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    loss_fn.hybridize(static_alloc=True, static_shape=True)
+    loss_fn.hybridize(**HYBRIDIZE)
     scale_loss = None
     if mode == 'fp32':
         _hybridize(net)
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', _sgd())
-    elif mode in ('mxamp', 'mxamp+scaling'):
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', dict(SGD))
+    elif mode in MXAMP_LOSS_SCALE:
         mxamp.convert(net, 'bfloat16')
         _hybridize(net)
-        trainer = mxamp.Trainer(net.collect_params(), 'sgd', _sgd(),
-                                loss_scale='dynamic' if mode == 'mxamp+scaling' else 'auto')
+        trainer = mxamp.Trainer(net.collect_params(), 'sgd', dict(SGD),
+                                loss_scale=MXAMP_LOSS_SCALE[mode])
         if mode == 'mxamp+scaling':
             scale_loss = trainer.scale_loss
     elif mode == 'contrib.amp':
         _hybridize(net)
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', _sgd())
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', dict(SGD))
         amp.init_trainer(trainer)
 
         def scale_loss(loss):
@@ -240,6 +288,54 @@ def build_training(mode, name, x, y):
     return run
 
 
+def build(task, mode, name, batch, image_size):
+    x, y = make_data(batch, image_size)
+    if task == 'inference':
+        return build_inference(mode, name, x)
+    return build_training(mode, name, x, y)
+
+
+def mode_settings(task, mode):
+    """What `mode` runs, for the JSON: enough to build it again by hand.
+
+    Returns
+    -------
+    dict
+        ``dtype`` of the parameters, ``conversion`` (the call that makes the net
+        bfloat16, None for FP32), ``hybridize`` flags, ``fusion`` (the subgraph
+        backend, or None) and, for training, ``loss``, ``trainer``,
+        ``optimizer`` (name and hyper-parameters) and ``loss_scale``.
+    """
+    if mode.startswith('fp32'):
+        conversion = None
+    elif mode == 'contrib.amp':
+        conversion = ("amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())"
+                      if task == 'inference' else
+                      "amp.init(target_dtype='bfloat16') before building the net")
+    elif mode == 'mxamp+fusion':
+        conversion = "mxamp.for_inference(net, x, dtype='bfloat16')"
+    else:
+        conversion = "mxamp.convert(net, 'bfloat16')"
+    settings = {'dtype': 'float32' if conversion is None else 'bfloat16',
+                'conversion': conversion, 'hybridize': dict(HYBRIDIZE),
+                'fusion': FUSION_BACKEND if mode.endswith('+fusion') else None}
+    if task == 'training':
+        if mode == 'contrib.amp':
+            loss_scale = 'dynamic (amp.init_trainer, amp.scale_loss)'
+        else:
+            loss_scale = MXAMP_LOSS_SCALE.get(mode)
+        settings.update(loss='SoftmaxCrossEntropyLoss',
+                        trainer='mxamp.Trainer' if mode in MXAMP_LOSS_SCALE else 'gluon.Trainer',
+                        optimizer=dict(name='sgd', **SGD), loss_scale=loss_scale)
+    return settings
+
+
+def task_modes(task, selected):
+    """The modes of `task` among `selected`, in the table's order."""
+    return [m for m in (INFERENCE_MODES if task == 'inference' else TRAINING_MODES)
+            if m in selected]
+
+
 def skip_reason(mode):
     """Why `mode` is not measured on this CPU (one line), or None when it is."""
     if mode == 'contrib.amp' and hardware.cpu_class() == hardware.AVX2:
@@ -253,53 +349,74 @@ def mxamp_compute():
     return 'native' if hardware.computes_bfloat16() else 'bfloat16 storage, FP32 compute'
 
 
-def build(task, mode, name, batch, image_size):
-    x, y = make_data(batch, image_size)
-    if task == 'inference':
-        return build_inference(mode, name, x)
-    return build_training(mode, name, x, y)
-
-
 # --------------------------------------------------------------------------
-# Measurement
+# Worker: one mode in a fresh process
 
-def measure(runners, batch, warmup, steps, repeats, progress=None):
-    """Interleaved timing of several modes in this process.
+def launch_variables():
+    """The variables this process was started with that change a measurement."""
+    return {k: v for k, v in sorted(LAUNCH_ENV.items()) if k.startswith(PERFORMANCE_VARIABLES)}
 
-    Returns ``{mode: {'img_per_s': [...], 'fwd_bwd_ms': [...], 'update_ms': [...]}}``
-    (one value per repetition; the last two only for training).
+
+def _mapped_files():
+    """Paths of the files mapped into this process, once each, in address order."""
+    paths = []
+    with open('/proc/self/maps') as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith('/'):
+                paths.append(fields[5].rstrip('\n'))
+    return list(dict.fromkeys(paths))
+
+
+def mxnet_openmp_runtime(paths):
+    """Which of the mapped `paths` is the OpenMP runtime libmxnet.so uses.
+
+    Other packages map their own copies beside it (scikit-learn's
+    ``scikit_learn.libs/libgomp-<hash>.so.1.0.0``), with settings of their
+    own: only a file named after a soname libmxnet.so links counts.
+
+    Returns
+    -------
+    tuple
+        ``(path, None)``, or ``(None, why)`` when there is none or more than one.
     """
-    for mode, run in runners.items():
-        for _ in range(warmup):
-            run()
-        if progress is not None:
-            progress.update(warmup)
-    out = {mode: {'img_per_s': [], 'fwd_bwd_ms': [], 'update_ms': []} for mode in runners}
-    for _ in range(repeats):
-        for mode, run in runners.items():
-            parts = []
-            start = time.perf_counter()
-            for _ in range(steps):
-                parts.append(run())
-            elapsed = time.perf_counter() - start
-            out[mode]['img_per_s'].append(batch * steps / elapsed)
-            if parts[0] is not None:
-                out[mode]['fwd_bwd_ms'].append(1e3 * sum(p[0] for p in parts) / steps)
-                out[mode]['update_ms'].append(1e3 * sum(p[1] for p in parts) / steps)
-            if progress is not None:
-                progress.update(steps)
-    for values in out.values():
-        if not values['fwd_bwd_ms']:
-            del values['fwd_bwd_ms'], values['update_ms']
-    return out
+    runtimes = [p for p in paths if os.path.basename(p).startswith(MXNET_OPENMP_SONAMES)]
+    if len(runtimes) == 1:
+        return runtimes[0], None
+    if runtimes:
+        return None, 'several OpenMP runtimes mapped: %s' % ', '.join(runtimes)
+    others = [p for p in paths if os.path.basename(p).startswith(('libgomp', 'libiomp5'))]
+    return None, 'no %s mapped (other OpenMP runtimes: %s)' % (
+        ' or '.join(MXNET_OPENMP_SONAMES), ', '.join(others) or 'none')
 
 
-def _median(values):
-    return float(statistics.median(values)) if values else None
+def mxnet_openmp_threads():
+    """The number of OpenMP threads MXNet computes with in this process.
+
+    libmxnet.so fixes it when it loads (``OMP_NUM_THREADS``, or half the
+    logical CPUs when unset) by setting the loading thread's OpenMP count:
+    asked on the main thread, after ``import mxnet``.
+
+    Returns
+    -------
+    dict
+        ``openmp_threads`` (``omp_get_max_threads()`` of MXNet's OpenMP runtime,
+        or None), ``openmp_runtime`` (its path, or None) and, when the count is
+        None, ``openmp_unknown`` (why).
+    """
+    path, why = mxnet_openmp_runtime(_mapped_files())
+    if path is not None:
+        try:
+            # RTLD_NOLOAD: the copy libmxnet.so uses, never a fresh one with its own settings.
+            runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+            return {'openmp_threads': int(runtime.omp_get_max_threads()), 'openmp_runtime': path}
+        except (OSError, AttributeError) as exc:
+            why = '%s: %s' % (path, exc)
+    return {'openmp_threads': None, 'openmp_runtime': path, 'openmp_unknown': why}
 
 
-def _rss_mb(field='VmRSS'):
-    """This process's current RSS (VmRSS) or its peak (VmHWM), in MiB."""
+def _rss_mb(field):
+    """This process's current RSS (``'VmRSS'``) or its peak (``'VmHWM'``), in MiB."""
     with open('/proc/self/status') as status:
         for line in status:
             if line.startswith(field + ':'):
@@ -307,112 +424,196 @@ def _rss_mb(field='VmRSS'):
     return None
 
 
-def _worker_main(spec):
-    """Subprocess entry point: 'memory' (one mode) or 'contrib_training' (FP32 + contrib.amp)."""
-    args = spec['args']
-    if spec['kind'] == 'memory':
-        run = build(spec['task'], spec['mode'], spec['network'], args['batch'], args['image_size'])
-        base = _rss_mb()
-        for _ in range(args['warmup'] + args['steps']):
-            run()
-        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # KiB on Linux
-        return {'peak_rss_mb': _rss_mb('VmHWM'), 'base_rss_mb': base, 'ru_maxrss_mb': maxrss}
-    # contrib_training: FP32 graph built and warmed up before amp.init patches MXNet.
-    runners = {'fp32': build('training', 'fp32', spec['network'], args['batch'],
-                             args['image_size'])}
-    runners['fp32']()
-    runners['contrib.amp'] = build('training', 'contrib.amp', spec['network'], args['batch'],
-                                   args['image_size'])
-    return measure(runners, args['batch'], args['warmup'], args['steps'], args['repeats'])
+def time_iterations(run, batch, warmup, steps):
+    """Run `warmup` untimed iterations, then time `steps` consecutive ones.
+
+    Returns
+    -------
+    dict
+        ``img_per_s`` over the timed stretch, ``iteration_ms`` (one value per
+        timed iteration) and, for training, the means ``fwd_bwd_ms`` and
+        ``update_ms`` of its two parts.
+    """
+    for _ in range(warmup):
+        run()
+    iteration_ms, parts = [], []
+    start = time.perf_counter()
+    for _ in range(steps):
+        begin = time.perf_counter()
+        parts.append(run())
+        iteration_ms.append(1e3 * (time.perf_counter() - begin))
+    timing = {'img_per_s': batch * steps / (time.perf_counter() - start),
+              'iteration_ms': iteration_ms}
+    if parts[0] is not None:      # training: (forward+backward s, update s) per iteration
+        timing['fwd_bwd_ms'] = 1e3 * sum(p[0] for p in parts) / steps
+        timing['update_ms'] = 1e3 * sum(p[1] for p in parts) / steps
+    return timing
+
+
+def worker_main(spec):
+    """Build and time the one mode of `spec` in this (fresh) process; the worker's answer.
+
+    Returns
+    -------
+    dict
+        :func:`time_iterations`'s figures, ``base_rss_mb`` (after building,
+        before the first iteration), ``peak_rss_mb``, ``load_average`` (1 min,
+        at the start) and ``environment``: :func:`mxnet_openmp_threads` and the
+        ``variables`` the process was started with.
+    """
+    environment = dict(mxnet_openmp_threads(), variables=launch_variables())
+    load_average = os.getloadavg()[0]
+    run = build(spec['task'], spec['mode'], spec['network'], spec['batch'], spec['image_size'])
+    base_rss = _rss_mb('VmRSS')
+    timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
+    return dict(timing, base_rss_mb=base_rss, peak_rss_mb=_rss_mb('VmHWM'),
+                load_average=load_average, environment=environment)
+
+
+def _error_line(exc):
+    """One line saying what went wrong (an MXNetError's text ends with it, after a stack)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text, name = (lines[-1] if lines else ''), type(exc).__name__
+    return text if text.startswith(name) else '%s: %s' % (name, text)
+
+
+def _exit_text(returncode):
+    if returncode >= 0:
+        return 'exit status %d' % returncode
+    try:
+        return 'killed by %s' % signal.Signals(-returncode).name
+    except ValueError:
+        return 'killed by signal %d' % -returncode
 
 
 def run_worker(spec, timeout):
-    """Run `spec` in a fresh Python process; returns its JSON answer or {'error': ...}."""
+    """Measure one mode in a fresh Python process, with ``OMP_NUM_THREADS=spec['threads']``.
+
+    Returns
+    -------
+    dict
+        The worker's answer (:func:`worker_main`), or ``{'error': why}`` when it
+        failed, crashed or ran past `timeout` seconds.
+    """
     command = [sys.executable, os.path.abspath(__file__), '--_worker', json.dumps(spec)]
+    env = dict(LAUNCH_ENV, OMP_NUM_THREADS=str(spec['threads']))
     try:
-        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {'error': 'timed out after %d s' % timeout}
     for line in reversed(proc.stdout.splitlines()):
-        if line.startswith('MXAMP_BENCHMARK_RESULT '):
-            return json.loads(line[len('MXAMP_BENCHMARK_RESULT '):])
-    tail = [l for l in proc.stderr.splitlines() if l.strip()][-3:]
-    return {'error': 'exit status %d: %s' % (proc.returncode, ' | '.join(tail))}
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+    return {'error': '%s: %s' % (_exit_text(proc.returncode), ' | '.join(tail))}
 
 
 # --------------------------------------------------------------------------
-# One (network, task)
+# One configuration: rounds of one worker per mode
 
-def bench(network, task, args, progress):
-    modes = [m for m in (INFERENCE_MODES if task == 'inference' else TRAINING_MODES)
-             if m in args.modes]
-    reasons = {m: skip_reason(m) for m in modes}
-    skipped = {m: reason for m, reason in reasons.items() if reason}
-    modes = [m for m in modes if m not in skipped]
-    local = [m for m in modes if not (task == 'training' and m == 'contrib.amp')]
-    runners = {}
-    for mode in local:
-        runners[mode] = build(task, mode, network, args.batch, args.image_size)
-    raw = measure(runners, args.batch, args.warmup, args.steps, args.repeats, progress)
-    spec_args = {k: getattr(args, k) for k in ('batch', 'image_size', 'warmup', 'steps', 'repeats')}
-    result = {'network': network, 'task': task, 'batch': args.batch,
-              'image_size': args.image_size, 'mxamp_compute': mxamp_compute(), 'modes': {}}
-    for mode in local:
-        result['modes'][mode] = dict(raw[mode], process='main', baseline='fp32')
-    if task == 'training' and 'contrib.amp' in modes:
-        sub = run_worker({'kind': 'contrib_training', 'network': network, 'args': spec_args},
-                         args.timeout)
-        progress.update((args.warmup + args.steps * args.repeats) * 2)
-        if 'error' in sub:
-            result['modes']['contrib.amp'] = {'error': sub['error']}
-        else:
-            result['modes']['fp32@contrib.amp process'] = dict(
-                sub['fp32'], process='contrib.amp', baseline='fp32@contrib.amp process')
-            result['modes']['contrib.amp'] = dict(
-                sub['contrib.amp'], process='contrib.amp', baseline='fp32@contrib.amp process')
-    if args.memory:
-        for mode in modes:
-            mem = run_worker({'kind': 'memory', 'network': network, 'task': task, 'mode': mode,
-                              'args': spec_args}, args.timeout)
-            progress.update(args.warmup + args.steps)
-            entry = result['modes'].setdefault(mode, {})
-            if 'error' in mem:
-                entry['memory_error'] = mem['error']
+def configurations(args):
+    """Every (network, task, batch, threads) to measure, in the table's order."""
+    return [Config(network, task, batch, threads)
+            for network in args.networks for task in args.tasks
+            for batch in args.batch for threads in args.threads]
+
+
+def reproduce_command(config, mode, args):
+    """The command line that measures `mode` of `config` alone, with its FP32 baseline."""
+    words = ['python', 'scripts/benchmark.py', '--networks', config.network,
+             '--tasks', config.task, '--modes', ','.join(dict.fromkeys(('fp32', mode))),
+             '--batch', str(config.batch), '--threads', str(config.threads),
+             '--image-size', str(args.image_size), '--warmup', str(args.warmup),
+             '--steps', str(args.steps), '--repeats', str(args.repeats)]
+    # OMP_NUM_THREADS comes from --threads; the rest of the environment as it was here.
+    variables = ['%s=%s' % (k, shlex.quote(v)) for k, v in launch_variables().items()
+                 if k != 'OMP_NUM_THREADS']
+    return ' '.join(variables + [shlex.quote(w) for w in words])
+
+
+def bench(config, args, progress):
+    """Measure every mode of `config`: `args.repeats` rounds of one worker per mode.
+
+    Returns
+    -------
+    dict
+        The configuration, the run's settings and ``modes``: per mode either
+        ``skipped`` (why), or its ``settings``, ``reproduce`` and ``runs`` (the
+        workers' answers, one per round) with :func:`derive`'s figures, and
+        ``error`` when a worker failed (the mode is not run again).
+    """
+    result = dict(config._asdict(), image_size=args.image_size, warmup=args.warmup,
+                  steps=args.steps, repeats=args.repeats, mxamp_compute=mxamp_compute(),
+                  modes={})
+    specs = {}      # the worker's spec of each mode measured, in the table's order
+    for mode in task_modes(config.task, args.modes):
+        reason = skip_reason(mode)
+        if reason:
+            result['modes'][mode] = {'skipped': reason}
+            continue
+        result['modes'][mode] = {'settings': mode_settings(config.task, mode),
+                                 'reproduce': reproduce_command(config, mode, args), 'runs': []}
+        specs[mode] = dict(config._asdict(), mode=mode, image_size=args.image_size,
+                           warmup=args.warmup, steps=args.steps)
+    for round_index in range(args.repeats):
+        for mode in list(specs):
+            progress.set_postfix_str('%s: %s' % (_label(result), mode))
+            answer = run_worker(specs[mode], args.timeout)
+            progress.update()
+            entry = result['modes'][mode]
+            if 'error' in answer:
+                entry['error'] = 'round %d of %d: %s' % (round_index + 1, args.repeats,
+                                                         answer['error'])
+                del specs[mode]
+                progress.total -= args.repeats - round_index - 1
+                progress.refresh()
             else:
-                entry.update(mem)
-    result['modes'].update((m, {'skipped': reason}) for m, reason in skipped.items())
+                entry['runs'].append(answer)
     derive(result)
     return result
 
 
+def _median(values):
+    return float(statistics.median(values)) if values else None
+
+
+def _summarise(entry):
+    """Medians over the rounds of one mode's runs."""
+    runs = entry['runs']
+    entry['img_per_s'] = [run['img_per_s'] for run in runs]
+    entry['median_img_per_s'] = _median(entry['img_per_s'])
+    entry['median_peak_rss_mb'] = _median([run['peak_rss_mb'] for run in runs])
+    entry['median_base_rss_mb'] = _median([run['base_rss_mb'] for run in runs])
+    if 'update_ms' in runs[0]:
+        entry['median_fwd_bwd_ms'] = _median([run['fwd_bwd_ms'] for run in runs])
+        entry['median_update_ms'] = _median([run['update_ms'] for run in runs])
+        entry['median_step_ms'] = entry['median_fwd_bwd_ms'] + entry['median_update_ms']
+
+
 def derive(result):
-    """Medians and ratios, computed from the measured per-repetition values."""
+    """Medians over rounds and ratios to the configuration's FP32, from the workers' answers."""
     modes = result['modes']
-    for entry in modes.values():
-        if 'img_per_s' in entry:
-            entry['median_img_per_s'] = _median(entry['img_per_s'])
-            if entry.get('update_ms'):
-                entry['median_update_ms'] = _median(entry['update_ms'])
-                entry['median_fwd_bwd_ms'] = _median(entry['fwd_bwd_ms'])
-                entry['median_step_ms'] = entry['median_update_ms'] + entry['median_fwd_bwd_ms']
-    fp32 = modes.get('fp32', {})
-    for name, entry in modes.items():
-        base = modes.get(entry.get('baseline', 'fp32'), {})
-        if entry.get('median_img_per_s') and base.get('median_img_per_s'):
-            entry['ratio_vs_fp32'] = entry['median_img_per_s'] / base['median_img_per_s']
+    complete = {name: entry for name, entry in modes.items()
+                if entry.get('runs') and 'error' not in entry}
+    for entry in complete.values():
+        _summarise(entry)
+    fp32 = complete.get('fp32', {})
+    for entry in complete.values():
+        if fp32.get('median_img_per_s'):
+            entry['ratio_vs_fp32'] = entry['median_img_per_s'] / fp32['median_img_per_s']
+            # Rounds pair up: mode and FP32 ran seconds apart, under the same load.
             entry['paired_ratio_vs_fp32'] = _median(
-                [a / b for a, b in zip(entry['img_per_s'], base['img_per_s'])])
-        if entry.get('peak_rss_mb') and fp32.get('peak_rss_mb'):
-            entry['rss_ratio_vs_fp32'] = entry['peak_rss_mb'] / fp32['peak_rss_mb']
-    # contrib.amp against mxamp: ratio of the ratios, each against its own process's FP32.
-    camp, ours = modes.get('contrib.amp', {}), modes.get('mxamp', {})
-    if camp.get('ratio_vs_fp32') and ours.get('ratio_vs_fp32'):
-        ours['vs_contrib_amp'] = ours['ratio_vs_fp32'] / camp['ratio_vs_fp32']
-    if result['task'] == 'training' and fp32.get('median_update_ms'):
+                [ours / base for ours, base in zip(entry['img_per_s'], fp32['img_per_s'])])
+        if fp32.get('median_peak_rss_mb'):
+            entry['rss_ratio_vs_fp32'] = entry['median_peak_rss_mb'] / fp32['median_peak_rss_mb']
+    camp, ours = complete.get('contrib.amp', {}), complete.get('mxamp', {})
+    if camp.get('median_img_per_s') and ours.get('median_img_per_s'):
+        ours['vs_contrib_amp'] = ours['median_img_per_s'] / camp['median_img_per_s']
+    if result['task'] == 'training' and fp32.get('median_update_ms') is not None:
         overhead = {}
-        for name in ('mxamp', 'mxamp+scaling'):
-            entry = modes.get(name, {})
+        for name in MXAMP_LOSS_SCALE:
+            entry = complete.get(name, {})
             if entry.get('median_step_ms'):
                 extra = entry['median_update_ms'] - fp32['median_update_ms']
                 overhead[name] = {'extra_update_ms': extra,
@@ -423,66 +624,117 @@ def derive(result):
 # --------------------------------------------------------------------------
 # Report
 
-def format_table(results):
-    header = ('network', 'task', 'batch', 'mode', 'img/s', 'x FP32', 'paired', 'update ms',
-              'peak RSS MB', 'RSS x FP32')
-    rows = []
-    for res in results:
-        for mode, e in res['modes'].items():
-            def num(key, fmt):
-                value = e.get(key)
-                return fmt % value if isinstance(value, (int, float)) else '-'
-            ratio = num('ratio_vs_fp32', '%.2f')
-            if e.get('baseline', 'fp32') != 'fp32' and ratio != '-':
-                ratio += '*'
-            measured = 'error' if 'error' in e else 'skipped' if 'skipped' in e else \
-                num('median_img_per_s', '%.2f')
-            rows.append((res['network'], res['task'], str(res['batch']), mode, measured,
-                         ratio, num('paired_ratio_vs_fp32', '%.2f'),
-                         num('median_update_ms', '%.0f'), num('peak_rss_mb', '%.0f'),
-                         num('rss_ratio_vs_fp32', '%.2f')))
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    lines = ['  '.join(c.ljust(w) if i < 4 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths)))
-             for row in [header] + rows]
-    lines.insert(1, '  '.join('-' * w for w in widths))
-    notes = []
-    notes.append('img/s: median of the repetitions; x FP32: ratio of the medians; paired: '
-                 'median of the per-repetition ratios')
-    if any(e.get('baseline', 'fp32') != 'fp32' for r in results for e in r['modes'].values()):
-        notes.append('* against the FP32 net measured in the contrib.amp process')
-    if any(r.get('mxamp_compute', 'native') != 'native' for r in results):
+TABLE_HEADER = ('network', 'task', 'batch', 'threads', 'mode', 'img/s', 'x FP32', 'paired',
+                'update ms', 'peak RSS MB', 'RSS x FP32')
+
+
+def _label(result):
+    return '%s %s, batch %d, threads %d' % (result['network'], result['task'], result['batch'],
+                                            result['threads'])
+
+
+def _cell(entry, key, fmt):
+    value = entry.get(key)
+    return fmt % value if isinstance(value, (int, float)) else '-'
+
+
+def _align(header, blocks, left, indent=''):
+    """Text table: `header`, a rule, then the rows of each block, blocks apart by a blank line.
+
+    The first `left` columns are left-aligned, the others (numbers) right-aligned.
+    """
+    rows = [row for block in blocks for row in block]
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+
+    def line(row):
+        return indent + '  '.join(c.ljust(w) if i < left else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(row, widths)))
+    lines = [line(header), indent + '  '.join('-' * w for w in widths)]
+    for number, block in enumerate(blocks):
+        lines += ([''] if number else []) + [line(row) for row in block]
+    return lines
+
+
+def _table_row(result, mode, entry):
+    if 'error' in entry:
+        throughput = 'error'
+    elif 'skipped' in entry:
+        throughput = 'skipped'
+    else:
+        throughput = _cell(entry, 'median_img_per_s', '%.2f')
+    return (result['network'], result['task'], str(result['batch']), str(result['threads']),
+            mode, throughput, _cell(entry, 'ratio_vs_fp32', '%.2f'),
+            _cell(entry, 'paired_ratio_vs_fp32', '%.2f'), _cell(entry, 'median_update_ms', '%.0f'),
+            _cell(entry, 'median_peak_rss_mb', '%.0f'), _cell(entry, 'rss_ratio_vs_fp32', '%.2f'))
+
+
+def _notes(results):
+    """The lines under the table: how to read it, then what each configuration needs said."""
+    notes = ['img/s, update ms, peak RSS: medians over the rounds (one process per mode and '
+             'round); x FP32: ratio of the medians; paired: median of the per-round ratios']
+    if any(r['mxamp_compute'] != 'native' for r in results):
         notes.append('mxamp modes: bfloat16 storage, FP32 compute (this CPU has no native '
                      'bfloat16): they measure that emulation, not bfloat16 arithmetic')
     skips = {(mode, e['skipped']) for r in results for mode, e in r['modes'].items()
              if 'skipped' in e}
     notes.extend('%s skipped: %s' % (mode, reason) for mode, reason in sorted(skips))
     for res in results:
-        for name, o in sorted(res.get('mxamp_overhead', {}).items()):
-            notes.append('%s training: %s per-step overhead (update vs FP32) %.0f ms = %.1f%% '
-                         'of the step' % (res['network'], name, o['extra_update_ms'],
-                                          100 * o['fraction_of_step']))
+        label = _label(res)
+        for name, o in res.get('mxamp_overhead', {}).items():
+            notes.append('%s: %s per-step overhead (update vs FP32) %.0f ms = %.1f%% of the step'
+                         % (label, name, o['extra_update_ms'], 100 * o['fraction_of_step']))
         ours = res['modes'].get('mxamp', {})
         if ours.get('vs_contrib_amp'):
-            notes.append('%s %s: mxamp = %.2fx contrib.amp (ratio of the ratios to FP32)'
-                         % (res['network'], res['task'], ours['vs_contrib_amp']))
-        for mode, e in res['modes'].items():
-            for key in ('error', 'memory_error'):
-                if key in e:
-                    notes.append('%s %s %s: %s' % (res['network'], res['task'], mode, e[key]))
-    return '\n'.join(lines + notes)
+            notes.append('%s: mxamp = %.2fx contrib.amp' % (label, ours['vs_contrib_amp']))
+        for mode, entry in res['modes'].items():
+            if 'error' in entry:
+                notes.append('%s: %s failed, %s' % (label, mode, entry['error']))
+            counts = {run['environment']['openmp_threads'] for run in entry.get('runs', ())}
+            counts.discard(None)        # not found out: the JSON says why
+            if counts - {res['threads']}:
+                notes.append('%s: %s computed on %s OpenMP threads, not %d (see its runs\' '
+                             'environment)' % (label, mode, '/'.join(map(str, sorted(counts))),
+                                               res['threads']))
+    return notes
 
 
-def meta(args):
-    return {'schema_version': SCHEMA_VERSION,
-            'date': datetime.datetime.now().isoformat(timespec='seconds'),
-            'command': ' '.join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
-            'args': {k: v for k, v in vars(args).items() if not k.startswith('_')},
-            'mxnet': mx.__version__, 'mxamp': mxamp.__version__,
-            'python': platform.python_version(), 'cpu_count': os.cpu_count(),
-            'cpu_model': _cpu_model(), 'hardware': hardware.describe(),
-            'DNNL_MAX_CPU_ISA': os.environ.get('DNNL_MAX_CPU_ISA'),
-            'load_average_start': os.getloadavg()[0]}
+def _views(results):
+    """FP32 and mxamp img/s by batch size (per thread count), then by thread count (per batch).
+
+    One view per network, task and fixed value, where more than one value of the
+    other was measured: what a user needs to pick a batch size or a thread count.
+    """
+    lines = []
+    for axis, fixed in (('batch', 'threads'), ('threads', 'batch')):
+        groups = {}
+        for res in results:
+            groups.setdefault((res['network'], res['task'], res[fixed]), []).append(res)
+        for (network, task, value), group in groups.items():
+            if len(group) < 2:
+                continue
+            rows = [(str(res[axis]),
+                     _cell(res['modes'].get('fp32', {}), 'median_img_per_s', '%.2f'),
+                     _cell(res['modes'].get('mxamp', {}), 'median_img_per_s', '%.2f'),
+                     _cell(res['modes'].get('mxamp', {}), 'ratio_vs_fp32', '%.2f'))
+                    for res in group]
+            lines += ['', '%s %s, %s %d: by %s' % (network, task, fixed, value, axis)]
+            lines += _align((axis, 'fp32 img/s', 'mxamp img/s', 'x FP32'), [rows], left=0,
+                            indent='  ')
+    return lines
+
+
+def format_table(results):
+    """The text report: the table (a block per configuration), its notes, then the views."""
+    blocks = [[_table_row(res, mode, entry) for mode, entry in res['modes'].items()]
+              for res in results]
+    return '\n'.join(_align(TABLE_HEADER, blocks, left=5) + _notes(results) + _views(results))
+
+
+def _version(package):
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _cpu_model():
@@ -496,21 +748,86 @@ def _cpu_model():
     return platform.processor()
 
 
+def meta(args, argv):
+    """What the run was and where it ran: command line, versions, CPU, load."""
+    return {'schema_version': SCHEMA_VERSION,
+            'date': datetime.datetime.now().isoformat(timespec='seconds'),
+            'command': ' '.join(shlex.quote(w) for w in
+                                [os.path.relpath(os.path.abspath(__file__), ROOT)] + argv),
+            'args': {k: v for k, v in vars(args).items() if not k.startswith('_')},
+            'versions': {'mxnet': mx.__version__, 'mxamp': mxamp.__version__,
+                         'numpy': np.__version__, 'python': platform.python_version(),
+                         'gluoncv': _version('gluoncv')},
+            'cpu_model': _cpu_model(), 'cpu_count': os.cpu_count(),
+            'usable_cpus': len(os.sched_getaffinity(0)),
+            'hardware': hardware.describe(), 'cpu_class': hardware.describe_cpu_class(),
+            'DNNL_MAX_CPU_ISA': LAUNCH_ENV.get('DNNL_MAX_CPU_ISA'),
+            'environment': launch_variables(),
+            'load_average_start': list(os.getloadavg())}
+
+
+def write_json(path, data):
+    """Write `data` to `path` whole or not at all: an interrupted run leaves no half file."""
+    partial = '%s.tmp-%d' % (path, os.getpid())
+    try:
+        with open(partial, 'w') as handle:
+            json.dump(data, handle, indent=1)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+def _count(minimum):
+    """argparse type: an integer >= `minimum`."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError('expected an integer >= %d, got %r' % (minimum, text))
+        return value
+    return parse
+
+
+def _counts(text):
+    """argparse type: comma-separated positive integers, e.g. '1,8,16' -> [1, 8, 16]."""
+    try:
+        values = [int(v) for v in text.split(',')]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            'expected positive integers separated by commas, got %r' % text)
+    return list(dict.fromkeys(values))
+
+
 def parse_args(argv=None):
+    usable_cpus = len(os.sched_getaffinity(0))
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--networks', default='resnet50_v1,resnet18_v1',
                    help="comma-separated gluoncv model names, or 'tiny' (default: %(default)s)")
     p.add_argument('--tasks', default='inference,training', help='default: %(default)s')
     p.add_argument('--modes', default=','.join(sorted(set(INFERENCE_MODES + TRAINING_MODES))),
                    help='modes to run (default: all); fp32 is always included')
-    p.add_argument('--batch', type=int, default=16)
-    p.add_argument('--image-size', type=int, default=224)
-    p.add_argument('--warmup', type=int, default=2, help='iterations per mode before timing')
-    p.add_argument('--steps', type=int, default=1, help='iterations per mode per repetition')
-    p.add_argument('--repeats', type=int, default=7, help='repetitions (median taken)')
-    p.add_argument('--no-memory', dest='memory', action='store_false',
-                   help='skip the peak-RSS subprocesses')
-    p.add_argument('--timeout', type=int, default=3600, help='seconds per subprocess')
+    p.add_argument('--batch', type=_counts, default=[16],
+                   help='batch sizes, comma-separated (default: 16)')
+    p.add_argument('--threads', type=_counts, default=[usable_cpus],
+                   help='OMP_NUM_THREADS values, comma-separated (default: the CPUs this '
+                        'process may use, %d here)' % usable_cpus)
+    p.add_argument('--image-size', type=_count(1), default=224)
+    p.add_argument('--warmup', type=_count(0), default=2,
+                   help='untimed iterations at the start of each process (default: %(default)s)')
+    p.add_argument('--steps', type=_count(1), default=5,
+                   help='timed consecutive iterations per process (default: %(default)s)')
+    p.add_argument('--repeats', type=_count(1), default=3,
+                   help='rounds, each one process per mode; medians over rounds '
+                        '(default: %(default)s)')
+    p.add_argument('--timeout', type=_count(1), default=3600, help='seconds per process')
     p.add_argument('--output', default='benchmark.json')
     p.add_argument('--_worker', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -524,39 +841,32 @@ def parse_args(argv=None):
     return args
 
 
+def _worker_entry(spec):
+    """A worker process: its answer (or the error it met) on one stdout line."""
+    try:
+        answer = worker_main(spec)
+    except Exception as exc:
+        traceback.print_exc()
+        answer = {'error': _error_line(exc)}
+    print(RESULT_PREFIX + json.dumps(answer))
+    return 1 if 'error' in answer else 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args._worker:
-        answer = _worker_main(json.loads(args._worker))
-        print('MXAMP_BENCHMARK_RESULT ' + json.dumps(answer))
-        return 0
-    total = 0
-    for task in args.tasks:
-        modes = [m for m in (INFERENCE_MODES if task == 'inference' else TRAINING_MODES)
-                 if m in args.modes and not skip_reason(m)]
-        per = args.warmup + args.steps * args.repeats
-        total += len(modes) * per + (per if task == 'training' and 'contrib.amp' in modes else 0)
-        if args.memory:
-            total += len(modes) * (args.warmup + args.steps)
-    total *= len(args.networks)
-    progress = tqdm(total=total, unit='it', desc='benchmark', file=sys.stderr) if tqdm else None
-
-    class _Null(object):
-        def update(self, n):
-            pass
-    progress = progress or _Null()
-    info = meta(args)
-    results = []
-    for network in args.networks:
-        for task in args.tasks:
-            results.append(bench(network, task, args, progress))
-    if hasattr(progress, 'close'):
-        progress.close()
-    info['load_average_end'] = os.getloadavg()[0]
-    table = format_table(results)
-    with open(args.output, 'w') as handle:
-        json.dump({'meta': info, 'results': results, 'table': table}, handle, indent=1)
-    print(table)
+        return _worker_entry(json.loads(args._worker))
+    configs = configurations(args)
+    info = meta(args, argv)
+    processes = args.repeats * sum(
+        len([m for m in task_modes(c.task, args.modes) if not skip_reason(m)]) for c in configs)
+    with tqdm(total=processes, unit='process', desc='benchmark', file=sys.stderr) as progress:
+        results = [bench(config, args, progress) for config in configs]
+    info['load_average_end'] = list(os.getloadavg())
+    report = format_table(results)
+    write_json(args.output, {'meta': info, 'results': results, 'table': report})
+    print(report)
     print('written: %s' % args.output)
     return 0
 

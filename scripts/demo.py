@@ -59,13 +59,6 @@ def _mean_rows(all_rows):
             for i in range(min(len(rows) for rows in all_rows))]
 
 
-def _plot_label(summary):
-    """'FP32', 'bfloat16 (native)', or how an emulated precision ran ('bfloat16 storage, ...')."""
-    if summary['compute'] in ('FP32', 'native'):
-        return 'FP32' if summary['dtype'] == 'float32' else '%s (native)' % summary['dtype']
-    return summary['compute']
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -106,7 +99,8 @@ def main(argv=None):
     ran = {dtype: results[dtype][0] for dtype in dtypes}
     labels = {dtype: 'FP32' if dtype == 'float32' else 'mixed (%s)' % ran[dtype]['dtype']
               for dtype in dtypes}
-    plot_labels = {dtype: _plot_label(ran[dtype]) for dtype in dtypes}
+    plot_labels = {dtype: train_imagenet.run_label(ran[dtype]['dtype'], ran[dtype]['compute'])
+                   for dtype in dtypes}
     print('\n%s on the digits (%d train / 297 val images), %d epochs, %d seed(s), %s'
           % (args.model, 1500, args.epochs, args.seeds, time.strftime('%Y-%m-%d')))
     how_width = max(len(ran[dtype]['compute']) for dtype in dtypes)
@@ -138,9 +132,12 @@ def main(argv=None):
           'total %.0f s)' % (low['top1_mean'] - fp32['top1_mean'],
                              low['img_per_sec'] / fp32['img_per_sec'], time.time() - started))
     plot = args.plot or os.path.join(args.out_dir, 'digits_fp32_vs_mixed.png')
+    # The bars show the table's img/s: curves are means over seeds, throughput the median.
     train_imagenet.plot_runs([(plot_labels[d], _mean_rows(rows[d])) for d in dtypes], plot,
                              title='%s on digits, mean of %d seed(s); CPU class %r'
-                             % (args.model, args.seeds, hardware.cpu_class()))
+                             % (args.model, args.seeds, hardware.cpu_class()),
+                             throughput=([table[labels[d]]['img_per_sec'] for d in dtypes],
+                                         'median over seeds'))
     with open(os.path.join(args.out_dir, 'results.json'), 'w') as handle:
         json.dump({'model': args.model, 'epochs': args.epochs, 'seeds': args.seeds,
                    'device': device, 'results': table}, handle, indent=1)

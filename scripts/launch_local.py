@@ -40,7 +40,8 @@ At start the launcher prints one line per process (``launch_local.py: worker 1
 Usage::
 
     python scripts/launch_local.py -n 2 --timeout 600 -- \\
-        python scripts/train_imagenet.py --kv-store dist_sync --dataset digits ...
+        python scripts/train_imagenet.py --kv-store dist_sync --dataset digits \\
+        --model cifar_resnet20_v1 --num-epochs 3 --save-dir runs/dist_digits
 
 Worker ``i``'s output goes to the launcher's stdout/stderr, or with
 ``--log-dir`` to ``worker<i>.log`` (and ``scheduler.log``, ``server<j>.log``).

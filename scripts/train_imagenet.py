@@ -52,7 +52,8 @@ across workers (float16 gradients travel in float16).  On one machine,
 127.0.0.1 (MXNet's bundled ``tools/launch.py`` fails on Python 3.11)::
 
     python scripts/launch_local.py -n 2 -- python scripts/train_imagenet.py \\
-        --kv-store dist_sync --dataset digits --model cifar_resnet20_v1 --save-dir runs/dist
+        --kv-store dist_sync --dataset digits --model cifar_resnet20_v1 --num-epochs 3 \\
+        --save-dir runs/dist
 
 On a cluster, start the same processes by hand on the nodes (or through your
 job scheduler).  Every process gets ``DMLC_PS_ROOT_URI=<scheduler host>
@@ -182,8 +183,9 @@ def build_parser():
     data.add_argument('--num-examples', type=int, default=1281167, metavar='N',
                       help='images per epoch with --synthetic')
     data.add_argument('--data-nthreads', type=int, default=4, metavar='N',
-                      help='decoding threads per iterator (--resume is bit-exact only with '
-                           'the same number)')
+                      help="decoding threads per iterator; MXNet 1.9.1's ImageRecordIter "
+                           'uses at most max(1, CPUs/2 - 1) of them (the log says how many '
+                           'ran; --resume is bit-exact only with the same number running)')
     model = p.add_argument_group('model')
     model.add_argument('--model', default='resnet50_v1b', metavar='NAME',
                        help='GluonCV model zoo name')
@@ -284,6 +286,9 @@ def build_parser():
                           'still spans --num-epochs: split a run into jobs, then --resume')
     out.add_argument('--log-interval', type=int, default=10, metavar='N',
                      help='batches between progress-bar updates (each one syncs the host)')
+    out.add_argument('--verbose', action='store_true',
+                     help="also show MXNet's own log lines (its data iterators' set-up, "
+                          "the oneDNN subgraph notice of a bound Module): hidden by default")
     out.add_argument('--no-progress', action='store_true',
                      help='no progress bar (the log lines still go to stderr and train.log)')
     out.add_argument('--plot', metavar='PNG',
@@ -413,19 +418,38 @@ def _normalisation(spec):
     return out
 
 
+def decoding_threads(requested):
+    """How many threads MXNet 1.9.1's ``ImageRecordIter`` decodes with when asked for
+    `requested` (``preprocess_threads``).
+
+    Its parser caps the request at max(1, CPUs / 2 - 1), CPUs as OpenMP counts
+    them, those this process may run on ("be conservative, set number of real
+    cores", ``src/io/iter_image_recordio_2.cc``): one thread on 2 CPUs, 7 on 16.
+    Each decoding thread has its own augmentation RNG, so this number, not the
+    request, decides the augmentations.
+    """
+    return max(1, min(requested, usable_cpus() // 2 - 1))
+
+
+def usable_cpus():
+    """The CPUs this process may run on (its affinity mask), as OpenMP counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+
+
 def train_iter(spec, args, batch_size, epoch, rank, num_workers):
     """A fresh training ``ImageRecordIter`` for `epoch`.
 
     One iterator per epoch, seeded from (seed, epoch, rank): its shuffle and
     augmentations depend on nothing else, which is what makes ``--resume``
-    bit-exact (given the same ``--data-nthreads``: each decoding thread has its
-    own augmentation RNG).
+    bit-exact (given the same number of decoding threads, `decoding_threads`:
+    each has its own augmentation RNG).
     """
     seed = _derived_seed(args.seed, epoch, rank, 'data')
     common = dict(path_imgrec=spec.train_rec, path_imgidx=spec.train_idx, shuffle=True,
                   seed=seed, seed_aug=seed, batch_size=batch_size, data_shape=spec.image_shape,
                   preprocess_threads=args.data_nthreads, num_parts=num_workers,
-                  part_index=rank, round_batch=True, **_normalisation(spec))
+                  part_index=rank, round_batch=True, verbose=args.verbose,
+                  **_normalisation(spec))
     if spec.augment == 'digits':
         # Shifts of up to one pixel; mirroring or rescaling would turn digits into others.
         return mx.io.ImageRecordIter(rand_crop=True, pad=1, fill_value=0, **common)
@@ -449,7 +473,7 @@ def val_iter(spec, args, batch_size):
                                  shuffle=False, batch_size=batch_size,
                                  data_shape=spec.image_shape,
                                  preprocess_threads=args.data_nthreads, round_batch=True,
-                                 **dict(extra, **_normalisation(spec)))
+                                 verbose=args.verbose, **dict(extra, **_normalisation(spec)))
 
 
 class SyntheticIter(object):
@@ -915,8 +939,8 @@ RESUME_FIXED = ('--model', '--symbol', '--num-layers', '--resnet-version', '--nu
 # bit-exactness; --gpus names the devices, their number is checked as --num-gpus).
 RESUME_FREE = ('--data-dir', '--data-nthreads', '--gpus', '--save-dir', '--save-prefix',
                '--save-frequency', '--keep-checkpoints', '--resume', '--resume-epoch',
-               '--resume-override', '--stop-at-epoch', '--log-interval', '--no-progress',
-               '--plot', '--compare')
+               '--resume-override', '--stop-at-epoch', '--log-interval', '--verbose',
+               '--no-progress', '--plot', '--compare')
 
 
 def _setting_names(text):
@@ -1081,10 +1105,14 @@ def check_resume_settings(meta, json_file, settings, args, kvstore):
         _LOG.warning('--resume: %s does not record %s (an earlier version of this script wrote '
                      'it): not checked; this run\'s checkpoints record them', json_file,
                      ', '.join(unchecked))
-    if meta.get('data_nthreads', args.data_nthreads) != args.data_nthreads:
-        free.append('--data-nthreads: checkpoint %d, now %d: free to change, but the '
-                    'augmentation now differs from an uninterrupted run\'s'
-                    % (meta['data_nthreads'], args.data_nthreads))
+    # Checkpoints of earlier versions record the request only (then decoding_threads of it).
+    was = meta.get('decoding_threads', decoding_threads(meta.get('data_nthreads',
+                                                                  args.data_nthreads)))
+    now = decoding_threads(args.data_nthreads)
+    if was != now:
+        free.append('--data-nthreads: the checkpoint\'s run decoded on %d thread(s), this one '
+                    'on %d: free to change, but the augmentation now differs from an '
+                    'uninterrupted run\'s' % (was, now))
     for line in free:
         _LOG.info(line)
     records = list(meta.get('resume_overrides', []))
@@ -1132,7 +1160,50 @@ def write_metrics(path, rows):
     os.replace(tmp, path)
 
 
-def plot_runs(runs, path, title=None):
+def steady_img_per_sec(rows):
+    """A run's throughput: the median over its epochs' img/s, the first epoch left out
+    when there are more (it pays for graph construction and memory planning).  The
+    summary's figure and the plot's bar."""
+    speeds = [r['img_per_sec'] for r in rows]
+    steady = speeds[1:] if len(speeds) > 1 else speeds
+    return float(np.median(steady)) if steady else 0.0
+
+
+def run_label(dtype, compute):
+    """What a run's curve is, by its precision: 'FP32', 'bfloat16 (native)', or how an
+    emulated precision ran ('bfloat16 storage, FP32 compute')."""
+    if dtype == 'float32':
+        return 'FP32'
+    if compute == 'native':
+        return '%s (native)' % dtype
+    return compute if compute.startswith(dtype) else '%s (%s)' % (dtype, compute)
+
+
+def compared_run(csv_path):
+    """``(label, rows)`` of another run's ``*-metrics.csv`` for ``--compare``.
+
+    The label names the run (its file prefix) and its precision, read from the
+    summary beside the file, or from its newest checkpoint for a run that has not
+    finished (which records the dtype, not how it computed).
+    """
+    directory = os.path.dirname(os.path.abspath(csv_path))
+    prefix = os.path.basename(csv_path)[:-len('-metrics.csv')] \
+        if csv_path.endswith('-metrics.csv') else os.path.basename(csv_path)
+    summary = os.path.join(directory, '%s-summary.json' % prefix)
+    epochs = list_checkpoints(directory, prefix)
+    if os.path.isfile(summary):
+        with open(summary) as handle:
+            recorded = json.load(handle)
+        precision = run_label(recorded['dtype'], recorded['compute'])
+    elif epochs:
+        with open(_paths(directory, prefix, epochs[-1])[2]) as handle:
+            precision = json.load(handle)['dtype']
+    else:
+        precision = 'precision not recorded'
+    return '%s: %s' % (prefix, precision), read_metrics(csv_path)
+
+
+def plot_runs(runs, path, title=None, throughput=None):
     """PNG with training loss and validation top-1 per epoch, and throughput per run.
 
     Parameters
@@ -1142,6 +1213,10 @@ def plot_runs(runs, path, title=None):
     path : str
         Output PNG.
     title : str, optional
+    throughput : (list of float, str), optional
+        The bars' img/s, one per run, and what they are (the panel's title), for
+        figures that a table shows beside the plot; by default each run's
+        `steady_img_per_sec`, 'median epoch'.
 
     Returns
     -------
@@ -1153,20 +1228,19 @@ def plot_runs(runs, path, title=None):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     fig, (ax_loss, ax_acc, ax_speed) = plt.subplots(1, 3, figsize=(11, 3.3))
-    labels, speeds = [], []
     for label, rows in runs:
         epochs = [r['epoch'] for r in rows]
         ax_loss.plot(epochs, [r['train_loss'] for r in rows], marker='.', label=label)
         ax_acc.plot(epochs, [100 * r['val_top1'] for r in rows], marker='.', label=label)
-        speed = [r['img_per_sec'] for r in rows[1:]] or [r['img_per_sec'] for r in rows]
-        labels.append(label)
-        speeds.append(float(np.median(speed)) if speed else 0.0)
+    labels = [label for label, _ in runs]
+    speeds, what = throughput or ([steady_img_per_sec(rows) for _, rows in runs],
+                                  'median epoch')
     ax_loss.set(xlabel='epoch', ylabel='training loss', title='loss')
     ax_acc.set(xlabel='epoch', ylabel='top-1 (%)', title='validation accuracy')
     bars = ax_speed.bar(range(len(speeds)), speeds, color=['C%d' % i for i in range(len(speeds))])
     ax_speed.set_xticks(range(len(labels)))
     ax_speed.set_xticklabels([textwrap.fill(label, 20) for label in labels], fontsize=8)
-    ax_speed.set(ylabel='img/s', title='training throughput (median epoch)')
+    ax_speed.set(ylabel='img/s', title='training throughput (%s)' % what)
     for bar, value in zip(bars, speeds):
         ax_speed.annotate('%.0f' % value, (bar.get_x() + bar.get_width() / 2, value),
                           ha='center', va='bottom', fontsize=8)
@@ -1369,6 +1443,16 @@ def train(args):
               spec.train_rec, dtype, compute, contexts, num_workers, global_batch, base_lr,
               steps_per_epoch)
     _LOG.info('device: %s', device)
+    if not spec.synthetic:
+        threads = decoding_threads(args.data_nthreads)
+        _LOG.info('data: decoding on %d thread(s) per iterator%s', threads,
+                  '' if threads == args.data_nthreads else
+                  " (--data-nthreads %d: MXNet's ImageRecordIter uses at most max(1, CPUs/2 "
+                  "- 1) with %d CPUs)" % (args.data_nthreads, usable_cpus()))
+    if not args.verbose:
+        # The notice MXNet prints when a Module binds with its oneDNN subgraph backend;
+        # read at each bind.  A value the user set stays.
+        os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
     seed_everything(args.seed)   # same on every worker: same initial weights
     runner_cls = ModuleRunner if args.symbol else GluonRunner
@@ -1443,20 +1527,18 @@ def train(args):
             meta = {'global_step': global_step, 'seed': args.seed, 'dtype': dtype,
                     'path': path, 'model': prefix, 'rank': rank, 'num_workers': num_workers,
                     'data_nthreads': args.data_nthreads,
+                    'decoding_threads': decoding_threads(args.data_nthreads),
                     'rng': 'per epoch e: mxnet/numpy/random and ImageRecordIter seeded from '
                            'sha256(seed/e/rank/purpose)', 'metrics': row,
                     'settings': settings, 'resume_overrides': overrides}
             save_checkpoint(runner, save_dir, prefix, epoch + 1, meta)
             prune_checkpoints(save_dir, prefix, args.keep_checkpoints)
 
-    speeds = [r['img_per_sec'] for r in rows]
-    # The first epoch pays for graph construction and memory planning.
-    steady = speeds[1:] if len(speeds) > 1 else speeds
     last = rows[-1] if rows else {}
     summary = {'model': prefix, 'path': path, 'dtype': dtype, 'compute': compute,
                'device': device, 'epochs': len(rows),
                'val_top1': last.get('val_top1'), 'val_top5': last.get('val_top5'),
-               'img_per_sec': float(np.median(steady)) if steady else 0.0,
+               'img_per_sec': steady_img_per_sec(rows),
                'skipped_steps': runner.skipped_steps, 'loss_scale': runner.loss_scale,
                'loss_scaling': _loss_scaling(runner.trainer.loss_scaler),
                'peak_rss_mb': peak_rss_mb(), 'train_time': train_time, 'rank': rank,
@@ -1465,10 +1547,8 @@ def train(args):
     with open(os.path.join(save_dir, '%s-summary.json' % prefix), 'w') as handle:
         json.dump(summary, handle, indent=1)
     if args.plot and rank == 0:
-        runs = [('%s %s' % (prefix, dtype), rows)]
-        runs += [(os.path.basename(c).replace('-metrics.csv', ''), read_metrics(c))
-                 for c in args.compare]
-        plot_runs(runs, args.plot)
+        runs = [('%s: %s' % (prefix, run_label(dtype, compute)), rows)]
+        plot_runs(runs + [compared_run(other) for other in args.compare], args.plot)
     return summary
 
 

@@ -219,6 +219,18 @@ def computes_in(dtype):
     return dtype
 
 
+@pytest.fixture(scope='session')
+def digits_dir(tmp_path_factory):
+    """scikit-learn's digits packed as RecordIO (scripts/digits_rec.py), once per run."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    'scripts'))
+    import digits_rec
+    directory = str(tmp_path_factory.mktemp('digits'))
+    digits_rec.prepare(directory)
+    return directory
+
+
 @pytest.fixture
 def model(tmp_path):
     """The prefix of a saved checkpoint of test_graph's small CNN (input 'data', N,16,8,8)."""

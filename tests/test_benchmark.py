@@ -1,14 +1,13 @@
-"""scripts/benchmark.py: the JSON it writes, and ratios computed from the measured numbers."""
+"""scripts/benchmark.py: one process per mode, the figures and JSON it reports from them."""
 import importlib.util
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 
 import pytest
-
-from mxamp import hardware
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, 'scripts', 'benchmark.py')
@@ -21,30 +20,85 @@ def _load():
     return module
 
 
-def test_derive_computes_medians_and_ratios_from_measurements():
+def _answer(img_per_s, threads=1, training=False, update_ms=20.0, peak_rss_mb=1000.0):
+    """A worker's answer, as `worker_main` gives it."""
+    answer = {'img_per_s': img_per_s, 'iteration_ms': [10.0, 11.0], 'base_rss_mb': 500.0,
+              'peak_rss_mb': peak_rss_mb, 'load_average': 0.5,
+              'environment': {'openmp_threads': threads,
+                              'openmp_runtime': '/usr/lib/libgomp.so.1.0.0',
+                              'variables': {'OMP_NUM_THREADS': str(threads)}}}
+    if training:
+        answer.update(fwd_bwd_ms=100.0, update_ms=update_ms)
+    return answer
+
+
+class FakeWorkers(object):
+    """Stands in for `subprocess.run`: records every worker started, answers with canned img/s.
+
+    `img_per_s(spec, call)` gives the figure of a worker (`call`: how many ran
+    before it); the modes in `crash` die as a segfault would.
+    """
+
+    def __init__(self, bench, img_per_s, crash=()):
+        self.prefix = bench.RESULT_PREFIX
+        self.img_per_s, self.crash = img_per_s, crash
+        self.calls = []    # (spec, environment) of each worker, in order
+
+    def __call__(self, command, env, **kwargs):
+        assert command[-2] == '--_worker' and command[1] == SCRIPT
+        spec = json.loads(command[-1])
+        if spec['mode'] in self.crash:
+            self.calls.append((spec, env))
+            return subprocess.CompletedProcess(command, -11, '', 'Fatal Python error: '
+                                               'Segmentation fault\n\n')
+        answer = _answer(self.img_per_s(spec, len(self.calls)), int(env['OMP_NUM_THREADS']),
+                         spec['task'] == 'training')
+        self.calls.append((spec, env))
+        return subprocess.CompletedProcess(
+            command, 0, 'mxamp: a log line\n%s%s\n' % (self.prefix, json.dumps(answer)), '')
+
+
+def _run_main(bench, monkeypatch, tmp_path, argv, img_per_s, crash=()):
+    workers = FakeWorkers(bench, img_per_s, crash)
+    monkeypatch.setattr(bench.subprocess, 'run', workers)
+    out = tmp_path / 'bench.json'
+    assert bench.main(argv + ['--output', str(out)]) == 0
+    return workers, json.loads(out.read_text())
+
+
+def test_derive_computes_medians_and_ratios_from_the_workers_answers():
     bench = _load()
-    result = {'network': 'n', 'task': 'training', 'batch': 4, 'image_size': 32, 'modes': {
-        'fp32': {'img_per_s': [10.0, 12.0, 11.0], 'fwd_bwd_ms': [300.0, 320.0, 310.0],
-                 'update_ms': [20.0, 22.0, 21.0], 'baseline': 'fp32', 'peak_rss_mb': 1000.0},
-        'mxamp': {'img_per_s': [30.0, 20.0, 25.0], 'fwd_bwd_ms': [100.0, 110.0, 120.0],
-                  'update_ms': [30.0, 31.0, 29.0], 'baseline': 'fp32', 'peak_rss_mb': 500.0},
-        'fp32@contrib.amp process': {'img_per_s': [8.0, 9.0, 10.0],
-                                     'baseline': 'fp32@contrib.amp process'},
-        'contrib.amp': {'img_per_s': [16.0, 18.0, 20.0], 'baseline': 'fp32@contrib.amp process'},
-    }}
+    result = {'network': 'n', 'task': 'training', 'batch': 4, 'threads': 2,
+              'mxamp_compute': 'native', 'modes': {
+                  'fp32': {'runs': [_answer(v, 2, True, u, 1000.0)
+                                    for v, u in ((10.0, 20.0), (12.0, 22.0), (11.0, 21.0))]},
+                  'mxamp': {'runs': [_answer(v, 2, True, u, 500.0)
+                                     for v, u in ((30.0, 30.0), (20.0, 31.0), (25.0, 29.0))]},
+                  # MXNet computed on 1 OpenMP thread (say MXNET_OMP_MAX_THREADS=1), not 2.
+                  'contrib.amp': {'runs': [_answer(v, 1, True) for v in (16.0, 18.0, 20.0)]},
+                  'mxamp+scaling': {'error': 'round 1 of 3: exit status 1: boom', 'runs': []}}}
     bench.derive(result)
     modes = result['modes']
     assert modes['fp32']['median_img_per_s'] == 11.0
+    assert modes['mxamp']['img_per_s'] == [30.0, 20.0, 25.0]
     assert modes['mxamp']['ratio_vs_fp32'] == pytest.approx(25.0 / 11.0)
-    assert modes['mxamp']['paired_ratio_vs_fp32'] == pytest.approx(25.0 / 11.0)  # 3.0, 1.67, 2.27
-    assert modes['contrib.amp']['ratio_vs_fp32'] == pytest.approx(18.0 / 9.0)
-    assert modes['mxamp']['vs_contrib_amp'] == pytest.approx((25.0 / 11.0) / 2.0)
+    assert modes['mxamp']['paired_ratio_vs_fp32'] == pytest.approx(25.0 / 11.0)  # 3, 1.67, 2.27
+    assert modes['contrib.amp']['ratio_vs_fp32'] == pytest.approx(18.0 / 11.0)
+    assert modes['mxamp']['vs_contrib_amp'] == pytest.approx(25.0 / 18.0)
     assert modes['mxamp']['rss_ratio_vs_fp32'] == pytest.approx(0.5)
+    assert 'median_img_per_s' not in modes['mxamp+scaling']
+    assert set(result['mxamp_overhead']) == {'mxamp'}
     overhead = result['mxamp_overhead']['mxamp']
     assert overhead['extra_update_ms'] == pytest.approx(30.0 - 21.0)
-    assert overhead['fraction_of_step'] == pytest.approx(9.0 / (110.0 + 30.0))
+    assert overhead['fraction_of_step'] == pytest.approx(9.0 / (100.0 + 30.0))
     table = bench.format_table([result])
-    assert 'contrib.amp' in table and '2.27' in table and '2.00*' in table
+    assert '2.27' in table and '1.64' in table
+    assert 'n training, batch 4, threads 2: mxamp = 1.39x contrib.amp' in table
+    assert ('n training, batch 4, threads 2: mxamp+scaling failed, round 1 of 3: exit status 1: '
+            'boom') in table
+    assert ("n training, batch 4, threads 2: contrib.amp computed on 1 OpenMP threads, not 2 "
+            "(see its runs' environment)") in table
+    assert 'fp32 computed on' not in table
 
 
 def test_contrib_amp_is_skipped_with_its_reason_where_bfloat16_is_not_native(monkeypatch):
@@ -58,10 +112,9 @@ def test_contrib_amp_is_skipped_with_its_reason_where_bfloat16_is_not_native(mon
     assert 'oneDNN cannot do on this CPU' in reason and "'avx2'" in reason
     assert bench.skip_reason('mxamp') is None and bench.skip_reason('fp32') is None
     assert bench.mxamp_compute() == 'bfloat16 storage, FP32 compute'
-    result = {'network': 'n', 'task': 'inference', 'batch': 4, 'image_size': 32,
+    result = {'network': 'n', 'task': 'inference', 'batch': 4, 'threads': 1,
               'mxamp_compute': bench.mxamp_compute(), 'modes': {
-                  'fp32': {'img_per_s': [10.0], 'baseline': 'fp32'},
-                  'mxamp': {'img_per_s': [9.0], 'baseline': 'fp32'},
+                  'fp32': {'runs': [_answer(10.0)]}, 'mxamp': {'runs': [_answer(9.0)]},
                   'contrib.amp': {'skipped': reason}}}
     bench.derive(result)
     table = bench.format_table([result])
@@ -71,51 +124,251 @@ def test_contrib_amp_is_skipped_with_its_reason_where_bfloat16_is_not_native(mon
     assert 'mxamp modes: bfloat16 storage, FP32 compute' in table
 
 
+def test_reported_figures_are_the_medians_of_single_mode_worker_processes(
+        monkeypatch, tmp_path, capsys):
+    bench = _load()
+    canned = {'fp32': [10.0, 12.0, 11.0], 'mxamp': [30.0, 20.0, 25.0],
+              'mxamp+scaling': [18.0, 21.0, 19.0]}
+    workers, data = _run_main(
+        bench, monkeypatch, tmp_path,
+        ['--networks', 'tiny', '--tasks', 'training', '--modes', 'fp32,mxamp,mxamp+scaling',
+         '--batch', '4', '--threads', '3', '--repeats', '3', '--steps', '5', '--warmup', '2'],
+        lambda spec, call: canned[spec['mode']][call // 3])
+    # Whole processes alternate, A B C A B C A B C, each one mode with its threads and batch.
+    assert [spec['mode'] for spec, _ in workers.calls] == ['fp32', 'mxamp', 'mxamp+scaling'] * 3
+    for spec, env in workers.calls:
+        assert env['OMP_NUM_THREADS'] == '3'
+        assert {k: spec[k] for k in ('network', 'task', 'batch', 'threads', 'warmup', 'steps')} \
+            == {'network': 'tiny', 'task': 'training', 'batch': 4, 'threads': 3, 'warmup': 2,
+                'steps': 5}
+    (result,) = data['results']
+    modes = result['modes']
+    assert list(modes) == ['fp32', 'mxamp', 'mxamp+scaling']
+    for mode, values in canned.items():
+        assert [run['img_per_s'] for run in modes[mode]['runs']] == values
+        assert modes[mode]['median_img_per_s'] == statistics.median(values)
+        assert modes[mode]['paired_ratio_vs_fp32'] == pytest.approx(
+            statistics.median([a / b for a, b in zip(values, canned['fp32'])]))
+    assert modes['mxamp']['ratio_vs_fp32'] == pytest.approx(25.0 / 11.0)
+    table = capsys.readouterr().out
+    assert data['table'] in table
+    row = [line.split() for line in table.splitlines() if line.startswith('tiny ')]
+    assert row[1][:8] == ['tiny', 'training', '4', '3', 'mxamp', '25.00', '2.27', '2.27']
+
+
+def test_a_failed_worker_is_an_error_entry_that_the_table_explains(monkeypatch, tmp_path, capsys):
+    bench = _load()
+    workers, data = _run_main(
+        bench, monkeypatch, tmp_path,
+        ['--networks', 'tiny', '--tasks', 'inference', '--modes', 'fp32,mxamp,mxamp+fusion',
+         '--batch', '2', '--threads', '1', '--repeats', '3'],
+        lambda spec, call: 10.0 + call, crash={'mxamp'})
+    # Not started again after it failed; the other modes keep alternating.
+    assert [spec['mode'] for spec, _ in workers.calls] == [
+        'fp32', 'mxamp', 'mxamp+fusion', 'fp32', 'mxamp+fusion', 'fp32', 'mxamp+fusion']
+    modes = data['results'][0]['modes']
+    error = 'round 1 of 3: killed by SIGSEGV: Fatal Python error: Segmentation fault'
+    assert modes['mxamp']['error'] == error and 'median_img_per_s' not in modes['mxamp']
+    assert modes['mxamp+fusion']['median_img_per_s'] == 14.0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith('tiny ')]
+    assert [row[5] for row in rows if row[4] == 'mxamp'] == ['error']
+    assert 'tiny inference, batch 2, threads 1: mxamp failed, ' + error in out.splitlines()
+
+
+def test_a_worker_reports_the_error_it_met_on_its_result_line(capsys):
+    bench = _load()
+    spec = {'network': 'tiny', 'task': 'training', 'mode': 'bogus', 'batch': 2,
+            'image_size': 8, 'warmup': 0, 'steps': 1, 'threads': 1}
+    assert bench._worker_entry(spec) == 1
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert json.loads(line[len(bench.RESULT_PREFIX):]) == {
+        'error': "ValueError: unknown training mode 'bogus'"}
+    mxnet_error = bench.mx.base.MXNetError(
+        'Traceback (most recent call last):\n  File "src/op.h", line 67\n'
+        'MXNetError: Check failed: l == 1 || r == 1: operands could not be broadcast')
+    assert bench._error_line(mxnet_error) == ('MXNetError: Check failed: l == 1 || r == 1: '
+                                              'operands could not be broadcast')
+
+
+def test_batch_and_threads_lists_sweep_every_combination(monkeypatch, tmp_path, capsys):
+    bench = _load()
+    args = bench.parse_args(['--networks', 'tiny', '--tasks', 'inference',
+                             '--batch', '2,4', '--threads', '1,2'])
+    assert bench.configurations(args) == [
+        bench.Config('tiny', 'inference', batch, threads)
+        for batch, threads in ((2, 1), (2, 2), (4, 1), (4, 2))]
+    assert bench.parse_args([]).threads == [len(os.sched_getaffinity(0))]
+    assert bench.parse_args([]).batch == [16]
+    workers, data = _run_main(
+        bench, monkeypatch, tmp_path,
+        ['--networks', 'tiny', '--tasks', 'inference', '--modes', 'fp32,mxamp',
+         '--batch', '2,4', '--threads', '1,2', '--repeats', '1'],
+        lambda spec, call: spec['batch'] * spec['threads'] * (20.0 if spec['mode'] == 'mxamp'
+                                                             else 10.0))
+    assert [(s['batch'], s['threads'], env['OMP_NUM_THREADS']) for s, env in workers.calls] == [
+        (2, 1, '1'), (2, 1, '1'), (2, 2, '2'), (2, 2, '2'),
+        (4, 1, '1'), (4, 1, '1'), (4, 2, '2'), (4, 2, '2')]
+    assert [(r['batch'], r['threads']) for r in data['results']] == [(2, 1), (2, 2), (4, 1),
+                                                                      (4, 2)]
+    lines = capsys.readouterr().out.splitlines()
+    view = lines.index('tiny inference, threads 2: by batch')
+    assert [line.split() for line in lines[view + 1:view + 5]] == [
+        ['batch', 'fp32', 'img/s', 'mxamp', 'img/s', 'x', 'FP32'], ['-----'] + ['-' * 10,
+                                                                               '-' * 11, '-' * 6],
+        ['2', '40.00', '80.00', '2.00'], ['4', '80.00', '160.00', '2.00']]
+    for title in ('tiny inference, threads 1: by batch', 'tiny inference, batch 2: by threads',
+                  'tiny inference, batch 4: by threads'):
+        assert title in lines
+
+
+@pytest.mark.parametrize('argv, complaint', [
+    (['--threads', '0'], "argument --threads: expected positive integers separated by commas, "
+                         "got '0'"),
+    (['--threads', '1,0'], "argument --threads: expected positive integers"),
+    (['--batch', 'x'], "argument --batch: expected positive integers separated by commas, "
+                       "got 'x'"),
+    (['--batch', '2,,4'], "argument --batch: expected positive integers"),
+    (['--steps', '0'], "argument --steps: expected an integer >= 1, got '0'"),
+])
+def test_bad_sweep_values_are_refused_with_one_line(argv, complaint, capsys):
+    bench = _load()
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(argv)
+    assert exit_.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if 'error:' in line]
+    assert len(error) == 1 and complaint in error[0]
+
+
+def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_path):
+    bench = _load()
+    # The environment the script was started with: the user's OMP_NUM_THREADS gives way to
+    # --threads, the rest reaches the workers and the reproduce commands.
+    monkeypatch.setattr(bench, 'LAUNCH_ENV', {'PATH': '/usr/bin', 'OMP_NUM_THREADS': '7',
+                                              'DNNL_MAX_CPU_ISA': 'AVX512_CORE'})
+    argv = ['--networks', 'tiny', '--tasks', 'training', '--modes', 'fp32,mxamp+scaling',
+            '--batch', '4', '--threads', '3', '--image-size', '32', '--repeats', '2']
+    workers, data = _run_main(bench, monkeypatch, tmp_path, argv, lambda spec, call: 10.0)
+    assert {env['OMP_NUM_THREADS'] for _, env in workers.calls} == {'3'}
+    assert {env['DNNL_MAX_CPU_ISA'] for _, env in workers.calls} == {'AVX512_CORE'}
+    meta = data['meta']
+    assert meta['schema_version'] == 2
+    assert meta['command'] == shlex.join(['scripts/benchmark.py'] + argv + [
+        '--output', str(tmp_path / 'bench.json')])
+    assert meta['args']['batch'] == [4] and meta['args']['threads'] == [3]
+    assert set(meta['versions']) == {'mxnet', 'mxamp', 'numpy', 'python', 'gluoncv'}
+    assert meta['versions']['mxnet'] == bench.mx.__version__
+    assert meta['cpu_count'] == os.cpu_count()
+    assert meta['usable_cpus'] == len(os.sched_getaffinity(0))
+    assert meta['hardware'] == bench.hardware.describe()
+    assert meta['cpu_class'] == bench.hardware.describe_cpu_class()
+    assert meta['DNNL_MAX_CPU_ISA'] == 'AVX512_CORE'
+    assert meta['environment'] == {'DNNL_MAX_CPU_ISA': 'AVX512_CORE', 'OMP_NUM_THREADS': '7'}
+    assert len(meta['load_average_start']) == len(meta['load_average_end']) == 3
+    (result,) = data['results']
+    assert {k: result[k] for k in ('network', 'task', 'batch', 'image_size', 'threads', 'warmup',
+                                   'steps', 'repeats')} == {
+        'network': 'tiny', 'task': 'training', 'batch': 4, 'image_size': 32, 'threads': 3,
+        'warmup': 2, 'steps': 5, 'repeats': 2}
+    scaling = result['modes']['mxamp+scaling']
+    assert scaling['settings'] == {
+        'dtype': 'bfloat16', 'conversion': "mxamp.convert(net, 'bfloat16')",
+        'hybridize': {'static_alloc': True, 'static_shape': True}, 'fusion': None,
+        'loss': 'SoftmaxCrossEntropyLoss', 'trainer': 'mxamp.Trainer',
+        'optimizer': {'name': 'sgd', 'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5},
+        'loss_scale': 'dynamic'}
+    assert result['modes']['fp32']['settings']['dtype'] == 'float32'
+    assert [run['environment']['openmp_threads'] for run in scaling['runs']] == [3, 3]
+    assert scaling['reproduce'] == (
+        'DNNL_MAX_CPU_ISA=AVX512_CORE python scripts/benchmark.py --networks tiny '
+        '--tasks training --modes fp32,mxamp+scaling --batch 4 --threads 3 '
+        '--image-size 32 --warmup 2 --steps 5 --repeats 2')
+    words = shlex.split(scaling['reproduce'])
+    reproduced = bench.parse_args(words[words.index('scripts/benchmark.py') + 1:])
+    assert bench.configurations(reproduced) == [bench.Config('tiny', 'training', 4, 3)]
+    assert reproduced.modes == ['fp32', 'mxamp+scaling']
+    assert result['modes']['fp32']['reproduce'].endswith('--modes fp32 --batch 4 --threads 3 '
+                                                         '--image-size 32 --warmup 2 --steps 5 '
+                                                         '--repeats 2')
+    assert bench.mode_settings('inference', 'mxamp+fusion')['fusion'] == 'MKLDNN'
+
+
+def test_openmp_runtime_is_the_one_libmxnet_links():
+    bench = _load()
+    ours = '/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0'
+    vendored = '/venv/site-packages/scikit_learn.libs/libgomp-a34b3233.so.1.0.0'
+    assert bench.mxnet_openmp_runtime([vendored, ours, '/usr/lib/libc.so.6']) == (ours, None)
+    assert bench.mxnet_openmp_runtime(['/opt/intel/lib/libiomp5.so']) == (
+        '/opt/intel/lib/libiomp5.so', None)
+    path, why = bench.mxnet_openmp_runtime([vendored])
+    assert path is None and vendored in why
+    path, why = bench.mxnet_openmp_runtime([ours, '/opt/intel/lib/libiomp5.so'])
+    assert path is None and why.startswith('several OpenMP runtimes mapped')
+    here = bench.mxnet_openmp_threads()     # this process loaded MXNet
+    assert here['openmp_threads'] >= 1, here
+    assert os.path.basename(here['openmp_runtime']).startswith(bench.MXNET_OPENMP_SONAMES)
+
+
+def test_output_is_written_whole_or_not_at_all(tmp_path):
+    bench = _load()
+    out = tmp_path / 'bench.json'
+    bench.write_json(str(out), {'results': [1]})
+    with pytest.raises(TypeError):
+        bench.write_json(str(out), {'results': [object()]})    # fails halfway through
+    assert json.loads(out.read_text()) == {'results': [1]}
+    assert os.listdir(str(tmp_path)) == ['bench.json']
+
+
 @pytest.mark.slow
 def test_tiny_run_writes_a_complete_json(tmp_path):
     out = tmp_path / 'bench.json'
     proc = subprocess.run(
         [sys.executable, SCRIPT, '--networks', 'tiny', '--batch', '2', '--image-size', '32',
-         '--repeats', '1', '--steps', '1', '--warmup', '1', '--output', str(out)],
+         '--repeats', '1', '--steps', '2', '--warmup', '1', '--threads', '1',
+         '--output', str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert data['meta']['schema_version'] == 1
-    assert {'mxnet', 'hardware', 'cpu_count', 'args', 'command'} <= set(data['meta'])
+    meta = data['meta']
+    assert meta['schema_version'] == 2
+    assert {'versions', 'hardware', 'cpu_count', 'usable_cpus', 'args', 'command',
+            'load_average_start', 'load_average_end'} <= set(meta)
     assert data['table'] in proc.stdout
     results = {(r['network'], r['task']): r for r in data['results']}
     assert set(results) == {('tiny', 'inference'), ('tiny', 'training')}
     inference, training = results[('tiny', 'inference')], results[('tiny', 'training')]
-    native = hardware.computes_bfloat16()
-    assert set(inference['modes']) == {'fp32', 'fp32+fusion', 'mxamp', 'mxamp+fusion',
-                                       'contrib.amp'}
-    assert set(training['modes']) == {'fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp'} | (
-        {'fp32@contrib.amp process'} if hardware.cpu_class() != 'avx2' else set())
+    # The CPU as the run saw it (a simulated class in this process would not reach it).
+    cpu_class = meta['hardware']['cpu_class']
+    native = cpu_class in ('avx512_bf16', 'amx')
+    assert list(inference['modes']) == ['fp32', 'fp32+fusion', 'mxamp', 'mxamp+fusion',
+                                        'contrib.amp']
+    assert list(training['modes']) == ['fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp']
     for result in (inference, training):
+        assert (result['batch'], result['threads'], result['steps']) == (2, 1, 2)
         assert result['mxamp_compute'] == ('native' if native else
                                            'bfloat16 storage, FP32 compute')
         modes = result['modes']
         for name, entry in modes.items():
-            if hardware.cpu_class() == 'avx2' and name == 'contrib.amp':
+            if cpu_class == 'avx2' and name == 'contrib.amp':
                 # MXNet's AMP would fail (no bfloat16 in oneDNN without AVX-512): not measured.
                 assert entry == {'skipped': entry['skipped']}, entry
                 assert 'contrib.amp skipped: ' + entry['skipped'] in proc.stdout
                 continue
-            assert 'error' not in entry and 'memory_error' not in entry, (name, entry)
-            assert len(entry['img_per_s']) == 1
-            assert entry['median_img_per_s'] == statistics.median(entry['img_per_s'])
-            base = modes[entry['baseline']]
+            assert 'error' not in entry, (name, entry)
+            (run,) = entry['runs']
+            # MXNet in the worker computed on the one OpenMP thread asked for.
+            assert run['environment']['openmp_threads'] == 1, run['environment']
+            assert run['environment']['variables']['OMP_NUM_THREADS'] == '1'
+            assert len(run['iteration_ms']) == 2
+            assert run['peak_rss_mb'] >= run['base_rss_mb'] > 0
+            assert entry['median_img_per_s'] == run['img_per_s']
             assert entry['ratio_vs_fp32'] == pytest.approx(
-                entry['median_img_per_s'] / base['median_img_per_s'])
-            assert entry['paired_ratio_vs_fp32'] == pytest.approx(
-                entry['img_per_s'][0] / base['img_per_s'][0])
-            if name != 'fp32@contrib.amp process':
-                assert entry['peak_rss_mb'] >= entry['base_rss_mb'] > 0
-                assert entry['rss_ratio_vs_fp32'] == pytest.approx(
-                    entry['peak_rss_mb'] / modes['fp32']['peak_rss_mb'])
-    if native:
-        assert training['modes']['contrib.amp']['baseline'] == 'fp32@contrib.amp process'
+                entry['median_img_per_s'] / modes['fp32']['median_img_per_s'])
+            assert entry['paired_ratio_vs_fp32'] == pytest.approx(entry['ratio_vs_fp32'])
+            assert entry['rss_ratio_vs_fp32'] == pytest.approx(
+                entry['median_peak_rss_mb'] / modes['fp32']['median_peak_rss_mb'])
+            assert '--threads 1 ' in entry['reproduce'] and entry['settings']['dtype']
     assert set(training['mxamp_overhead']) == {'mxamp', 'mxamp+scaling'}
     for entry in training['modes'].values():
         if 'skipped' not in entry:
-            assert len(entry['update_ms']) == 1 and entry['median_step_ms'] > 0
+            assert entry['median_update_ms'] > 0 and entry['median_step_ms'] > 0

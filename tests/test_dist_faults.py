@@ -28,20 +28,12 @@ TRAIN = os.path.join(SCRIPTS, 'train_imagenet.py')
 LAUNCH = os.path.join(SCRIPTS, 'launch_local.py')
 sys.path.insert(0, SCRIPTS)
 
-import digits_rec  # noqa: E402
 import launch_local  # noqa: E402
 import train_imagenet  # noqa: E402
 
 # Bounds: the launcher's own timeout, and how long after a kill it may take to exit.
 JOB_TIMEOUT = 150
 EXIT_BOUND = 60
-
-
-@pytest.fixture(scope='module')
-def digits_dir(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp('digits'))
-    digits_rec.prepare(directory)
-    return directory
 
 
 # --------------------------------------------------------------------------------------

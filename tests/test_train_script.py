@@ -29,13 +29,6 @@ from mxamp import hardware  # noqa: E402
 BFLOAT16_COMPUTE = 'native' if hardware.computes_bfloat16() else 'bfloat16 storage, FP32 compute'
 
 
-@pytest.fixture(scope='session')
-def digits_dir(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp('digits'))
-    digits_rec.prepare(directory)
-    return directory
-
-
 def _common(digits_dir, save_dir, *extra):
     return ['--dataset', 'digits', '--data-dir', digits_dir, '--save-dir', str(save_dir),
             '--batch-size', '32', '--lr', '0.1', '--warmup-epochs', '1', '--no-progress',

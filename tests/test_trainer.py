@@ -976,6 +976,45 @@ def test_dist_sync_workers_skip_the_same_steps(tmp_path, update_on_kvstore):
     assert np.allclose(weights, 1.0 - 2 * 0.5 * 1.5)
 
 
+_LAYOUT_WORKER = textwrap.dedent('''
+    import sys, mxnet as mx
+    from mxnet import autograd, gluon
+    sys.path.insert(0, {root!r})
+    import mxamp
+    kv = mx.kv.create('dist_sync')
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(16, 3, use_bias=False), gluon.nn.BatchNorm(), gluon.nn.Dense(3))
+    net.initialize(mx.init.Xavier())
+    if {dtype!r} != 'float32':
+        mxamp.convert(net, {dtype!r})
+    with autograd.pause():      # an inference pass: oneDNN layouts left in the parameters
+        net(mx.nd.zeros((32, 1, 8, 8)))
+    tr = mxamp.Trainer(net.collect_params(), 'sgd', {{'learning_rate': 0.1}}, kvstore=kv,
+                       update_on_kvstore={uok})
+    tr.init_kvstore()
+    with autograd.record():
+        loss = net(mx.nd.ones((2, 1, 8, 8)) * (kv.rank + 1)).astype('float32').sum()
+    loss.backward()
+    tr.step(1)     # 1: with update_on_kvstore the servers keep the rescale_grad they got
+    print('RESULT', kv.rank, [round(float(p.data().astype('float32').sum().asscalar()), 5)
+                              for p in net.collect_params().values()
+                              if p.grad_req != 'null'], flush=True)   # statistics: per worker
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('dtype, update_on_kvstore', [('float32', False), ('float32', True),
+                                                      ('bfloat16', False)])
+def test_dist_training_starts_after_an_inference_pass(tmp_path, dtype, update_on_kvstore):
+    """Values an inference pass left in a oneDNN layout are broadcast (gluon's own
+    broadcast made MXNet 1.9.1's server abort: 'init 4 first')."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs, server = _run_dist(tmp_path, _LAYOUT_WORKER.format(root=root, dtype=dtype,
+                                                                uok=update_on_kvstore))
+    results = _results(outputs, server)
+    assert results[0] == results[1]
+
+
 # ---------------------------------------------------------------------------------
 # bfloat16 gradients and MXNet's kvstores
 # ---------------------------------------------------------------------------------
