@@ -31,9 +31,9 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .graph import GraphError  # noqa: E402
     from .symbol import convert_model, convert_symbol  # noqa: E402
     from .loss_scaler import LossScaler  # noqa: E402
-    from .module import ModuleTrainer  # noqa: E402
+    from .module import Float32Init, ModuleTrainer  # noqa: E402
     from .trainer import Trainer  # noqa: E402
 
 __version__ = '0.1.0'
-__all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'LossScaler', 'MultiPrecision',
+__all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'Float32Init', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer']

@@ -7,14 +7,17 @@ options as typed here: ``--exclude``, not ``exclude=``); no traceback, no
 partial output file.  Parameters are checked against the graph before anything
 is written: unknown or missing ones (``--allow-missing`` accepts the latter)
 and shapes the graph rejects.  ``--for-inference`` also fuses the converted
-graph with MXNet's oneDNN backend (`mxamp.inference.fuse_symbol`).
+graph with MXNet's oneDNN backend (`mxamp.fusion.fuse_symbol`).
 """
 import argparse
 import os
 import sys
 import warnings
 
-from .hardware import AVX2, CPU_CLASSES, cpu_class, describe_cpu_class, resolve_dtype
+from .dtypes import resolve_dtype
+from .hardware import AVX2, CPU_CLASSES, cpu_class, describe_cpu_class
+
+__all__ = ['EXIT_INTERNAL_ERROR', 'main']
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
@@ -105,9 +108,10 @@ def _convert(args):
     import mxnet as mx
 
     from .graph import GraphError, format_report, load_graph
-    from .inference import format_fusions, fused_nodes
+    from .fusion import format_fusions, fused_nodes
     from .policy import canonical_ops
-    from .symbol import Names, ParameterError, _convert, load_params, save_model
+    from .symbol import Names, ParameterError, load_params, save_model
+    from .symbol import _convert as convert_checked
 
     _check_file(args.symbol, 'symbol file')
     try:
@@ -134,9 +138,9 @@ def _convert(args):
         _check_file(args.params, 'params file')
         arg_params, aux_params = load_params(args.params)
     try:
-        symbol, arg_params, aux_params, conversion = _convert(
+        symbol, arg_params, aux_params, conversion = convert_checked(
             graph, dtype, Names('--exclude', '--input-shape', '--allow-missing',
-                                     '--for-inference', '--cpu'),
+                                '--for-inference', '--cpu'),
             arg_params=arg_params, aux_params=aux_params,
             allow_missing=args.allow_missing, exclude=args.exclude, fp32_ops=args.fp32_ops,
             lp_ops=args.lp_ops, ctx=mx.cpu() if args.cpu else None,

@@ -5,14 +5,23 @@ mxamp speaks three precisions, always by name: ``'float32'``, ``'float16'`` and
 the numpy struct ``dtype([('bfloat16', '<u2')])``, rejects the string
 ``'bfloat16'`` in most Python entry points (``nd.Cast``, ``astype``) and hands raw
 uint16 structs back from ``asnumpy()``.  This module owns the translation, so the
-rest of mxamp (and its users) only ever handle the names.
+rest of mxamp (and its users) only ever handle the names, and which name
+``'auto'`` stands for on a device (:func:`resolve_dtype`, from the facts of
+:mod:`mxamp.hardware`, the one mxamp module below this one).
 """
 import functools
 import json
+import warnings
 
 import numpy as np
 
 import mxnet as mx
+
+from . import hardware
+
+__all__ = ['BFLOAT16', 'LOW_PRECISION', 'amp_cast', 'cast', 'cast_into', 'dtype_name',
+           'name_of_array', 'numpy_dtype', 'param_precision', 'precision_name',
+           'resolve_dtype', 'to_float32_numpy', 'type_flag', 'widen']
 
 #: MXNet's bfloat16 dtype (equal to ``mxnet.contrib.amp.amp.bfloat16``).
 BFLOAT16 = np.dtype([('bfloat16', np.uint16)])
@@ -110,7 +119,6 @@ def _reference_bfloat16_reorders():
     of :func:`_generic_cast` (README, "Supported hardware", has the
     measurements).  Decided once per process, as oneDNN decides its ISA once.
     """
-    from . import hardware
     return hardware.cpu_class() == hardware.AVX2
 
 
@@ -259,3 +267,52 @@ def to_float32_numpy(array):
         bits = array.asnumpy().view(np.uint16).astype(np.uint32) << 16
         return bits.view(np.float32).reshape(array.shape)
     return array.asnumpy().astype(np.float32, copy=False)
+
+
+# Whether resolve_dtype said that 'auto' stays float32 on this CPU (once per process).
+_warned_auto_float32 = False
+
+
+def resolve_dtype(dtype, ctx=None):
+    """The precision name mxamp should use for `dtype` on `ctx`.
+
+    Parameters
+    ----------
+    dtype : str, numpy dtype or type
+        ``'auto'``, or anything :func:`dtype_name` accepts
+        (``'bfloat16'``, ``'bf16'``, ``numpy.float16``, ...).
+    ctx : mxnet.Context or list of Context, optional
+        Where the model runs (the first context of a list decides).  None means
+        "this machine": a GPU when there is one.
+
+    Returns
+    -------
+    str
+        ``'float32'``, ``'float16'`` or ``'bfloat16'``.  ``'auto'`` gives the
+        fastest precision the hardware computes: ``'float16'`` on a GPU,
+        ``'bfloat16'`` on a CPU that computes it natively (:func:`mxamp.hardware.cpu_class`
+        ``'avx512_bf16'`` or ``'amx'``), ``'float32'`` on other CPUs, saying so
+        once per process in one warning that names the CPU class.
+
+    Raises
+    ------
+    ValueError
+        When `dtype` is neither ``'auto'`` nor a known precision.
+    """
+    if not (isinstance(dtype, str) and dtype.lower() == 'auto'):
+        return dtype_name(dtype)
+    if isinstance(ctx, (list, tuple)):
+        ctx = ctx[0] if ctx else None
+    on_gpu = hardware.gpu_count() > 0 if ctx is None else ctx.device_type == 'gpu'
+    if on_gpu:
+        return 'float16'
+    if hardware.computes_bfloat16():
+        return 'bfloat16'
+    global _warned_auto_float32
+    if not _warned_auto_float32:
+        _warned_auto_float32 = True
+        warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; bfloat16 pays on "
+                      "CPUs with AVX512-BF16 or AMX (dtype='bfloat16' still works here: "
+                      "bfloat16 parameters, FP32 compute)" % hardware.describe_cpu_class(),
+                      RuntimeWarning, stacklevel=hardware.user_stacklevel())
+    return 'float32'

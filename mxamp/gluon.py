@@ -97,6 +97,7 @@ import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import Block, HybridBlock
 
+from . import dtypes
 from . import graph as graph_mod
 from . import hardware
 from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
@@ -726,7 +727,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
         An FP32 network, initialised or not (deferred initialisation is fine).
     dtype : str
         ``'auto'`` (float16 on a GPU, bfloat16 on a CPU that computes it,
-        float32 on other CPUs, see `mxamp.hardware.resolve_dtype`; decided from
+        float32 on other CPUs, see `mxamp.dtypes.resolve_dtype`; decided from
         the context of the net's parameters, else from the machine),
         ``'float16'`` or ``'bfloat16'`` (aliases ``'fp16'``, ``'bf16'``...).
         ``'float32'`` leaves `net` untouched (`summary` says so).  bfloat16 on a CPU without
@@ -767,7 +768,7 @@ def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
         raise ValueError('%s is already converted by mxamp (to %s)'
                          % (_describe(net), net._mxamp_settings.dtype))
     ctxs = _param_contexts(net)
-    name = hardware.resolve_dtype(dtype, ctxs[0] if ctxs else None)
+    name = dtypes.resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
         # Not converted; summary() says why ('auto': resolve_dtype warned once already).
         if isinstance(dtype, str) and dtype.lower() == 'auto':

@@ -54,6 +54,10 @@ from . import policy as policy_mod
 from .dtypes import numpy_dtype, precision_name, type_flag
 from .policy import FLOAT32, LOW
 
+__all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'NodePlan', 'PAD_SUFFIX',
+           'check_graph', 'convert_graph', 'error_line', 'find_casts', 'format_report',
+           'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
+
 # Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
 # that comes without its Conversion.
 CAST_SUFFIX = '_mxamp_cast_'

@@ -1,11 +1,11 @@
 """Hardware detection and the CPU fast-path set-up.
 
-This module answers four questions for the rest of mxamp:
+This module answers three questions for the rest of mxamp (which precision
+``'auto'`` means, from its answers, is :func:`mxamp.dtypes.resolve_dtype`'s):
 
 * what the machine can do: CPU flags (``/proc/cpuinfo``) and the number of GPUs;
 * how the CPU computes bfloat16 (:func:`cpu_class`): one of four classes,
   capped by a user's ``DNNL_MAX_CPU_ISA`` as oneDNN caps itself;
-* which precision ``'auto'`` means for a context (:func:`resolve_dtype`);
 * how to make oneDNN use the AMX bfloat16 kernels (:func:`enable_amx`).
 
 CPU classes
@@ -67,7 +67,7 @@ import sys
 import warnings
 
 __all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'gpu_count', 'cpu_class',
-           'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'resolve_dtype', 'enable_amx', 'describe',
+           'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'enable_amx', 'describe',
            'CPU_CLASSES']
 
 logger = logging.getLogger('mxamp')
@@ -81,7 +81,6 @@ _XFEATURE_XTILEDATA = 18
 
 # Result of the first enable_amx() call (None: not called yet).
 _amx_enabled = None
-_warned_auto_float32 = False
 
 AVX2, AVX512, AVX512_BF16, AMX = 'avx2', 'avx512', 'avx512_bf16', 'amx'
 # Lowest first: a DNNL_MAX_CPU_ISA cap can only move a CPU down this list.
@@ -199,57 +198,11 @@ def describe_cpu_class(klass=None):
 
 def gpu_count():
     """Number of GPUs MXNet sees; 0 on a CPU build or when the query fails."""
-    import mxnet as mx  # here, so that `import mxamp` does not load libmxnet
+    import mxnet as mx  # here: only this answer needs MXNet; the CPU's come from the kernel
     try:
         return mx.context.num_gpus()
     except mx.base.MXNetError:
         return 0
-
-
-def resolve_dtype(dtype, ctx=None):
-    """The precision name mxamp should use for `dtype` on `ctx`.
-
-    Parameters
-    ----------
-    dtype : str, numpy dtype or type
-        ``'auto'``, or anything :func:`mxamp.dtypes.dtype_name` accepts
-        (``'bfloat16'``, ``'bf16'``, ``numpy.float16``, ...).
-    ctx : mxnet.Context or list of Context, optional
-        Where the model runs (the first context of a list decides).  None means
-        "this machine": a GPU when there is one.
-
-    Returns
-    -------
-    str
-        ``'float32'``, ``'float16'`` or ``'bfloat16'``.  ``'auto'`` gives the
-        fastest precision the hardware computes: ``'float16'`` on a GPU,
-        ``'bfloat16'`` on a CPU that computes it natively (:func:`cpu_class`
-        ``'avx512_bf16'`` or ``'amx'``), ``'float32'`` on other CPUs, saying so
-        once per process in one warning that names the CPU class.
-
-    Raises
-    ------
-    ValueError
-        When `dtype` is neither ``'auto'`` nor a known precision.
-    """
-    from .dtypes import dtype_name
-    if not (isinstance(dtype, str) and dtype.lower() == 'auto'):
-        return dtype_name(dtype)
-    if isinstance(ctx, (list, tuple)):
-        ctx = ctx[0] if ctx else None
-    on_gpu = gpu_count() > 0 if ctx is None else ctx.device_type == 'gpu'
-    if on_gpu:
-        return 'float16'
-    if computes_bfloat16():
-        return 'bfloat16'
-    global _warned_auto_float32
-    if not _warned_auto_float32:
-        _warned_auto_float32 = True
-        warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; bfloat16 pays on "
-                      "CPUs with AVX512-BF16 or AMX (dtype='bfloat16' still works here: "
-                      "bfloat16 parameters, FP32 compute)" % describe_cpu_class(),
-                      RuntimeWarning, stacklevel=user_stacklevel())
-    return 'float32'
 
 
 def user_stacklevel():
@@ -349,3 +302,14 @@ def describe():
     return {'avx512_bf16': has_avx512_bf16(), 'amx_bf16': has_amx_bf16(),
             'amx_enabled': bool(_amx_enabled), 'cpu_class': cpu_class(),
             'dnnl_max_cpu_isa': os.environ.get('DNNL_MAX_CPU_ISA'), 'gpus': gpu_count()}
+
+
+def __getattr__(name):
+    # The spelling of mxamp 0.1.0, kept for one release: resolve_dtype names a
+    # precision, so it moved to mxamp.dtypes (this module sits below it).
+    if name == 'resolve_dtype':
+        warnings.warn('mxamp.hardware.resolve_dtype is deprecated: use '
+                      'mxamp.dtypes.resolve_dtype', DeprecationWarning, stacklevel=2)
+        from .dtypes import resolve_dtype
+        return resolve_dtype
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))

@@ -1,6 +1,8 @@
 """Mixed-precision training with ``mx.mod.Module``: the Symbol API's `mxamp.Trainer`.
 
-This module owns :class:`ModuleTrainer`, which runs the training step of a
+This module owns :class:`ModuleTrainer` and :class:`Float32Init` (MXNet's
+initializers cannot fill the bfloat16 arrays such a Module binds).
+:class:`ModuleTrainer` runs the training step of a
 bound Module whose graph came from `mxamp.convert_symbol` (or
 `mxamp.convert_model`): FP32 master weights (:mod:`mxamp.optimizer`), loss
 scaling (:class:`mxamp.LossScaler`), the sum of the gradients over devices and
@@ -27,15 +29,17 @@ MXNet internals relied on (MXNet 1.9.1):
 import pickle
 import warnings
 
+import numpy as np
+
 import mxnet as mx
 
 from . import kvstore_transport
 from . import optimizer as _mp_optimizer
 from .dtypes import cast, name_of_array
-from .inference import check_trainable_symbol
+from .fusion import check_trainable_symbol
 from .loss_scaler import LossScalingState, head_gradients, make_loss_scaler
 
-__all__ = ['ModuleTrainer']
+__all__ = ['ModuleTrainer', 'Float32Init']
 
 _STATE_FORMAT = 'mxamp.ModuleTrainer/1'
 
@@ -315,3 +319,45 @@ class ModuleTrainer(LossScalingState):
         """Restore what :meth:`save_states` wrote (see :meth:`load_state_dict`)."""
         with open(fname, 'rb') as handle:
             self.load_state_dict(pickle.load(handle))
+
+
+class Float32Init(mx.init.Initializer):
+    """Run an initializer in FP32 and cast its values into low-precision arrays.
+
+    MXNet 1.9.1's random initializers reject bfloat16 outputs (``Module.init_params``
+    fails on the first bfloat16 weight).  Drawing in FP32 and rounding also makes
+    a mixed-precision network start from the FP32 network's weights for the same
+    seed.
+
+    Parameters
+    ----------
+    initializer : mx.init.Initializer
+        The initializer to run, e.g. ``mx.init.Xavier(magnitude=2)``.
+
+    Examples
+    --------
+    With a Module: ``mod.init_params(mxamp.Float32Init(mx.init.Xavier(magnitude=2)))``.
+    On one array:
+
+    >>> init = mxamp.Float32Init(mx.init.Xavier(magnitude=2))
+    >>> weight = mxamp.dtypes.cast(mx.nd.zeros((2, 4)), 'bfloat16')
+    >>> init(mx.init.InitDesc('fc_weight'), weight)
+    >>> mxamp.dtypes.name_of_array(weight), bool((mxamp.dtypes.to_float32_numpy(weight) != 0).all())
+    ('bfloat16', True)
+    """
+
+    def __init__(self, initializer):
+        super(Float32Init, self).__init__()
+        self.initializer = initializer
+
+    def dumps(self):
+        return self.initializer.dumps()
+
+    def __call__(self, desc, arr):
+        precision = name_of_array(arr)
+        if precision in (None, 'float32'):
+            self.initializer(desc, arr)
+            return
+        staging = mx.nd.zeros(arr.shape, ctx=arr.context, dtype=np.float32)
+        self.initializer(desc, staging)
+        cast(staging, precision).copyto(arr)

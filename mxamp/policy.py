@@ -49,6 +49,11 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 from .dtypes import LOW_PRECISION, dtype_name
 from .hardware import AVX512_BF16, CPU_CLASSES, computes_bfloat16
 
+__all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
+           'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CLASSES', 'FLOAT16_CPU_EMULATED', 'Policy',
+           'base_class', 'canonical', 'canonical_ops', 'emulates_float16',
+           'exclude_matches', 'registered_ops']
+
 LOW, FLOAT32, WIDEST, NEUTRAL = 'low', 'float32', 'widest', 'neutral'
 CLASSES = (LOW, FLOAT32, WIDEST, NEUTRAL)
 

@@ -26,11 +26,14 @@ import uuid
 
 import mxnet as mx
 
-from . import hardware
+from . import dtypes, hardware
 from .dtypes import LOW_PRECISION, cast, dtype_name
 from .graph import GraphError, convert_graph, error_line, load_graph
-from .inference import fuse_symbol
+from .fusion import fuse_symbol
 from .policy import Policy, emulates_float16, exclude_matches
+
+__all__ = ['ParameterError', 'check_params', 'convert_model', 'convert_symbol',
+           'load_params', 'make_policy', 'save_model']
 
 
 def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batchnorm_data='low',
@@ -115,7 +118,7 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     dtype : str
         Target low precision: ``'bfloat16'`` or ``'float16'`` (aliases
         ``'bf16'``, ``'fp16'``, ``'half'``), or ``'auto'``: the fastest
-        precision this machine computes (`mxamp.hardware.resolve_dtype`, with
+        precision this machine computes (`mxamp.dtypes.resolve_dtype`, with
         `ctx`).  ``'float32'`` (also what ``'auto'`` gives on a CPU without
         native bfloat16) returns the graph unchanged, as `mxamp.convert` does.
     params : iterable of str, optional
@@ -282,7 +285,7 @@ def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, a
     check_exclude(graph, exclude, names.exclude)
     if arg_params is not None:
         check_params(graph, arg_params, aux_params, input_shapes, allow_missing, names)
-    dtype = hardware.resolve_dtype(dtype, ctx)
+    dtype = dtypes.resolve_dtype(dtype, ctx)
     devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
     if for_inference and ('gpu' in devices or (dtype == 'float16' and not devices)):
         raise ValueError("%s fuses with MXNet's oneDNN backend, for CPUs: a %s graph for a GPU "

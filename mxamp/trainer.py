@@ -20,9 +20,11 @@ What it does differently from ``mxnet.contrib.amp``
 ---------------------------------------------------
 * Unscaling is free: ``1 / loss_scale`` is folded into the optimizer's
   ``rescale_grad``, which every update kernel already applies.
-* The overflow check covers every gradient on every context, using the fused
-  ``multi_all_finite`` operator (chunks of at most 200 arrays: MXNet 1.9.1
-  crashes with more), with a single host synchronisation per step.
+* The overflow check covers every gradient on every context with a single
+  host synchronisation per step: on a CPU ``multi_sum_sq`` over the gradients
+  widened to FP32, then ``multi_all_finite`` on the sums; on a GPU
+  ``multi_all_finite`` directly (`mxamp.loss_scaler` says why, and the
+  200-array chunks MXNet 1.9.1 needs).
 * A skipped step changes nothing: weights, master weights and optimizer states
   stay bit-identical, also with ``update_on_kvstore=True`` (the check runs
   before any gradient is pushed) and with distributed kvstores (the workers
@@ -75,7 +77,7 @@ from mxnet import gluon
 from . import diagnose
 from . import optimizer as _mp_optimizer
 from .dtypes import LOW_PRECISION, param_precision, widen
-from .inference import check_trainable_params
+from .fusion import check_trainable_params
 from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,

@@ -74,11 +74,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         parser.error('--seeds and --epochs must be at least 1')
-    import train_imagenet
+    from imagenet import report
     from mxamp import hardware
     from tqdm import tqdm
 
-    # 'auto' stays FP32 on CPUs without native bfloat16 (mxamp.hardware.resolve_dtype);
+    # 'auto' stays FP32 on CPUs without native bfloat16 (mxamp.dtypes.resolve_dtype);
     # the demo compares precisions, so there it asks for bfloat16 storage, FP32 compute.
     mixed = 'auto' if hardware.computes_bfloat16() else 'bfloat16'
     dtypes = ('float32', mixed)
@@ -91,7 +91,7 @@ def main(argv=None):
                 bar.set_postfix_str('%s, seed %d' % (dtype, seed))
                 save_dir = os.path.join(args.out_dir, '%s-seed%d' % (dtype, seed))
                 results[dtype].append(_run(dtype, seed, args, save_dir))
-                rows[dtype].append(train_imagenet.read_metrics(
+                rows[dtype].append(report.read_metrics(
                     os.path.join(save_dir, 'digits-metrics.csv')))
                 bar.update()
 
@@ -99,7 +99,7 @@ def main(argv=None):
     ran = {dtype: results[dtype][0] for dtype in dtypes}
     labels = {dtype: 'FP32' if dtype == 'float32' else 'mixed (%s)' % ran[dtype]['dtype']
               for dtype in dtypes}
-    plot_labels = {dtype: train_imagenet.run_label(ran[dtype]['dtype'], ran[dtype]['compute'])
+    plot_labels = {dtype: report.run_label(ran[dtype]['dtype'], ran[dtype]['compute'])
                    for dtype in dtypes}
     print('\n%s on the digits (%d train / 297 val images), %d epochs, %d seed(s), %s'
           % (args.model, 1500, args.epochs, args.seeds, time.strftime('%Y-%m-%d')))
@@ -133,11 +133,11 @@ def main(argv=None):
                              low['img_per_sec'] / fp32['img_per_sec'], time.time() - started))
     plot = args.plot or os.path.join(args.out_dir, 'digits_fp32_vs_mixed.png')
     # The bars show the table's img/s: curves are means over seeds, throughput the median.
-    train_imagenet.plot_runs([(plot_labels[d], _mean_rows(rows[d])) for d in dtypes], plot,
-                             title='%s on digits, mean of %d seed(s); CPU class %r'
-                             % (args.model, args.seeds, hardware.cpu_class()),
-                             throughput=([table[labels[d]]['img_per_sec'] for d in dtypes],
-                                         'median over seeds'))
+    report.plot_runs([(plot_labels[d], _mean_rows(rows[d])) for d in dtypes], plot,
+                     title='%s on digits, mean of %d seed(s); CPU class %r'
+                     % (args.model, args.seeds, hardware.cpu_class()),
+                     throughput=([table[labels[d]]['img_per_sec'] for d in dtypes],
+                                 'median over seeds'))
     with open(os.path.join(args.out_dir, 'results.json'), 'w') as handle:
         json.dump({'model': args.model, 'epochs': args.epochs, 'seeds': args.seeds,
                    'device': device, 'results': table}, handle, indent=1)

@@ -7,20 +7,16 @@ inputs ``data`` and ``softmax_label``.  The networks are written once, in FP32;
 a low-precision `dtype` is produced by mxamp's graph rewrite
 (:func:`with_dtype`), never by casts placed by hand.  ``Module`` allocates the
 parameters in the dtypes the graph declares; MXNet's initializers cannot fill
-bfloat16 arrays, :class:`Float32Init` can.
+bfloat16 arrays, :class:`mxamp.Float32Init` can (also importable from here).
 
 Modules
 -------
 resnet
     ResNet v1 and v1.5, 18 to 152 layers.
 """
-import numpy as np
-
-import mxnet as mx
-
 import mxamp
-from mxamp.dtypes import cast, name_of_array
-from mxamp.hardware import resolve_dtype
+from mxamp.dtypes import resolve_dtype
+from mxamp.module import Float32Init
 
 __all__ = ['with_dtype', 'Float32Init']
 
@@ -44,7 +40,7 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None, cpu_cl
         ``'float32'`` (returns `symbol` unchanged), ``'float16'``, ``'bfloat16'``
         or ``'auto'`` (``'float16'`` on a GPU, ``'bfloat16'`` on a CPU that
         computes it natively, ``'float32'`` on other CPUs; see
-        `mxamp.hardware.resolve_dtype`).
+        `mxamp.dtypes.resolve_dtype`).
     ctx : mx.Context or list of Context, optional
         Where the network runs.  float16 with a CPU context computes convolutions
         and fully-connected layers in FP32 between float16 casts (MXNet 1.9.1 has
@@ -76,38 +72,3 @@ def with_dtype(symbol, dtype, ctx=None, inputs=INPUTS, input_shapes=None, cpu_cl
     params = [name for name in names if name not in inputs]
     return mxamp.convert_symbol(symbol, dtype, params=params, ctx=ctx, input_shapes=input_shapes,
                                 cpu_class=cpu_class)
-
-
-class Float32Init(mx.init.Initializer):
-    """Run an initializer in FP32 and cast its values into low-precision arrays.
-
-    MXNet 1.9.1's random initializers reject bfloat16 outputs (``Module.init_params``
-    fails on the first bfloat16 weight).  Drawing in FP32 and rounding also makes
-    a mixed-precision network start from the FP32 network's weights for the same
-    seed.
-
-    Parameters
-    ----------
-    initializer : mx.init.Initializer
-        The initializer to run, e.g. ``mx.init.Xavier(magnitude=2)``.
-
-    Examples
-    --------
-    >>> mod.init_params(Float32Init(mx.init.Xavier(rnd_type='gaussian', magnitude=2)))
-    """
-
-    def __init__(self, initializer):
-        super(Float32Init, self).__init__()
-        self.initializer = initializer
-
-    def dumps(self):
-        return self.initializer.dumps()
-
-    def __call__(self, desc, arr):
-        precision = name_of_array(arr)
-        if precision in (None, 'float32'):
-            self.initializer(desc, arr)
-            return
-        staging = mx.nd.zeros(arr.shape, ctx=arr.context, dtype=np.float32)
-        self.initializer(desc, staging)
-        cast(staging, precision).copyto(arr)

@@ -202,7 +202,7 @@ def get_symbol(num_classes, num_layers, image_shape, dtype='float32', version='1
         and ``fc1`` run in low precision and their weights are declared in it;
         BatchNorm's parameters and statistics, the softmax and the output stay
         FP32.  ``'auto'`` picks float16 on a GPU and, on a CPU, bfloat16 where
-        it computes natively, else FP32 (`mxamp.hardware.resolve_dtype`).
+        it computes natively, else FP32 (`mxamp.dtypes.resolve_dtype`).
     version : {'1.5', '1'}
         Where a downsampling bottleneck strides: its 3x3 convolution (v1.5) or
         its first 1x1 convolution (v1).  No effect on depths 18 and 34.

@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 
 import mxamp
-from mxamp import cli, hardware
+from mxamp import cli, dtypes, hardware
 
 from test_cli import convert
 
@@ -25,7 +25,7 @@ def test_dtype_auto_is_what_the_python_api_does_with_auto(model, tmp_path, capsy
     assert status == 0, err
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', RuntimeWarning)
-        chosen = hardware.resolve_dtype('auto')
+        chosen = dtypes.resolve_dtype('auto')
     assert '--dtype auto: %s (' % chosen in stdout and 'RuntimeWarning' not in err
     symbol, args, auxs = mx.model.load_checkpoint(model, 0)
     with warnings.catch_warnings():

@@ -7,7 +7,7 @@ let workers run on after the scheduler and server left); they check that the
 launcher notices, names the process in one line, stops everything else within a
 bounded time and exits non-zero, and that the checkpoints written so far are
 complete and resumable.  The save test kills (SIGKILL, no clean-up runs) a
-process at every step of ``train_imagenet.save_checkpoint`` in turn.
+process at every step of ``imagenet.checkpoints.save_checkpoint`` in turn.
 
 Every test is bounded in time, and every process it starts is stopped even
 when it fails (the launcher stops its children; ``_Launch`` stops the launcher
@@ -30,6 +30,7 @@ sys.path.insert(0, SCRIPTS)
 
 import launch_local  # noqa: E402
 import train_imagenet  # noqa: E402
+from imagenet import checkpoints, report  # noqa: E402
 
 # Bounds: the launcher's own timeout, and how long after a kill it may take to exit.
 JOB_TIMEOUT = 150
@@ -177,7 +178,7 @@ def _assert_nothing_left(pids):
 
 def _checkpoint_files_consistent(directory):
     """Every checkpoint that counts names existing files and its own epoch."""
-    epochs = train_imagenet.list_checkpoints(directory, 'm')
+    epochs = checkpoints.list_checkpoints(directory, 'm')
     for epoch in epochs:
         with open(os.path.join(directory, 'm-%04d.json' % epoch)) as handle:
             meta = json.load(handle)
@@ -197,7 +198,7 @@ def test_killed_worker_stops_job_and_checkpoint_resumes(digits_dir, tmp_path):
     with _Launch(tmp_path / 'first', 2,
                  _train_command(digits_dir, save, '--num-epochs', '8')) as launch:
         pids = launch.wait_pids()
-        _wait_for(lambda: 1 in train_imagenet.list_checkpoints(str(save), 'm'), 120, launch,
+        _wait_for(lambda: 1 in checkpoints.list_checkpoints(str(save), 'm'), 120, launch,
                   "worker 0's epoch-1 checkpoint")
         assert launch.proc.poll() is None
         os.kill(pids['worker1'], signal.SIGKILL)
@@ -255,7 +256,7 @@ def test_killed_worker_stops_job_and_checkpoint_resumes(digits_dir, tmp_path):
     with open(save / 'm-0002.params', 'rb') as a, open(save / 'rank1' / 'm-0002.params',
                                                          'rb') as b:
         assert a.read() == b.read()
-    rows = train_imagenet.read_metrics(str(save / 'm-metrics.csv'))
+    rows = report.read_metrics(str(save / 'm-metrics.csv'))
     assert [r['epoch'] for r in rows] == [1, 2]
     # The resumed run removed what the killed run had left half-written.
     assert not [n for n in os.listdir(str(save / 'rank1')) if '.tmp' in n]
@@ -407,7 +408,7 @@ def _save_and_die(directory, epoch, tag, kill_at, count_file):
                 return wrapped
             os.fsync, os.replace, os.remove = (wrap(os.fsync), wrap(os.replace),
                                                wrap(os.remove))
-            train_imagenet.save_checkpoint(_ChunkRunner(tag, tick), directory, 'm', epoch,
+            checkpoints.save_checkpoint(_ChunkRunner(tag, tick), directory, 'm', epoch,
                                            {'global_step': epoch * 10})
             with open(count_file, 'w') as handle:
                 handle.write(str(steps[0]))
@@ -434,10 +435,10 @@ def test_kill_9_at_every_step_of_a_save(tmp_path, existing):
     for kill_at in range(1, 60):
         directory = str(tmp_path / ('k%02d' % kill_at))
         os.makedirs(directory)
-        train_imagenet.save_checkpoint(_ChunkRunner(b'one', lambda: None), directory, 'm', 1,
+        checkpoints.save_checkpoint(_ChunkRunner(b'one', lambda: None), directory, 'm', 1,
                                        {'global_step': 10})
         if existing == 'overwrite':
-            train_imagenet.save_checkpoint(_ChunkRunner(b'old', lambda: None), directory, 'm',
+            checkpoints.save_checkpoint(_ChunkRunner(b'old', lambda: None), directory, 'm',
                                            2, {'global_step': 20})
         before = _snapshot(directory)
         count_file = str(tmp_path / 'count')
@@ -449,7 +450,7 @@ def test_kill_9_at_every_step_of_a_save(tmp_path, existing):
         # Epoch 1 is untouched and loadable.
         for name in ('m-0001.params', 'm-0001.states', 'm-0001.json'):
             assert _snapshot(directory)[name] == before[name]
-        epochs = train_imagenet.list_checkpoints(directory, 'm')
+        epochs = checkpoints.list_checkpoints(directory, 'm')
         assert epochs in ([1], [1, 2])
         if 2 in epochs:
             with open(os.path.join(directory, 'm-0002.json')) as handle:
@@ -473,9 +474,9 @@ def test_kill_9_at_every_step_of_a_save(tmp_path, existing):
         outcomes.append(outcome)
 
         # What the killed process left behind is removable and never counted.
-        train_imagenet.remove_stale_tmp(directory, 'm')
+        checkpoints.remove_stale_tmp(directory, 'm')
         assert not [n for n in os.listdir(directory) if '.tmp' in n]
-        assert train_imagenet.list_checkpoints(directory, 'm') == epochs
+        assert checkpoints.list_checkpoints(directory, 'm') == epochs
         if finished:
             with open(count_file) as handle:
                 assert kill_at > int(handle.read())
@@ -545,7 +546,7 @@ def test_resume_after_kill_9_during_save_is_bit_exact(digits_dir, tmp_path):
                             + _single(digits_dir, killed), capture_output=True, text=True,
                             timeout=180, cwd=ROOT)
     assert result.returncode == -signal.SIGKILL, result.stderr
-    assert train_imagenet.list_checkpoints(str(killed), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(killed), 'm') == [1]
     left = sorted(n for n in os.listdir(str(killed)) if '.tmp' in n)
     assert [n.split('.tmp')[0] for n in left] == ['m-0002.params', 'm-0002.states'], left
 
@@ -560,6 +561,6 @@ def test_resume_after_kill_9_during_save_is_bit_exact(digits_dir, tmp_path):
         with open(whole / ('m-0002.' + suffix), 'rb') as a, \
                 open(killed / ('m-0002.' + suffix), 'rb') as b:
             assert a.read() == b.read(), suffix
-    rows = [train_imagenet.read_metrics(str(d / 'm-metrics.csv')) for d in (whole, killed)]
+    rows = [report.read_metrics(str(d / 'm-metrics.csv')) for d in (whole, killed)]
     assert [(r['epoch'], r['train_loss'], r['val_top1']) for r in rows[0]] == \
         [(r['epoch'], r['train_loss'], r['val_top1']) for r in rows[1]]

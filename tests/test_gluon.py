@@ -16,6 +16,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 import mxamp.gluon as mg
+import mxamp.dtypes as dtypes
 import mxamp.hardware as hw
 from conftest import computes_in, needs_bfloat16_compute
 import mxamp.optimizer as mo
@@ -495,7 +496,7 @@ def test_auto_on_cpu_is_bfloat16_where_the_cpu_computes_it():
 
 def test_auto_on_a_cpu_without_bfloat16_stays_float32(monkeypatch):
     monkeypatch.setattr(hw, 'cpu_class', lambda: 'avx2')
-    monkeypatch.setattr(hw, '_warned_auto_float32', False)
+    monkeypatch.setattr(dtypes, '_warned_auto_float32', False)
     net = make()
     klass = type(net)
     with pytest.warns(RuntimeWarning, match="stays in float32 on this 'avx2'"):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REAL_CPU_FLAGS
-from mxamp import hardware
+from mxamp import dtypes, hardware
 from mxamp.dtypes import BFLOAT16
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,14 +104,14 @@ def test_describe():
     (np.dtype(np.float32), 'float32')])
 def test_resolve_explicit_passes_through(flags, dtype, name):
     flags(gpus=1)  # an explicit dtype ignores the hardware
-    assert hardware.resolve_dtype(dtype) == name
-    assert hardware.resolve_dtype(dtype, mx.cpu()) == name
+    assert dtypes.resolve_dtype(dtype) == name
+    assert dtypes.resolve_dtype(dtype, mx.cpu()) == name
 
 
 @pytest.mark.parametrize('dtype', ['int8', 'float64', 'automatic', np.int32])
 def test_resolve_unknown_raises(dtype):
     with pytest.raises(ValueError):
-        hardware.resolve_dtype(dtype)
+        dtypes.resolve_dtype(dtype)
 
 
 # --- CPU classes -------------------------------------------------------------
@@ -167,12 +167,12 @@ def test_dnnl_max_cpu_isa_never_raises_the_class(flags, monkeypatch):
 
 def test_resolve_auto_gpu(flags):
     flags('avx512_bf16', *AVX512_CORE, gpus=0)
-    assert hardware.resolve_dtype('auto', mx.gpu(0)) == 'float16'
-    assert hardware.resolve_dtype('AUTO', [mx.gpu(0), mx.gpu(1)]) == 'float16'
+    assert dtypes.resolve_dtype('auto', mx.gpu(0)) == 'float16'
+    assert dtypes.resolve_dtype('AUTO', [mx.gpu(0), mx.gpu(1)]) == 'float16'
     flags('avx512_bf16', *AVX512_CORE, gpus=2)
-    assert hardware.resolve_dtype('auto') == 'float16'
+    assert dtypes.resolve_dtype('auto') == 'float16'
     # An explicit CPU context wins over the GPUs the machine has.
-    assert hardware.resolve_dtype('auto', mx.cpu()) == 'bfloat16'
+    assert dtypes.resolve_dtype('auto', mx.cpu()) == 'bfloat16'
 
 
 @pytest.mark.parametrize('cpu_flag', ['avx512_bf16', 'amx_bf16'])
@@ -180,8 +180,8 @@ def test_resolve_auto_bf16_cpu(flags, cpu_flag):
     flags('sse2', cpu_flag, *AVX512_CORE)
     with warnings.catch_warnings():
         warnings.simplefilter('error')
-        assert hardware.resolve_dtype('auto') == 'bfloat16'
-        assert hardware.resolve_dtype('auto', [mx.cpu(0)]) == 'bfloat16'
+        assert dtypes.resolve_dtype('auto') == 'bfloat16'
+        assert dtypes.resolve_dtype('auto', [mx.cpu(0)]) == 'bfloat16'
 
 
 @pytest.mark.parametrize('cpu, isa, named', [
@@ -194,18 +194,18 @@ def test_resolve_auto_cpu_without_bf16_stays_float32_and_says_so_once(flags, mon
     flags(*cpu)
     if isa:
         monkeypatch.setenv('DNNL_MAX_CPU_ISA', isa)
-    monkeypatch.setattr(hardware, '_warned_auto_float32', False)
+    monkeypatch.setattr(dtypes, '_warned_auto_float32', False)
     with pytest.warns(RuntimeWarning) as record:
-        assert hardware.resolve_dtype('auto') == 'float32'
+        assert dtypes.resolve_dtype('auto') == 'float32'
     assert len(record) == 1
     message = str(record[0].message)
     assert named in message and 'float32' in message and 'AVX512-BF16 or AMX' in message
     assert '\n' not in message
     with warnings.catch_warnings():
         warnings.simplefilter('error')
-        assert hardware.resolve_dtype('auto', mx.cpu()) == 'float32'
-        assert hardware.resolve_dtype('bfloat16', mx.cpu()) == 'bfloat16'  # explicit: kept
-        assert hardware.resolve_dtype('auto', mx.gpu(0)) == 'float16'
+        assert dtypes.resolve_dtype('auto', mx.cpu()) == 'float32'
+        assert dtypes.resolve_dtype('bfloat16', mx.cpu()) == 'bfloat16'  # explicit: kept
+        assert dtypes.resolve_dtype('auto', mx.gpu(0)) == 'float16'
 
 
 # --- enable_amx (fake permission) ------------------------------------------
@@ -370,3 +370,11 @@ def test_onednn_reads_isa_at_first_primitive(when, capped):
     probe = conv_kernels(output.split('--- probe', 1)[1])
     assert probe, output[-2000:]
     assert ('sse41' in probe[0]) is capped, probe
+
+
+def test_the_old_spelling_of_resolve_dtype_still_works_and_says_where_it_went():
+    with pytest.warns(DeprecationWarning, match='use mxamp.dtypes.resolve_dtype'):
+        old = hardware.resolve_dtype
+    assert old is dtypes.resolve_dtype
+    with pytest.raises(AttributeError):
+        hardware.no_such_name

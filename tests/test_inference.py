@@ -17,6 +17,7 @@ from mxnet import autograd
 
 import mxamp
 import mxamp.gluon as mg
+import mxamp.dtypes as dtypes
 import mxamp.hardware as hw
 from conftest import computes_in, needs_bfloat16_compute
 from mxamp import inference
@@ -128,7 +129,7 @@ def test_the_float32_that_convert_chose_is_kept(monkeypatch, how):
     # bfloat16 kernels) stays float32 where 'auto' would mean bfloat16 for a new one.
     x = data()
     monkeypatch.setattr(hw, 'cpu_class', lambda: hw.AVX2)
-    monkeypatch.setattr(hw, '_warned_auto_float32', True)
+    monkeypatch.setattr(dtypes, '_warned_auto_float32', True)
     net, other = mg.convert(make(), how), mg.convert(make(), how)
     reference = net(x).asnumpy()
     monkeypatch.setattr(hw, 'cpu_class', lambda: hw.AVX512_BF16)

@@ -26,6 +26,7 @@ LAUNCH = os.path.join(SCRIPTS, 'launch_local.py')
 sys.path.insert(0, SCRIPTS)
 
 import train_imagenet  # noqa: E402
+from imagenet import checkpoints, data, options, resume  # noqa: E402
 
 ERROR = 'train_imagenet.py: error: '
 
@@ -44,7 +45,7 @@ def trained(digits_dir, tmp_path_factory):
     """A directory with the checkpoint of epoch 1 of a 2-epoch run (do not change it)."""
     directory = tmp_path_factory.mktemp('trained') / 'run'
     assert train_imagenet.main(_argv(digits_dir, directory, '--stop-at-epoch', '1')) == 0
-    assert train_imagenet.list_checkpoints(str(directory), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(directory), 'm') == [1]
     return directory
 
 
@@ -92,18 +93,18 @@ def _hint(directory, epoch=1):
 
 def test_every_option_is_checked_or_free_on_resume():
     """A new option must be classified: recorded and compared, or free to change."""
-    checked, free = set(train_imagenet.RESUME_CHECKED), set(train_imagenet.RESUME_FREE)
-    options = {option for action in train_imagenet.build_parser()._actions
-               for option in action.option_strings if option.startswith('--')} - {'--help'}
+    checked, free = set(options.RESUME_CHECKED), set(options.RESUME_FREE)
+    flags = {option for action in options.build_parser()._actions
+             for option in action.option_strings if option.startswith('--')} - {'--help'}
     assert not checked & free
-    assert options == (checked | free) - {'DMLC_NUM_WORKER'}
-    assert set(train_imagenet.RESUME_FIXED) <= checked
+    assert flags == (checked | free) - {'DMLC_NUM_WORKER'}
+    assert set(options.RESUME_FIXED) <= checked
 
 
 def test_checkpoint_and_summary_record_the_settings(trained):
     meta = _meta(trained, 1)
     settings = meta['settings']
-    assert list(settings) == list(train_imagenet.RESUME_CHECKED)
+    assert list(settings) == list(options.RESUME_CHECKED)
     expected = {'--dataset': 'digits', '--data-train': None, '--model': 'cifar_resnet20_v1',
                 '--symbol': None, '--dtype': 'float32', '--loss-scale': 'none',
                 '--num-classes': 10, '--image-shape': '1,8,8', '--batch-size': 32,
@@ -121,11 +122,11 @@ def test_effective_values_are_recorded(digits_dir):
     """The learning rate that ran (default: 0.256 per 256 images of the global batch),
     and 'auto' as it resolved: the same run spelled otherwise is the same run."""
     import mxnet as mx
-    parser = train_imagenet.build_parser()
+    parser = options.build_parser()
     args = parser.parse_args(['--dataset', 'digits', '--data-dir', digits_dir, '--batch-size',
                               '64', '--loss-scale', 'auto', '--lr-decay-epoch', '30, 60,80'])
-    spec = train_imagenet.resolve_data(args)
-    settings = train_imagenet.run_settings(args, spec, 'float16', [mx.cpu()], 2, 0.128)
+    spec = data.resolve_data(args)
+    settings = resume.run_settings(args, spec, 'float16', [mx.cpu()], 2, 0.128)
     assert settings['--lr'] == 0.128 and settings['DMLC_NUM_WORKER'] == 2
     assert settings['--loss-scale'] == 'dynamic'
     assert settings['--lr-decay-epoch'] == '30,60,80'
@@ -134,8 +135,8 @@ def test_effective_values_are_recorded(digits_dir):
     train_rec = os.path.join(digits_dir, 'train.rec')
     args = parser.parse_args(['--dataset', 'digits', '--data-dir', digits_dir,
                               '--data-train', os.path.relpath(train_rec)])
-    spec = train_imagenet.resolve_data(args)
-    settings = train_imagenet.run_settings(args, spec, 'float32', [mx.cpu()], 1, 0.064)
+    spec = data.resolve_data(args)
+    settings = resume.run_settings(args, spec, 'float32', [mx.cpu()], 1, 0.064)
     assert settings['--loss-scale'] == 'none'
     assert settings['--data-train'] == '%s (1500 images)' % os.path.abspath(train_rec)
 
@@ -203,7 +204,7 @@ def test_free_options_resume(digits_dir, run_dir, capsys):
                                      '--save-frequency', '1', '--keep-checkpoints', '5')) == 0
     err = capsys.readouterr().err
     assert not _errors(err)
-    changed = train_imagenet.decoding_threads(4) != train_imagenet.decoding_threads(2)
+    changed = data.decoding_threads(4) != data.decoding_threads(2)
     assert ("--data-nthreads: the checkpoint's run decoded on" in err) == changed
     assert 'epoch 2/2: loss' in err
     assert _meta(run_dir, 2)['settings'] == _meta(run_dir, 1)['settings']
@@ -285,13 +286,13 @@ def test_compare_settings():
     stored = {'--lr': 0.1, '--num-epochs': 2, '--lr-mode': 'step', '--seed': 0}
     current = {'--lr': 0.2, '--num-epochs': 4, '--lr-mode': 'step', '--seed': 0,
                '--wd': 0.1}            # --wd: not recorded, not compared
-    assert train_imagenet.compare_settings(stored, current, ()) == (
+    assert resume.compare_settings(stored, current, ()) == (
         ['--lr: checkpoint 0.1, now 0.2'], [],
         ['--num-epochs: checkpoint 2, now 4: free to change under --lr-mode step'])
-    assert train_imagenet.compare_settings(stored, current, ('--lr',))[:2] == (
+    assert resume.compare_settings(stored, current, ('--lr',))[:2] == (
         [], [('--lr', 0.1, 0.2)])
     cosine = dict(current, **{'--lr-mode': 'cosine'})
-    assert train_imagenet.compare_settings(dict(stored, **{'--lr-mode': 'cosine'}), cosine,
+    assert resume.compare_settings(dict(stored, **{'--lr-mode': 'cosine'}), cosine,
                                            ('--lr', '--num-epochs')) == (
         [], [('--lr', 0.1, 0.2), ('--num-epochs', 2, 4)], [])
 
@@ -372,5 +373,5 @@ def test_dist_workers_refuse_together(digits_dir, tmp_path):
     assert (ERROR + '--resume: the settings of worker(s) 1 differ from their checkpoint '
             '(their output says which): no worker resumes') in logs[0], logs
     assert 'checkpoint 0.3' not in logs[0]
-    assert train_imagenet.list_checkpoints(str(save), 'm') == [1]
-    assert train_imagenet.list_checkpoints(str(save / 'rank1'), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(save), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(save / 'rank1'), 'm') == [1]

@@ -16,6 +16,7 @@ sys.path.insert(0, SCRIPTS)
 import demo  # noqa: E402
 import launch_local  # noqa: E402
 import train_imagenet  # noqa: E402
+from imagenet import checkpoints, data, fit, options, report, resume  # noqa: E402
 
 # A line of MXNet's C++ logger: '[09:12:34] ../src/io/iter_image_recordio_2.cc:177: ...'.
 MXNET_LOG_LINE = re.compile(r'^\[\d\d:\d\d:\d\d\] \S+\.(cc|h):\d+: ', re.M)
@@ -59,9 +60,9 @@ def test_decoding_threads_are_those_mxnet_runs(digits_dir):
                           universal_newlines=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     used = [int(n) for n in re.findall(r'use (\d+) threads for decoding', proc.stderr)]
-    assert used == [train_imagenet.decoding_threads(n) for n in (1, 2, 4, 64)], proc.stderr
-    cpus = train_imagenet.usable_cpus()
-    assert train_imagenet.decoding_threads(64) == max(1, cpus // 2 - 1)
+    assert used == [data.decoding_threads(n) for n in (1, 2, 4, 64)], proc.stderr
+    cpus = data.usable_cpus()
+    assert data.decoding_threads(64) == max(1, cpus // 2 - 1)
 
 
 def test_the_log_says_how_many_threads_decode(digits_dir, tmp_path, capsys):
@@ -70,10 +71,10 @@ def test_the_log_says_how_many_threads_decode(digits_dir, tmp_path, capsys):
             '--model', 'cifar_resnet20_v1', '--data-nthreads', '64']
     assert train_imagenet.main(argv) == 0
     err = capsys.readouterr().err
-    threads = train_imagenet.decoding_threads(64)
+    threads = data.decoding_threads(64)
     assert 'data: decoding on %d thread(s) per iterator' % threads in err
     if threads < 64:
-        assert '--data-nthreads 64: ' in err and '%d CPUs' % train_imagenet.usable_cpus() in err
+        assert '--data-nthreads 64: ' in err and '%d CPUs' % data.usable_cpus() in err
     with open(os.path.join(str(tmp_path), 'cifar_resnet20_v1-0001.json')) as handle:
         assert json.load(handle)['decoding_threads'] == threads
 
@@ -84,12 +85,12 @@ def test_the_log_says_how_many_threads_decode(digits_dir, tmp_path, capsys):
     (16, 4, 4, False)])
 def test_resume_notes_a_change_of_the_threads_that_decode(monkeypatch, caplog, cpus, was, now,
                                                           note):
-    monkeypatch.setattr(train_imagenet, 'usable_cpus', lambda: cpus)
-    args = train_imagenet.build_parser().parse_args(['--data-nthreads', str(now)])
+    monkeypatch.setattr(data, 'usable_cpus', lambda: cpus)
+    args = options.build_parser().parse_args(['--data-nthreads', str(now)])
     settings = {'--lr-mode': 'cosine'}
     meta = {'epoch': 1, 'data_nthreads': was, 'settings': settings}
     with caplog.at_level('INFO', logger='train_imagenet'):
-        train_imagenet.check_resume_settings(meta, 'm-0001.json', settings, args, None)
+        resume.check_resume_settings(meta, 'm-0001.json', settings, args, None)
     notes = [r.getMessage() for r in caplog.records if 'decoded on' in r.getMessage()]
     assert notes == (["--data-nthreads: the checkpoint's run decoded on %d thread(s), this one "
                       "on %d: free to change, but the augmentation now differs from an "
@@ -104,15 +105,15 @@ def _rows(speeds):
 
 def _write_run(directory, prefix, dtype=None, compute=None, checkpoint=False):
     os.makedirs(directory, exist_ok=True)
-    train_imagenet.write_metrics(os.path.join(directory, '%s-metrics.csv' % prefix),
+    report.write_metrics(os.path.join(directory, '%s-metrics.csv' % prefix),
                                  _rows([50.0, 60.0]))
     if compute is not None:
         with open(os.path.join(directory, '%s-summary.json' % prefix), 'w') as handle:
             json.dump({'dtype': dtype, 'compute': compute}, handle)
     if checkpoint:
-        for path in train_imagenet._paths(directory, prefix, 2)[:2]:
+        for path in checkpoints.paths(directory, prefix, 2)[:2]:
             open(path, 'w').close()
-        params, states, meta = train_imagenet._paths(directory, prefix, 2)
+        params, states, meta = checkpoints.paths(directory, prefix, 2)
         with open(meta, 'w') as handle:
             json.dump({'dtype': dtype, 'epoch': 2, 'params': os.path.basename(params),
                        'states': os.path.basename(states)}, handle)
@@ -126,7 +127,7 @@ def test_compared_runs_are_labelled_with_their_precision(tmp_path):
     fp32 = _write_run(str(tmp_path / 'c'), 'r50', 'float32', 'FP32')
     running = _write_run(str(tmp_path / 'd'), 'r18', 'float16', checkpoint=True)
     bare = _write_run(str(tmp_path / 'e'), 'r18')
-    labels = [train_imagenet.compared_run(path)[0]
+    labels = [report.compared_run(path)[0]
               for path in (finished, native, fp32, running, bare)]
     assert labels == ['r50: bfloat16 storage, FP32 compute', 'r50: bfloat16 (native)',
                       'r50: FP32', 'r18: float16', 'r18: precision not recorded']
@@ -139,19 +140,19 @@ def test_a_plot_with_compare_names_every_curve(digits_dir, tmp_path):
               '--model', 'cifar_resnet20_v1']
     assert train_imagenet.main(common + ['--save-dir', str(other), '--dtype', 'float32']) == 0
     figures = []
-    original = train_imagenet.plot_runs
+    original = report.plot_runs
 
     def keep(*args, **kwargs):
         figures.append(original(*args, **kwargs))
         return figures[-1]
-    train_imagenet.plot_runs = keep
+    fit.plot_runs = keep
     try:
         assert train_imagenet.main(common + [
             '--save-dir', str(tmp_path / 'mine'), '--dtype', 'bfloat16',
             '--plot', str(tmp_path / 'p.png'),
             '--compare', str(other / 'cifar_resnet20_v1-metrics.csv')]) == 0
     finally:
-        train_imagenet.plot_runs = original
+        fit.plot_runs = original
     from mxamp import hardware
     how = 'bfloat16 (native)' if hardware.computes_bfloat16() else \
         'bfloat16 storage, FP32 compute'
@@ -160,16 +161,16 @@ def test_a_plot_with_compare_names_every_curve(digits_dir, tmp_path):
 
 
 def test_plot_bars_show_the_figures_given(tmp_path):
-    fig = train_imagenet.plot_runs([('a', _rows([10.0, 30.0, 40.0])), ('b', _rows([5.0]))],
+    fig = report.plot_runs([('a', _rows([10.0, 30.0, 40.0])), ('b', _rows([5.0]))],
                                    str(tmp_path / 'given.png'),
                                    throughput=([12.5, 7.25], 'median over seeds'))
     speed = fig.axes[2]
     assert [bar.get_height() for bar in speed.patches] == [12.5, 7.25]
     assert speed.get_title() == 'training throughput (median over seeds)'
-    fig = train_imagenet.plot_runs([('a', _rows([10.0, 30.0, 40.0]))],
+    fig = report.plot_runs([('a', _rows([10.0, 30.0, 40.0]))],
                                    str(tmp_path / 'default.png'))
     assert [bar.get_height() for bar in fig.axes[2].patches] == [35.0]   # steady epochs
-    assert train_imagenet.steady_img_per_sec(_rows([10.0, 30.0, 40.0])) == 35.0
+    assert report.steady_img_per_sec(_rows([10.0, 30.0, 40.0])) == 35.0
 
 
 def test_demo_plot_and_table_show_the_same_throughput(tmp_path, monkeypatch, capsys):
@@ -182,13 +183,13 @@ def test_demo_plot_and_table_show_the_same_throughput(tmp_path, monkeypatch, cap
         key = ('float32' if dtype == 'float32' else 'mixed', seed)
         rows = _rows(speeds.get(key, [2.0, 20.0, 24.0]))
         os.makedirs(save_dir, exist_ok=True)
-        train_imagenet.write_metrics(os.path.join(save_dir, 'digits-metrics.csv'), rows)
+        report.write_metrics(os.path.join(save_dir, 'digits-metrics.csv'), rows)
         return {'val_top1': 0.5, 'val_top5': 0.9, 'peak_rss_mb': 100.0, 'skipped_steps': 0,
-                'img_per_sec': train_imagenet.steady_img_per_sec(rows), 'dtype': dtype,
+                'img_per_sec': report.steady_img_per_sec(rows), 'dtype': dtype,
                 'compute': 'FP32' if dtype == 'float32' else 'native', 'device': 'a CPU'}
     plotted = {}
     monkeypatch.setattr(demo, '_run', fake_run)
-    monkeypatch.setattr(train_imagenet, 'plot_runs',
+    monkeypatch.setattr(report, 'plot_runs',
                         lambda runs, path, title=None, throughput=None: plotted.update(
                             runs=runs, throughput=throughput))
     assert demo.main(['--seeds', '3', '--out-dir', str(tmp_path)]) == 0

@@ -22,6 +22,7 @@ sys.path.insert(0, SCRIPTS)
 import digits_rec  # noqa: E402
 import launch_local  # noqa: E402
 import train_imagenet  # noqa: E402
+from imagenet import checkpoints, data, fit, model, options, report  # noqa: E402
 import mxamp  # noqa: E402
 from mxamp import hardware  # noqa: E402
 
@@ -61,12 +62,12 @@ def test_digits_recordio(digits_dir):
 
 def test_data_is_reproducible_per_epoch(digits_dir):
     """Fresh iterators with the same (seed, epoch) give the same batches; others do not."""
-    args = train_imagenet.build_parser().parse_args(['--dataset', 'digits', '--data-dir',
+    args = options.build_parser().parse_args(['--dataset', 'digits', '--data-dir',
                                                      digits_dir])
-    spec = train_imagenet.resolve_data(args)
+    spec = data.resolve_data(args)
 
     def first(epoch):
-        batch = next(iter(train_imagenet.train_iter(spec, args, 32, epoch, 0, 1)))
+        batch = next(iter(data.train_iter(spec, args, 32, epoch, 0, 1)))
         return batch.data[0].asnumpy(), batch.label[0].asnumpy()
     a, b, c = first(0), first(0), first(1)
     assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
@@ -101,10 +102,10 @@ def test_train_digits(digits_dir, tmp_path, network, dtype):
     else:
         assert summary['loss_scaling'] == 'off'
         assert summary['loss_scale'] == 1.0 and summary['skipped_steps'] == 0
-    rows = train_imagenet.read_metrics(str(tmp_path / 'm-metrics.csv'))
+    rows = report.read_metrics(str(tmp_path / 'm-metrics.csv'))
     assert [r['epoch'] for r in rows] == [1]
     assert os.path.isfile(tmp_path / 'm-0001.params')
-    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(tmp_path), 'm') == [1]
 
 
 @pytest.mark.slow
@@ -145,25 +146,25 @@ def test_resume_is_bit_exact(digits_dir, tmp_path, network):
     whole, split = tmp_path / 'whole', tmp_path / 'split'
     assert train_imagenet.main(_common(digits_dir, whole, *args)) == 0
     assert train_imagenet.main(_common(digits_dir, split, '--stop-at-epoch', '1', *args)) == 0
-    assert train_imagenet.list_checkpoints(str(split), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(split), 'm') == [1]
     assert train_imagenet.main(_common(digits_dir, split, '--resume', *args)) == 0
     for suffix in ('params', 'states'):
         assert _params_equal(whole / ('m-0002.' + suffix), split / ('m-0002.' + suffix))
-    whole_rows = train_imagenet.read_metrics(str(whole / 'm-metrics.csv'))
-    split_rows = train_imagenet.read_metrics(str(split / 'm-metrics.csv'))
+    whole_rows = report.read_metrics(str(whole / 'm-metrics.csv'))
+    split_rows = report.read_metrics(str(split / 'm-metrics.csv'))
     assert [(r['epoch'], r['train_loss'], r['val_top1']) for r in whole_rows] == \
         [(r['epoch'], r['train_loss'], r['val_top1']) for r in split_rows]
 
 
 def _preempted_after_first_checkpoint(monkeypatch):
     """Make the next run die (as if pre-empted) right after its first checkpoint."""
-    save = train_imagenet.save_checkpoint
+    save = checkpoints.save_checkpoint
 
     def save_then_die(*args, **kwargs):
         save(*args, **kwargs)
-        monkeypatch.setattr(train_imagenet, 'save_checkpoint', save)
+        monkeypatch.setattr(fit, 'save_checkpoint', save)
         raise KeyboardInterrupt
-    monkeypatch.setattr(train_imagenet, 'save_checkpoint', save_then_die)
+    monkeypatch.setattr(fit, 'save_checkpoint', save_then_die)
 
 
 def test_resume_auto_one_command_line_and_logs_without_progress(digits_dir, tmp_path, capsys,
@@ -175,10 +176,10 @@ def test_resume_auto_one_command_line_and_logs_without_progress(digits_dir, tmp_
     _preempted_after_first_checkpoint(monkeypatch)
     assert train_imagenet.main(argv) == 130
     first = capsys.readouterr().err
-    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [1]
+    assert checkpoints.list_checkpoints(str(tmp_path), 'm') == [1]
     assert train_imagenet.main(argv) == 0
     second = capsys.readouterr().err
-    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [1, 2]
+    assert checkpoints.list_checkpoints(str(tmp_path), 'm') == [1, 2]
     fresh = '--resume auto: no checkpoint of m in %s: starting from scratch' % tmp_path
     resumed = 'resumed from %s (epoch 1, step 2)' % (tmp_path / 'm-0001.json')
     assert fresh in first and 'epoch 1/2: loss' in first and 'resumed' not in first
@@ -193,11 +194,11 @@ def test_warnings_reach_the_console_and_train_log(tmp_path, capsys):
     import warnings
     with warnings.catch_warnings():            # restores warnings.showwarning
         warnings.simplefilter('always')
-        train_imagenet._setup_logging(str(tmp_path), None)
+        fit.setup_logging(str(tmp_path), None)
         try:
             warnings.warn('mxamp: a test warning', RuntimeWarning)
         finally:
-            train_imagenet._close_logging()
+            fit.close_logging()
     assert 'RuntimeWarning: mxamp: a test warning' in capsys.readouterr().err
     assert 'RuntimeWarning: mxamp: a test warning' in (tmp_path / 'train.log').read_text()
 
@@ -224,7 +225,7 @@ def test_epoch_line_says_this_epochs_skipped_steps_and_the_total(digits_dir, tmp
                                        '--num-epochs', '2', '--max-batches', '2')) == 0
     err = capsys.readouterr().err
     assert 'skipped 2 steps (2 in total)' in err and 'skipped 2 steps (4 in total)' in err
-    rows = train_imagenet.read_metrics(str(tmp_path / 'm-metrics.csv'))
+    rows = report.read_metrics(str(tmp_path / 'm-metrics.csv'))
     assert [(r['skipped_in_epoch'], r['skipped_total']) for r in rows] == [(2, 2), (2, 4)]
     assert _summary(tmp_path)['skipped_steps'] == 4
 
@@ -233,7 +234,7 @@ def test_read_metrics_of_an_older_file(tmp_path):
     """skipped_steps, the running total of earlier versions, becomes both columns."""
     path = tmp_path / 'm-metrics.csv'
     path.write_text('epoch,lr,train_loss,skipped_steps\n1,0.1,2.0,5\n2,0.1,1.5,7\n')
-    rows = train_imagenet.read_metrics(str(path))
+    rows = report.read_metrics(str(path))
     assert [(r['epoch'], r['skipped_in_epoch'], r['skipped_total']) for r in rows] == \
         [(1, 5, 5), (2, 2, 7)]
     assert 'skipped_steps' not in rows[0]
@@ -242,7 +243,7 @@ def test_read_metrics_of_an_older_file(tmp_path):
 def test_plot_epoch_ticks_are_integers(tmp_path):
     rows = [{'epoch': e, 'train_loss': 2.0 / e, 'val_top1': 0.2 * e, 'img_per_sec': 100.0}
             for e in (1, 2, 3)]
-    fig = train_imagenet.plot_runs([('run', rows)], str(tmp_path / 'curves.png'))
+    fig = report.plot_runs([('run', rows)], str(tmp_path / 'curves.png'))
     assert (tmp_path / 'curves.png').stat().st_size > 1000
     for ax in fig.axes[:2]:                      # loss and accuracy per epoch
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
@@ -254,12 +255,12 @@ def test_no_wd_exempts_batchnorm_and_biases_only(digits_dir):
     biases, full decay on everything else."""
     import mxnet as mx
     from mxnet import gluon
-    parser = train_imagenet.build_parser()
+    parser = options.build_parser()
     for flag, expect_exempt in (([], False), (['--no-wd'], True)):
         args = parser.parse_args(['--dataset', 'digits', '--data-dir', digits_dir, '--model',
                                   'cifar_resnet20_v1', '--dtype', 'float32'] + flag)
-        spec = train_imagenet.resolve_data(args)
-        runner = train_imagenet.GluonRunner(args, spec, [mx.cpu()], 'float32', None, 4, 4,
+        spec = data.resolve_data(args)
+        runner = model.GluonRunner(args, spec, [mx.cpu()], 'float32', None, 4, 4,
                                             0.1, 1)
         exempt = set()
 
@@ -294,10 +295,10 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
                 handle.write('states')
 
     directory = str(tmp_path)
-    train_imagenet.save_checkpoint(Runner(False), directory, 'm', 1, {'global_step': 3})
+    checkpoints.save_checkpoint(Runner(False), directory, 'm', 1, {'global_step': 3})
     with pytest.raises(KeyboardInterrupt):
-        train_imagenet.save_checkpoint(Runner(True), directory, 'm', 2, {'global_step': 6})
-    assert train_imagenet.list_checkpoints(directory, 'm') == [1]
+        checkpoints.save_checkpoint(Runner(True), directory, 'm', 2, {'global_step': 6})
+    assert checkpoints.list_checkpoints(directory, 'm') == [1]
     assert sorted(os.listdir(directory)) == ['m-0001.json', 'm-0001.params', 'm-0001.states']
     with open(os.path.join(directory, 'm-0001.json')) as handle:
         assert json.load(handle)['global_step'] == 3
@@ -310,9 +311,9 @@ def test_prune_checkpoints(tmp_path):
                 with open(path, 'w') as handle:
                     handle.write('x')
     for epoch in (1, 2, 3):
-        train_imagenet.save_checkpoint(Runner(), str(tmp_path), 'm', epoch, {})
-    train_imagenet.prune_checkpoints(str(tmp_path), 'm', 2)
-    assert train_imagenet.list_checkpoints(str(tmp_path), 'm') == [2, 3]
+        checkpoints.save_checkpoint(Runner(), str(tmp_path), 'm', epoch, {})
+    checkpoints.prune_checkpoints(str(tmp_path), 'm', 2)
+    assert checkpoints.list_checkpoints(str(tmp_path), 'm') == [2, 3]
 
 
 def test_symbol_loss_head_matches_smoothed_cross_entropy():
@@ -320,7 +321,7 @@ def test_symbol_loss_head_matches_smoothed_cross_entropy():
     import numpy as np
     logits = np.random.RandomState(0).randn(4, 5).astype(np.float32)
     label = np.array([0, 3, 4, 1], dtype=np.float32)
-    head = train_imagenet.symbol_loss_head(mx.sym.var('x'), mx.sym.var('y'), 0.1, 5)
+    head = model.symbol_loss_head(mx.sym.var('x'), mx.sym.var('y'), 0.1, 5)
     out = head.eval(x=mx.nd.array(logits), y=mx.nd.array(label))[0].asnumpy()
     logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     target = np.full((4, 5), 0.1 / 5)
@@ -373,23 +374,23 @@ def test_help_states_each_default_once(capsys):
             assert empty not in entry, entry
     assert any('--num-classes N' in e and 'default: 1000; with --dataset digits, 10' in e
                for e in entries)
-    assert all(action.help for action in train_imagenet.build_parser()._actions)
+    assert all(action.help for action in options.build_parser()._actions)
 
 
 def test_dtype_takes_the_python_apis_aliases():
-    parser = train_imagenet.build_parser()
+    parser = options.build_parser()
     for alias in ('fp16', 'half', 'bf16', 'fp32', 'BFloat16'):
-        train_imagenet.check_args(parser.parse_args(['--dtype', alias]))
-    with pytest.raises(train_imagenet.UsageError, match="unknown dtype 'float8'"):
-        train_imagenet.check_args(parser.parse_args(['--dtype', 'float8']))
+        options.check_args(parser.parse_args(['--dtype', alias]))
+    with pytest.raises(options.UsageError, match="unknown dtype 'float8'"):
+        options.check_args(parser.parse_args(['--dtype', 'float8']))
 
 
 def test_missing_index_is_reported(tmp_path):
     rec = tmp_path / 'train.rec'
     rec.write_bytes(b'')
-    with pytest.raises(train_imagenet.UsageError, match='train.idx is missing'):
-        args = train_imagenet.build_parser().parse_args(['--data-train', str(rec)])
-        train_imagenet.resolve_data(args)
+    with pytest.raises(options.UsageError, match='train.idx is missing'):
+        args = options.build_parser().parse_args(['--data-train', str(rec)])
+        data.resolve_data(args)
 
 
 # --------------------------------------------------------------------------------------
@@ -484,14 +485,14 @@ import hashlib, sys
 sys.path.insert(0, %r)
 import numpy as np
 import mxnet as mx
-import train_imagenet
+from imagenet import data, model, options
 from mxamp.dtypes import name_of_array
 kv = mx.kv.create("dist_sync")
-args = train_imagenet.build_parser().parse_args(
+args = options.build_parser().parse_args(
     ["--synthetic", "--dataset", "digits", "--model", "cifar_resnet20_v1", "--lr", "0.1"])
-spec = train_imagenet.resolve_data(args)
-train_imagenet.seed_everything(0)
-runner = train_imagenet.GluonRunner(args, spec, [mx.cpu()], "bfloat16", kv, 4, 8, 0.1, 1)
+spec = data.resolve_data(args)
+data.seed_everything(0)
+runner = model.GluonRunner(args, spec, [mx.cpu()], "bfloat16", kv, 4, 8, 0.1, 1)
 params = runner.net.collect_params()
 weight = [p for n, p in params.items() if n.endswith("_weight")][0].data()
 before = weight.asnumpy().tobytes()
