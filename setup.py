@@ -68,7 +68,7 @@ setup(
     ],
     extras_require={
         'cu112': [_MXNET_BUILDS['cu112']],
-        'test': ['pytest', 'hypothesis', 'scikit-learn', 'matplotlib', 'docutils', 'pyflakes'],
+        'test': ['pytest', 'hypothesis', 'scikit-learn', 'matplotlib', 'docutils', 'pyflakes', 'mypy'],
         'demo': ['scikit-learn', 'matplotlib'],
     },
     entry_points={'console_scripts': ['mxamp = mxamp.cli:main']},

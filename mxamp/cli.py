@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import warnings
+from typing import Optional, Sequence
 
 from .dtypes import resolve_dtype
 from .hardware import AVX2, CPU_CLASSES, cpu_class, describe_cpu_class
@@ -51,7 +52,7 @@ def _input_shape(text):
     return name, shape
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog='mxamp', description='Mixed precision for Apache MXNet 1.9.1.')
     commands = parser.add_subparsers(dest='command', metavar='COMMAND')
     commands.required = True
@@ -179,7 +180,7 @@ def _check_file(path, what):
         raise GraphError("%s '%s' is not a regular file" % (what, path))
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; returns the exit status (0, or 2 for bad input)."""
     args = build_parser().parse_args(argv)
     from .graph import GraphError, error_line

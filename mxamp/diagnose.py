@@ -35,13 +35,15 @@ floor, on the batch that overflowed:
 import contextlib
 import json
 import os
+import typing
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 import mxnet as mx
 
 from . import gluon, hardware
-from .dtypes import precision_name, to_float32_numpy
+from .dtypes import DTypeLike, precision_name, to_float32_numpy
 from .graph import find_casts, infer_entry_types, load_graph
 from .policy import CAST_OPS, canonical
 
@@ -53,7 +55,8 @@ class BFloat16ComputeError(RuntimeError):
     """A graph computes in bfloat16 on a CPU that does not compute bfloat16 natively."""
 
 
-def nonfinite_gradients(params):
+def nonfinite_gradients(params: Union[mx.gluon.ParameterDict, Mapping[str, mx.gluon.Parameter],
+                                      Iterable[mx.gluon.Parameter]]) -> List[str]:
     """Names of the parameters whose gradient (on any context) holds inf or NaN.
 
     Parameters
@@ -68,11 +71,13 @@ def nonfinite_gradients(params):
     """
     if hasattr(params, 'values'):
         params = params.values()
-    return nonfinite_named_gradients((param.name, param.list_grad()) for param in params
+    # A ParameterDict or a dict gave its values: Parameters (mypy's hasattr() keeps the dict).
+    parameters = typing.cast(Iterable[mx.gluon.Parameter], params)
+    return nonfinite_named_gradients((param.name, param.list_grad()) for param in parameters
                                      if param.grad_req != 'null' and param._data is not None)
 
 
-def nonfinite_named_gradients(named_grads):
+def nonfinite_named_gradients(named_grads: Iterable[Tuple[str, Sequence[mx.nd.NDArray]]]) -> List[str]:
     """`nonfinite_gradients` for gradients that are not in gluon Parameters.
 
     Parameters
@@ -90,7 +95,10 @@ def nonfinite_named_gradients(named_grads):
             if any(not np.isfinite(to_float32_numpy(grad)).all() for grad in grads)]
 
 
-def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
+def first_nonfinite_output(net: Union[mx.gluon.HybridBlock, mx.sym.Symbol], *inputs: mx.nd.NDArray,
+                           arg_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
+                           aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None
+                           ) -> Optional[Dict[str, Any]]:
     """The first node of a forward pass whose output holds inf or NaN, or None.
 
     Parameters
@@ -159,7 +167,8 @@ def first_nonfinite_output(net, *inputs, arg_params=None, aux_params=None):
     return None
 
 
-def check_bfloat16_runs(symbol, input_types=None):
+def check_bfloat16_runs(symbol: mx.sym.Symbol,
+                        input_types: Optional[Mapping[str, DTypeLike]] = None) -> None:
     """Raise `BFloat16ComputeError` when `symbol` computes in bfloat16 and this CPU cannot.
 
     On CPUs without AVX-512 (`mxamp.hardware.cpu_class` ``'avx2'``,

@@ -9,9 +9,14 @@ rest of mxamp (and its users) only ever handle the names, and which name
 ``'auto'`` stands for on a device (:func:`resolve_dtype`, from the facts of
 :mod:`mxamp.hardware`, the one mxamp module below this one).
 """
+# Annotations stay unevaluated: this module also runs on kvstore servers, inside
+# `import mxnet`, where mx.gluon (named in them) does not exist yet.
+from __future__ import annotations
+
 import functools
 import json
 import warnings
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -19,9 +24,20 @@ import mxnet as mx
 
 from . import hardware
 
-__all__ = ['BFLOAT16', 'LOW_PRECISION', 'amp_cast', 'cast', 'cast_into', 'dtype_name',
-           'name_of_array', 'numpy_dtype', 'param_precision', 'precision_name',
-           'resolve_dtype', 'to_float32_numpy', 'type_flag', 'widen']
+__all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'amp_cast', 'cast',
+           'cast_into', 'dtype_name', 'name_of_array', 'numpy_dtype', 'param_precision',
+           'precision_name', 'resolve_dtype', 'to_float32_numpy', 'type_flag', 'widen']
+
+#: What mxamp accepts wherever it takes a dtype: a precision name or alias
+#: (``'bfloat16'``, ``'bf16'``, ``'float16'``, ``'fp16'``, ``'half'``, ``'float32'``,
+#: ``'fp32'``; ``'auto'`` where a function says so), a numpy scalar type
+#: (``numpy.float16``) or a numpy dtype (MXNet's bfloat16 struct, `BFLOAT16`,
+#: included).  Which of them a function takes is in its docstring; the
+#: precision names are what mxamp hands back.
+DTypeLike = Union[str, type, np.dtype]
+
+#: Where a model runs: one ``mx.Context``, or a list (or tuple) of them.
+ContextLike = Union[mx.Context, List[mx.Context], Tuple[mx.Context, ...]]
 
 #: MXNet's bfloat16 dtype (equal to ``mxnet.contrib.amp.amp.bfloat16``).
 BFLOAT16 = np.dtype([('bfloat16', np.uint16)])
@@ -29,13 +45,14 @@ BFLOAT16 = np.dtype([('bfloat16', np.uint16)])
 #: The low-precision targets mxamp converts to.
 LOW_PRECISION = ('float16', 'bfloat16')
 
-_NUMPY = {'float32': np.dtype(np.float32), 'float16': np.dtype(np.float16), 'bfloat16': BFLOAT16}
+_NUMPY: Dict[str, np.dtype] = {'float32': np.dtype(np.float32), 'float16': np.dtype(np.float16),
+                               'bfloat16': BFLOAT16}
 # MXNet's TypeFlag enum (mshadow/base.h), as stored in a variable's ``__dtype__`` attribute.
 _TYPE_FLAG = {'float32': 0, 'float16': 2, 'bfloat16': 12}
 _ALIASES = {'fp32': 'float32', 'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}
 
 
-def dtype_name(dtype, allowed=('float32',) + LOW_PRECISION):
+def dtype_name(dtype: DTypeLike, allowed: Sequence[str] = ('float32',) + LOW_PRECISION) -> str:
     """Return the canonical name of `dtype`, one of `allowed`.
 
     Parameters
@@ -62,23 +79,23 @@ def dtype_name(dtype, allowed=('float32',) + LOW_PRECISION):
         for candidate, np_dtype in _NUMPY.items():
             if as_numpy == np_dtype:
                 name = candidate
-    if name not in allowed:
+    if name is None or name not in allowed:
         raise ValueError('unknown dtype %r: expected one of %s'
                          % (dtype, ', '.join(repr(a) for a in allowed)))
     return name
 
 
-def numpy_dtype(name):
+def numpy_dtype(name: str) -> np.dtype:
     """MXNet's dtype object for a precision name (``BFLOAT16`` for ``'bfloat16'``)."""
     return _NUMPY[dtype_name(name)]
 
 
-def type_flag(name):
+def type_flag(name: str) -> int:
     """MXNet's integer type flag for a precision name (``__dtype__`` attribute value)."""
     return _TYPE_FLAG[dtype_name(name)]
 
 
-def precision_name(dtype):
+def precision_name(dtype: Optional[DTypeLike]) -> Optional[str]:
     """The precision name of `dtype` (see `dtype_name`), or None for any other type.
 
     For code that meets every tensor type (integer indices, float64, unknown:
@@ -92,7 +109,7 @@ def precision_name(dtype):
         return None
 
 
-def param_precision(param):
+def param_precision(param: mx.gluon.Parameter) -> Optional[str]:
     """The precision name of a Gluon Parameter, or the one `mxamp.convert` gave it.
 
     A parameter of a converted network that is not initialised yet (or whose
@@ -104,7 +121,7 @@ def param_precision(param):
     return getattr(param, '_mxamp_precision', None) or precision_name(param.dtype)
 
 
-def name_of_array(array):
+def name_of_array(array: Union[mx.ndarray.NDArray, mx.gluon.Parameter]) -> Optional[str]:
     """`precision_name` of an NDArray's (or a Parameter's) dtype."""
     return precision_name(array.dtype)
 
@@ -157,7 +174,7 @@ def _generic_applies(source, target):
         np.dtype(np.float32), BFLOAT16}
 
 
-def widen(array):
+def widen(array: mx.ndarray.NDArray) -> mx.ndarray.NDArray:
     """A float32 copy of `array` (a gradient: default oneDNN layout); no host sync.
 
     Plain ``amp_cast``, or MXNet's generic ``Cast`` where bfloat16 reorders are
@@ -169,7 +186,7 @@ def widen(array):
     return mx.ndarray.amp_cast(array, dtype=np.float32)
 
 
-def cast_into(array, out):
+def cast_into(array: mx.ndarray.NDArray, out: mx.ndarray.NDArray) -> mx.ndarray.NDArray:
     """Cast `array` into `out` (same shape, any dtype), whatever `out`'s oneDNN layout.
 
     ``mx.nd.amp_cast(array, out=out)`` with `array` in the default layout: the
@@ -182,7 +199,8 @@ def cast_into(array, out):
     return mx.ndarray.amp_cast(array, dtype=out.dtype, out=out)
 
 
-def amp_cast(array, dtype, out=None):
+def amp_cast(array: mx.ndarray.NDArray, dtype: DTypeLike,
+             out: Optional[mx.ndarray.NDArray] = None) -> mx.ndarray.NDArray:
     """``amp_cast`` that also works on arrays holding a oneDNN blocked layout.
 
     MXNet 1.9.1 (oneDNN 2.4): after an inference pass, grouped and depthwise
@@ -238,7 +256,7 @@ def amp_cast(array, dtype, out=None):
     return out
 
 
-def cast(array, name):
+def cast(array: mx.ndarray.NDArray, name: str) -> mx.ndarray.NDArray:
     """Cast an NDArray to a precision name; works for bfloat16, unlike ``astype``.
 
     Returns `array` itself when it already has that dtype.  Works on arrays
@@ -256,7 +274,7 @@ def cast(array, name):
     return amp_cast(array, target)
 
 
-def to_float32_numpy(array):
+def to_float32_numpy(array: mx.ndarray.NDArray) -> np.ndarray:
     """``array.asnumpy()`` in float32, also for bfloat16 arrays (never raw uint16).
 
     bfloat16 values are widened on the host (a bfloat16 is the upper half of a
@@ -273,7 +291,7 @@ def to_float32_numpy(array):
 _warned_auto_float32 = False
 
 
-def resolve_dtype(dtype, ctx=None):
+def resolve_dtype(dtype: DTypeLike, ctx: Optional[ContextLike] = None) -> str:
     """The precision name mxamp should use for `dtype` on `ctx`.
 
     Parameters

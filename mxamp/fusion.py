@@ -16,6 +16,7 @@ net (the net it belongs to, which `check_trainable_params` names).
 """
 import collections
 import json
+from typing import Counter, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import mxnet as mx
 
@@ -35,7 +36,7 @@ FIX = ('train the net before mxamp.for_inference, or load its checkpoint into a 
        'to train that one')
 
 
-def fused_nodes(symbol):
+def fused_nodes(symbol: mx.sym.Symbol) -> Counter[str]:
     """``collections.Counter`` of the oneDNN fused nodes of `symbol`, by operator.
 
     Examples
@@ -55,13 +56,16 @@ def _count_text(counts):
     return ', '.join('%d %s' % (n, op) for op, n in sorted(counts.items()))
 
 
-def format_fusions(counts):
+def format_fusions(counts: Mapping[str, int]) -> str:
     """One line saying what fusing for inference did, from `fused_nodes`' counts."""
     return ("fused for inference by MXNet's oneDNN backend: %s"
             % (_count_text(counts) or "no node (nothing in the graph is a pattern it fuses)"))
 
 
-def fuse_symbol(symbol, arg_params, aux_params, input_shapes, option='input_shapes'):
+def fuse_symbol(symbol: mx.sym.Symbol, arg_params: Optional[Mapping[str, mx.nd.NDArray]],
+                aux_params: Optional[Mapping[str, mx.nd.NDArray]],
+                input_shapes: Mapping[str, Sequence[int]], option: str = 'input_shapes'
+                ) -> Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     """MXNet's oneDNN fusion of `symbol` for inference on a CPU.
 
     Parameters
@@ -127,14 +131,14 @@ def fuse_symbol(symbol, arg_params, aux_params, input_shapes, option='input_shap
     return fused, args, auxs
 
 
-def mark_inference_only(params, owner):
+def mark_inference_only(params: Iterable[mx.gluon.Parameter], owner: str) -> None:
     """Mark `params` as belonging to `owner` (a description), a net fused for inference:
     `check_trainable_params` refuses them."""
     for param in params:
         param._mxamp_inference = owner
 
 
-def check_trainable_params(params, who):
+def check_trainable_params(params: Iterable[mx.gluon.Parameter], who: str) -> None:
     """Raise RuntimeError, naming `who`, if a parameter belongs to a net made by
     ``mxamp.for_inference``."""
     for param in params:
@@ -144,7 +148,7 @@ def check_trainable_params(params, who):
                                % (who, param.name, owner, REFUSAL, FIX))
 
 
-def check_trainable_symbol(symbol, who):
+def check_trainable_symbol(symbol: mx.sym.Symbol, who: str) -> None:
     """Raise RuntimeError, naming `who`, if `symbol` holds oneDNN fused nodes."""
     counts = fused_nodes(symbol)
     if counts:

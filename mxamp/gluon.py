@@ -90,6 +90,8 @@ import inspect
 import json
 import threading
 import warnings
+from typing import (Any, Callable, Counter, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Type,
+                    Union)
 
 import numpy as np
 
@@ -100,7 +102,7 @@ from mxnet.gluon import Block, HybridBlock
 from . import dtypes
 from . import graph as graph_mod
 from . import hardware
-from .dtypes import LOW_PRECISION, cast, name_of_array, numpy_dtype
+from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
 from .policy import Policy, emulates_float16, exclude_matches
 
 __all__ = ['convert', 'summary', 'is_converted']
@@ -396,10 +398,10 @@ class _Converted(object):
         _sync_params(self)
 
 
-_CLASSES = {}
+_CLASSES: Dict[Tuple[type, type], type] = {}
 
 
-def _mixed_class(mixin, cls):
+def _mixed_class(mixin: type, cls: type) -> type:
     """The generated subclass of `cls` with `mixin` first in its MRO (same name and module).
 
     Created once per (mixin, class); `cls` already holding `mixin` is returned
@@ -419,7 +421,7 @@ def _mixed_class(mixin, cls):
     return klass
 
 
-def is_converted(block):
+def is_converted(block: Block) -> bool:
     """Whether `block` was converted by :func:`convert`."""
     return isinstance(block, _Converted)
 
@@ -490,7 +492,7 @@ def _settings_text(settings):
     return ', '.join([settings.dtype] + ['%s=%s' % (key, list(value)) for key, value in given if value])
 
 
-def chosen_precision(block):
+def chosen_precision(block: Block) -> Optional[str]:
     """The precision :func:`convert` gave `block`: its dtype, ``'float32'`` when
     convert kept it in FP32 (asked for float32, or ``'auto'`` on a CPU without
     bfloat16 kernels), None when convert never saw it."""
@@ -509,7 +511,7 @@ def _device_type(args):
     return None
 
 
-def _flat(items):
+def _flat(items: Iterable[Any]) -> Iterator[Any]:
     for item in items:
         if isinstance(item, (list, tuple)):
             for sub in _flat(item):
@@ -652,12 +654,15 @@ def _fp32_graph(block):
     return mx.sym.Group(outputs)
 
 
-def _describe(block):
+def _describe(block: Block) -> str:
     return "%s '%s'" % (type(block).__name__, block.name)
 
 
 # --------------------------------------------------------------------------
 # exclude=
+
+# One entry of convert's `exclude`: a block, a block type, or a name (or pattern).
+_Excluded = Union[Block, Type[Block], str]
 
 def _exclude_patterns(net, exclude, node_names):
     """Node-name patterns for Policy(exclude=...) from blocks, block types and names."""
@@ -718,7 +723,10 @@ def _find_block(net, blocks, text):
 # --------------------------------------------------------------------------
 # Public API
 
-def convert(net, dtype='auto', *, exclude=None, fp32_ops=None, lp_ops=None):
+def convert(net: HybridBlock, dtype: DTypeLike = 'auto', *,
+            exclude: Union[_Excluded, Sequence[_Excluded], None] = None,
+            fp32_ops: Optional[Sequence[str]] = None, lp_ops: Optional[Sequence[str]] = None
+            ) -> HybridBlock:
     """Convert a Gluon HybridBlock to mixed precision, in place; returns `net`.
 
     Parameters
@@ -803,7 +811,7 @@ def _convert_tree(net, fp32, dtype, fp32_ops, lp_ops, exclude, tree):
     _sync_params(net)
 
 
-def conversion_of(net):
+def conversion_of(net: HybridBlock) -> Tuple[graph_mod.Conversion, str]:
     """What converting `net` did: ``(mxamp.graph.Conversion, device type)`` of its graph.
 
     The graph the net last ran (on the device of its parameters, when its
@@ -827,7 +835,7 @@ def conversion_of(net):
     return net._mxamp_conversions[device][1], device
 
 
-def summary(net, print_fn=print):
+def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) -> str:
     """Print, and return, which ops of a converted net run in which dtype and where casts sit.
 
     One row per operator of the converted graph (the graph the net last ran,
@@ -862,7 +870,7 @@ def summary(net, print_fn=print):
     settings = net._mxamp_settings
     policy = settings.policy(device)
     rows = []
-    counts = collections.Counter()
+    counts: Counter[str] = collections.Counter()
     for node in conversion.nodes:
         shown = node.computes_in
         if node.computes_in != node.precision:
@@ -898,7 +906,7 @@ def summary(net, print_fn=print):
     lines.append('casts: ' + (', '.join('%d %s->%s' % (n, a, b)
                                         for (a, b), n in sorted(conversion.casts.items()))
                               or 'none'))
-    by_dtype = {}
+    by_dtype: Dict[str, Tuple[int, int]] = {}
     for param in net.collect_params().values():
         key = name_of_array(param) or str(param.dtype)
         count, size = by_dtype.get(key, (0, 0))

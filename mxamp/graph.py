@@ -45,16 +45,18 @@ import json
 import os
 import re
 import sys
+from typing import (Any, Collection, Counter, Dict, Iterable, List, Mapping, Optional, Sequence,
+                    Set, Tuple, Union)
 
 import numpy as np
 
 import mxnet as mx
 
 from . import policy as policy_mod
-from .dtypes import numpy_dtype, precision_name, type_flag
+from .dtypes import DTypeLike, numpy_dtype, precision_name, type_flag
 from .policy import FLOAT32, LOW
 
-__all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'NodePlan', 'PAD_SUFFIX',
+__all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'PAD_SUFFIX',
            'check_graph', 'convert_graph', 'error_line', 'find_casts', 'format_report',
            'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
 
@@ -114,12 +116,12 @@ class NodeRecord(collections.namedtuple('NodeRecord', [
     __slots__ = ()
 
     @property
-    def precision(self):
+    def precision(self) -> str:
         """``'float32'`` or the target dtype: the precision the node runs in (a cast: float32)."""
         return self.plan.precision or 'float32'
 
     @property
-    def computes_in(self):
+    def computes_in(self) -> str:
         """The precision its arithmetic runs in: float32 also between low-precision casts."""
         return 'float32' if self.plan.compute_fp32 else self.precision
 
@@ -137,12 +139,12 @@ class Conversion(collections.namedtuple('Conversion', [
     __slots__ = ()
 
     @property
-    def node_precision(self):
+    def node_precision(self) -> Dict[str, str]:
         """``{node name: 'float32' | dtype}``: the precision each op node runs in."""
         return {node.name: node.precision for node in self.nodes}
 
     @property
-    def casts(self):
+    def casts(self) -> Counter[Tuple[str, str]]:
         """``Counter {(from, to): number of casts}``."""
         return collections.Counter((cast.from_dtype, cast.to_dtype) for cast in self.cast_nodes)
 
@@ -155,12 +157,17 @@ class LoadedGraph(dict):
     `symbol` would no longer be the same graph.
     """
 
-    def __init__(self, graph, symbol):
+    def __init__(self, graph: Mapping[str, Any], symbol: mx.sym.Symbol) -> None:
         dict.__init__(self, graph)
         self.symbol = symbol
 
 
-def load_graph(source):
+#: A graph as `load_graph` reads it: an ``mx.sym.Symbol``, its JSON text, or the parsed
+#: JSON (a dict, such as a `LoadedGraph`).
+GraphLike = Union[mx.sym.Symbol, str, Dict[str, Any]]
+
+
+def load_graph(source: GraphLike) -> LoadedGraph:
     """Return the parsed JSON graph of `source` (Symbol, JSON text or dict), upgraded to 1.x form.
 
     The result is a `LoadedGraph`: it also holds the Symbol, so that passing it
@@ -256,7 +263,7 @@ def _valid_entry(entry, limit):
             and entry[0] < limit)
 
 
-def error_line(err):
+def error_line(err: BaseException) -> str:
     """The informative line of an exception's message, for one-line errors.
 
     An MXNetError's message spans a C++ traceback: the line naming the failed
@@ -288,7 +295,8 @@ def _output_counts(graph):
     return [rows[i + 1] - rows[i] for i in range(len(graph['nodes']))]
 
 
-def infer_entry_types(graph, input_types=None):
+def infer_entry_types(graph: Mapping[str, Any], input_types: Optional[Mapping[str, DTypeLike]] = None
+                      ) -> Dict[Tuple[int, int], Optional[str]]:
     """Dtype name (or None when unknown or not floating) of every entry of `graph`.
 
     Returns ``{(node index, output index): name}``.  Variables take their
@@ -326,7 +334,8 @@ def infer_entry_types(graph, input_types=None):
     return types
 
 
-def infer_variable_shapes(graph, shapes=None):
+def infer_variable_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str, Sequence[int]]] = None
+                          ) -> Dict[int, Tuple[int, ...]]:
     """Known shapes of the variables of `graph`: ``{node index: shape}``.
 
     `shapes` maps variable names (parameters, inputs) to shapes; MXNet's partial
@@ -363,7 +372,9 @@ def _variable_type(node, input_types):
     return 'float32'
 
 
-def plan_node(node, policy, input_states, input_shapes, float_outputs):
+def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: Sequence[Optional[str]],
+              input_shapes: Sequence[Optional[Tuple[int, ...]]], float_outputs: Sequence[bool]
+              ) -> NodePlan:
     """How one op node runs under `policy`: the only place a node's precision is decided.
 
     Parameters
@@ -520,7 +531,8 @@ class _Builder(object):
         return [data, weight] + inputs[2:], [data_pad, weight_pad] + [()] * (len(inputs) - 2)
 
 
-def storable_params(graph, policy, params):
+def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
+                    params: Collection[str]) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
 
     Decided on operator classes alone, not on shapes, the device or the CPU
@@ -543,7 +555,10 @@ def storable_params(graph, policy, params):
     return storable
 
 
-def convert_graph(source, policy, params=(), input_types=None, shapes=None, portable=True):
+def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable[str] = (),
+                  input_types: Optional[Mapping[str, DTypeLike]] = None,
+                  shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                  portable: bool = True) -> Conversion:
     """Rewrite an FP32 graph to mixed precision.
 
     Parameters
@@ -657,7 +672,9 @@ def _assemble(nodes, heads, attrs):
     return graph, order
 
 
-def check_graph(converted, policy, input_types=None, shapes=None):
+def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Policy,
+                input_types: Optional[Mapping[str, DTypeLike]] = None,
+                shapes: Optional[Mapping[str, Sequence[int]]] = None) -> List[str]:
     """Invariant violations of a converted graph, as a list of strings (empty: all hold).
 
     Types come from MXNet's own inference with every non-declared input in FP32.
@@ -776,7 +793,8 @@ def _record_problems(record, graph, types, low):
     return problems
 
 
-def find_casts(graph, types):
+def find_casts(graph: Mapping[str, Any],
+               types: Mapping[Tuple[int, int], Optional[str]]) -> List[CastRecord]:
     """The casts mxamp inserted in a converted graph, found by their names.
 
     Only for graphs without their `Conversion` (a file converted earlier, a
@@ -810,7 +828,7 @@ def _through_casts(nodes, nid, cast_names):
     return nid
 
 
-def format_report(conversion):
+def format_report(conversion: Conversion) -> str:
     """A text table: per operator, how many nodes compute in which precision; then the casts.
 
     A node computing in FP32 between low-precision casts (float16 on a CPU)
@@ -818,11 +836,11 @@ def format_report(conversion):
     says how many of them store their data in low precision.
     """
     low = conversion.dtype
-    per_op = collections.OrderedDict()
+    per_op: Dict[str, Counter[str]] = collections.OrderedDict()
     for node in sorted(conversion.nodes, key=lambda n: n.op):
         per_op.setdefault(node.op, collections.Counter())[node.computes_in] += 1
     rows = [(op, str(sum(c.values())), str(c[low]), str(c['float32'])) for op, c in per_op.items()]
-    total = sum(per_op.values(), collections.Counter())
+    total: Counter[str] = sum(per_op.values(), collections.Counter())
     rows.append(('total', str(sum(total.values())), str(total[low]), str(total['float32'])))
     header = ('operator', 'nodes', low, 'float32')
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(4)]

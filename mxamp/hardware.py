@@ -65,6 +65,8 @@ import os
 import platform
 import sys
 import warnings
+from types import FrameType
+from typing import Any, Dict, FrozenSet, Optional, cast
 
 __all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'gpu_count', 'cpu_class',
            'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'enable_amx', 'describe',
@@ -80,7 +82,7 @@ _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 # Result of the first enable_amx() call (None: not called yet).
-_amx_enabled = None
+_amx_enabled: Optional[bool] = None
 
 AVX2, AVX512, AVX512_BF16, AMX = 'avx2', 'avx512', 'avx512_bf16', 'amx'
 # Lowest first: a DNNL_MAX_CPU_ISA cap can only move a CPU down this list.
@@ -108,7 +110,7 @@ _CLASS_TEXT = {
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_flags():
+def cpu_flags() -> FrozenSet[str]:
     """The CPU feature flags of ``/proc/cpuinfo``, as a frozenset.
 
     Empty when the file is missing or unreadable (non-Linux systems), so every
@@ -125,12 +127,12 @@ def cpu_flags():
     return frozenset()
 
 
-def has_avx512_bf16():
+def has_avx512_bf16() -> bool:
     """Whether the CPU has the AVX512-BF16 instructions (bfloat16 dot products)."""
     return 'avx512_bf16' in cpu_flags()
 
 
-def has_amx_bf16():
+def has_amx_bf16() -> bool:
     """Whether the CPU has AMX bfloat16 tiles (Sapphire Rapids and later)."""
     return 'amx_bf16' in cpu_flags()
 
@@ -146,7 +148,7 @@ def _hardware_class():
     return AVX512
 
 
-def isa_cap():
+def isa_cap() -> Optional[str]:
     """The class ``DNNL_MAX_CPU_ISA`` limits oneDNN to, or None when unset or unknown.
 
     oneDNN ignores a value it does not know, and so does this function.
@@ -157,7 +159,7 @@ def isa_cap():
     return _ISA_CAPS.get(value.strip().upper())
 
 
-def cpu_class():
+def cpu_class() -> str:
     """How this CPU computes bfloat16: ``'avx2'``, ``'avx512'``, ``'avx512_bf16'`` or ``'amx'``.
 
     The class of the CPU's flags (``'amx'`` only once :func:`enable_amx`
@@ -175,12 +177,12 @@ def cpu_class():
     return found
 
 
-def computes_bfloat16(klass=None):
+def computes_bfloat16(klass: Optional[str] = None) -> bool:
     """Whether CPU class `klass` (default: this CPU's) computes bfloat16 natively."""
     return (klass or cpu_class()) in BFLOAT16_COMPUTE_CLASSES
 
 
-def describe_cpu_class(klass=None):
+def describe_cpu_class(klass: Optional[str] = None) -> str:
     """One phrase naming CPU class `klass` (default: this CPU's) and its bfloat16 support.
 
     Mentions ``DNNL_MAX_CPU_ISA`` only when that variable is what lowered this
@@ -196,7 +198,7 @@ def describe_cpu_class(klass=None):
     return '%r class %s' % (klass, _CLASS_TEXT[klass])
 
 
-def gpu_count():
+def gpu_count() -> int:
     """Number of GPUs MXNet sees; 0 on a CPU build or when the query fails."""
     import mxnet as mx  # here: only this answer needs MXNet; the CPU's come from the kernel
     try:
@@ -205,7 +207,7 @@ def gpu_count():
         return 0
 
 
-def user_stacklevel():
+def user_stacklevel() -> int:
     """The ``stacklevel`` of ``warnings.warn`` that points at the first frame outside mxamp and MXNet.
 
     mxamp's notes come from deep inside a conversion or a first forward pass
@@ -213,9 +215,11 @@ def user_stacklevel():
     user's line.
     """
     import mxnet
-    skip = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+    # Two packages, both loaded from files: their __file__ is set.
+    skip = tuple(os.path.dirname(os.path.abspath(cast(str, module.__file__))) + os.sep
                  for module in (sys.modules[__name__.rpartition('.')[0]], mxnet))
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
         level, frame = level + 1, frame.f_back
     return level
@@ -239,7 +243,7 @@ def _request_amx_permission():
     return status == 0
 
 
-def enable_amx():
+def enable_amx() -> bool:
     """Let oneDNN use the AMX bfloat16 kernels, when the CPU has them.
 
     Asks Linux for AMX tile permission and, only when it was granted, sets
@@ -288,7 +292,7 @@ def _enable_amx_once():
     return True
 
 
-def describe():
+def describe() -> Dict[str, Any]:
     """What mxamp found, for benchmarks and ``mxamp.summary``.
 
     Returns
@@ -304,7 +308,7 @@ def describe():
             'dnnl_max_cpu_isa': os.environ.get('DNNL_MAX_CPU_ISA'), 'gpus': gpu_count()}
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # The spelling of mxamp 0.1.0, kept for one release: resolve_dtype names a
     # precision, so it moved to mxamp.dtypes (this module sits below it).
     if name == 'resolve_dtype':

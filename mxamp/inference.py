@@ -59,6 +59,7 @@ from mxnet.gluon import HybridBlock
 
 from . import dtypes
 from . import gluon as gluon_mod
+from .dtypes import DTypeLike
 from .fusion import (BACKEND, FIX, REFUSAL, check_trainable_params, check_trainable_symbol,
                      format_fusions, fuse_symbol, fused_nodes, mark_inference_only)
 
@@ -86,7 +87,7 @@ class _InferenceOnly(object):
         self._clear_cached_op()
 
 
-def for_inference(net, *inputs, dtype='auto'):
+def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = 'auto') -> HybridBlock:
     """Make `net` a converted, fused inference network, in place; returns `net`.
 
     The one call for inference: it converts `net` (`mxamp.convert` with

@@ -24,6 +24,13 @@ mxamp.optimizer imports this module on kvstore servers, inside ``import mxnet``
 (see :class:`mxamp.optimizer.MultiPrecision`), where ``mx.nd`` does not exist
 yet: it reaches MXNet through ``mx.ndarray`` only.
 """
+# Annotations stay unevaluated: on a kvstore server, inside `import mxnet`, mx.kvstore
+# (named in them) is not there yet.
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
 import mxnet as mx
 
 __all__ = ['reserved_key', 'agree_overflow', 'store_overflow_sum', 'OVERFLOW_FLAG_SIZE']
@@ -43,7 +50,7 @@ _KEYS = {
 OVERFLOW_FLAG_SIZE = 4
 
 
-def reserved_key(purpose):
+def reserved_key(purpose: str) -> int:
     """The kvstore key reserved for `purpose`, the same on every worker and server.
 
     Parameters
@@ -66,7 +73,8 @@ def reserved_key(purpose):
                          % (purpose, ', '.join(sorted(_KEYS))))
 
 
-def agree_overflow(kvstore, bad, rescale_grad, initialized):
+def agree_overflow(kvstore: mx.kvstore.KVStore, bad: mx.ndarray.NDArray, rescale_grad: Optional[float],
+                   initialized: weakref.WeakKeyDictionary) -> bool:
     """Sum the workers' non-finite counts through `kvstore`; True when any is above 0.
 
     One ``pushpull`` of ``reserved_key('overflow')`` and one host sync.  Every
@@ -115,7 +123,7 @@ def agree_overflow(kvstore, bad, rescale_grad, initialized):
     return bool(summed[0] > 0)
 
 
-def store_overflow_sum(stored, merged):
+def store_overflow_sum(stored: mx.ndarray.NDArray, merged: mx.ndarray.NDArray) -> Optional[float]:
     """Server side: store the workers' summed payload `merged` into `stored`, marked.
 
     Sets the last element to 1 (this server runs an mxamp optimizer), so the

@@ -28,13 +28,20 @@ MXNet internals relied on (MXNet 1.9.1):
   crosses the kvstore as FP32) and ``_check_and_get`` (the arrays of every
   context, for that broadcast).
 """
+from typing import Any, Dict, Iterable, List, Optional, Union
+
 import numpy as np
 
+import mxnet as mx
 from mxnet import gluon
 
 from .dtypes import amp_cast, cast_into, name_of_array, param_precision
 
-__all__ = ['Bfloat16KVStoreTrainer', 'broadcast', 'init_zeros', 'pushpull']
+__all__ = ['Bfloat16KVStoreTrainer', 'ParamsLike', 'broadcast', 'init_zeros', 'pushpull']
+
+#: The parameters a ``gluon.Trainer`` takes: a ``ParameterDict``, a dict of them by
+#: name, or a list.
+ParamsLike = Union[gluon.ParameterDict, Dict[str, gluon.Parameter], Iterable[gluon.Parameter]]
 
 
 def _on_the_wire(key, arrays, buffers=None):
@@ -65,7 +72,8 @@ def _back_from_the_wire(wire, arrays):
             cast_into(value, target)
 
 
-def broadcast(kvstore, key, arrays, buffers=None):
+def broadcast(kvstore: mx.kv.KVStore, key: int, arrays: List[mx.nd.NDArray],
+              buffers: Optional[Dict[int, List[mx.nd.NDArray]]] = None) -> None:
     """Initialise `key` with ``arrays[0]`` of worker 0 and pull it into every array.
 
     bfloat16 travels as FP32.  Every worker must call it, with the same key
@@ -95,7 +103,7 @@ def broadcast(kvstore, key, arrays, buffers=None):
         array.wait_to_read()
 
 
-def init_zeros(kvstore, key, like):
+def init_zeros(kvstore: mx.kv.KVStore, key: int, like: mx.nd.NDArray) -> None:
     """Initialise `key` with zeros shaped like `like`, in the dtype `like` travels in.
 
     For keys that are only summed (:func:`pushpull`), never broadcast.
@@ -103,7 +111,8 @@ def init_zeros(kvstore, key, like):
     kvstore.init(key, _on_the_wire(key, [like])[0].zeros_like())
 
 
-def pushpull(kvstore, key, arrays, buffers=None):
+def pushpull(kvstore: mx.kv.KVStore, key: int, arrays: List[mx.nd.NDArray],
+             buffers: Optional[Dict[int, List[mx.nd.NDArray]]] = None) -> None:
     """Sum `arrays` (one per device) over devices and workers, in place.  No host sync.
 
     bfloat16 travels as FP32 and the sum is rounded back once; other dtypes
@@ -116,7 +125,7 @@ def pushpull(kvstore, key, arrays, buffers=None):
     _back_from_the_wire(wire, arrays)
 
 
-def _as_param_list(params):
+def _as_param_list(params: ParamsLike) -> List[gluon.Parameter]:
     if isinstance(params, (dict, gluon.ParameterDict)):
         return list(params.values())
     return list(params)
@@ -140,9 +149,12 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
         ``update_on_kvstore=True`` and for an asynchronous kvstore.
     """
 
-    def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
-                 compression_params=None, update_on_kvstore=None):
-        self._fp32_buffers = {}
+    def __init__(self, params: ParamsLike, optimizer: Union[str, mx.optimizer.Optimizer],
+                 optimizer_params: Optional[Dict[str, Any]] = None,
+                 kvstore: Union[str, mx.kv.KVStore, None] = 'device',
+                 compression_params: Optional[Dict[str, Any]] = None,
+                 update_on_kvstore: Optional[bool] = None) -> None:
+        self._fp32_buffers: Dict[int, List[mx.nd.NDArray]] = {}
         kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
         self._fp32_reduce = 'dist' in kv_type and any(
             param_precision(p) == 'bfloat16' for p in _as_param_list(params))

@@ -23,6 +23,7 @@ import logging
 import math
 import warnings
 import weakref
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -30,7 +31,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from . import diagnose, kvkeys
-from .dtypes import BFLOAT16, precision_name, to_float32_numpy, widen
+from .dtypes import BFLOAT16, DTypeLike, precision_name, to_float32_numpy, widen
 from .policy import CAST_OPS, registered_ops
 
 __all__ = ['LossScaler', 'OverflowInfo']
@@ -48,7 +49,7 @@ OverflowInfo = collections.namedtuple(
 _STATE_KEYS = ('loss_scale', 'dynamic', 'growth_factor', 'backoff_factor', 'growth_interval',
                'min_scale', 'max_scale', 'at_min_scale', 'clean_steps', 'skipped_steps', 'steps')
 
-def _positive(name, value):
+def _positive(name: str, value: Any) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -58,7 +59,7 @@ def _positive(name, value):
     return value
 
 
-def _flat_grads(arrays):
+def _flat_grads(arrays: Iterable[Optional[mx.nd.NDArray]]) -> List[mx.nd.NDArray]:
     """Dense arrays to check: row_sparse gradients contribute their stored values."""
     out = []
     for arr in arrays:
@@ -109,7 +110,8 @@ def _finite_flags(arrays):
     return flags
 
 
-def head_gradients(outputs, value, cache):
+def head_gradients(outputs: Sequence[mx.nd.NDArray], value: float,
+                   cache: Dict[Any, Tuple[float, mx.nd.NDArray]]) -> List[mx.nd.NDArray]:
     """Arrays full of `value`, shaped like `outputs` and in their dtypes, for
     ``Module.backward(out_grads=...)``.  No host sync.
 
@@ -236,9 +238,11 @@ class LossScaler(object):
     DEFAULT_INIT_SCALE = 2.0 ** 16
     FIRST_DESCENT_FACTOR = 2.0 ** -4
 
-    def __init__(self, init_scale=None, dynamic=True, growth_factor=2.0,
-                 backoff_factor=0.5, growth_interval=2000, min_scale=1.0,
-                 max_scale=2.0 ** 24, at_min_scale='warn', on_overflow=None):
+    def __init__(self, init_scale: Optional[float] = None, dynamic: bool = True,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, min_scale: float = 1.0, max_scale: float = 2.0 ** 24,
+                 at_min_scale: str = 'warn',
+                 on_overflow: Optional[Callable[[OverflowInfo], Any]] = None) -> None:
         self._configure(dict(loss_scale=self.DEFAULT_INIT_SCALE if init_scale is None
                              else init_scale, dynamic=dynamic,
                              growth_factor=growth_factor, backoff_factor=backoff_factor,
@@ -252,12 +256,16 @@ class LossScaler(object):
         self._skipped_steps = 0
         self._steps = 0
         self._scaled = False        # scale() or out_grads() since the last update()
-        self._losses = []           # what scale() received since the last update()
-        self._agreement = None      # (dist kvstore, rescale_grad) of this step's verdict
+        self._losses: List[mx.nd.NDArray] = []   # what scale() received since the last update()
+        # (dist kvstore, rescale_grad) of this step's verdict
+        self._agreement: Optional[Tuple[mx.kv.KVStore, Optional[float]]] = None
         self._loss_warned = False   # the warning about a non-finite loss is given once
-        self._out_grads = {}
-        self._base_rescale = weakref.WeakKeyDictionary()
-        self._flag_kvstores = weakref.WeakKeyDictionary()   # overflow key initialised there
+        self._out_grads: Dict[Any, Tuple[float, mx.nd.NDArray]] = {}
+        self._base_rescale: weakref.WeakKeyDictionary[mx.optimizer.Optimizer, float] = \
+            weakref.WeakKeyDictionary()
+        # The kvstores where the overflow key is initialised.
+        self._flag_kvstores: weakref.WeakKeyDictionary[mx.kv.KVStore, bool] = \
+            weakref.WeakKeyDictionary()
 
     def _configure(self, cfg):
         scale = _positive('loss_scale', cfg['loss_scale'])
@@ -296,31 +304,31 @@ class LossScaler(object):
 
     # -- public state --------------------------------------------------------
     @property
-    def loss_scale(self):
+    def loss_scale(self) -> float:
         """The current loss scale (a Python float; no host sync)."""
         return self._scale
 
     @property
-    def skipped_steps(self):
+    def skipped_steps(self) -> int:
         """Number of steps skipped because of overflow."""
         return self._skipped_steps
 
     @property
-    def steps(self):
+    def steps(self) -> int:
         """Number of steps reported to :meth:`update` (applied or skipped)."""
         return self._steps
 
     @property
-    def clean_steps(self):
+    def clean_steps(self) -> int:
         """Consecutive overflow-free steps since the scale last changed or overflowed."""
         return self._clean_steps
 
     @property
-    def scaled_since_update(self):
+    def scaled_since_update(self) -> bool:
         """Whether :meth:`scale` or :meth:`out_grads` ran since the last :meth:`update`."""
         return self._scaled
 
-    def check_scaled(self, caller, remedy):
+    def check_scaled(self, caller: str, remedy: str) -> None:
         """Refuse to unscale gradients that were never scaled.  No host sync.
 
         Gradients computed without :meth:`scale` (or :meth:`out_grads`) would
@@ -348,12 +356,13 @@ class LossScaler(object):
                            'last step, so dividing them by the loss scale %g would shrink the '
                            'update %g times; %s' % (caller, self._scale, self._scale, remedy))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return ('LossScaler(loss_scale=%g, dynamic=%s, skipped_steps=%d, steps=%d)'
                 % (self._scale, self.dynamic, self._skipped_steps, self._steps))
 
     # -- scaling ---------------------------------------------------------------
-    def scale(self, loss):
+    def scale(self, loss: Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]
+              ) -> Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]:
         """`loss` times :attr:`loss_scale` (an NDArray, or a list/tuple of them).
 
         Recorded by autograd (opens a ``record`` scope if none is active), so
@@ -374,7 +383,7 @@ class LossScaler(object):
         with autograd.record():
             return loss * self._scale
 
-    def out_grads(self, outputs):
+    def out_grads(self, outputs: Sequence[mx.nd.NDArray]) -> List[mx.nd.NDArray]:
         """Head gradients equal to :attr:`loss_scale`, shaped like `outputs`.
 
         For ``Module.backward(out_grads=...)`` when the symbol's outputs are
@@ -385,7 +394,8 @@ class LossScaler(object):
         return head_gradients(outputs, self._scale, self._out_grads)
 
     # -- overflow ----------------------------------------------------------------
-    def has_overflow(self, arrays, kvstore=None, rescale_grad=None):
+    def has_overflow(self, arrays: Iterable[mx.nd.NDArray], kvstore: Optional[mx.kv.KVStore] = None,
+                     rescale_grad: Optional[float] = None) -> bool:
         """True when any of `arrays` holds an inf or NaN.  **One host sync.**
 
         Parameters
@@ -428,7 +438,9 @@ class LossScaler(object):
         gathered = mx.nd.concat(*[f.as_in_context(mx.cpu()) for f in flags], dim=0)
         return bool((gathered.asnumpy() != 1.0).any())
 
-    def update(self, overflow, details=None, loss_details=None, kvstore=None):
+    def update(self, overflow: bool, details: Optional[Callable[[], str]] = None,
+               loss_details: Optional[Callable[[], str]] = None,
+               kvstore: Optional[mx.kv.KVStore] = None) -> None:
         """Record the outcome of a step and adjust the scale.
 
         On a skipped step, first reads the losses that :meth:`scale` received
@@ -561,7 +573,7 @@ class LossScaler(object):
                       'at INFO on the mxamp.trainer logger', RuntimeWarning, stacklevel=4)
 
     # -- Module ------------------------------------------------------------------
-    def update_module(self, module, kvstore=None):
+    def update_module(self, module: mx.mod.Module, kvstore: Optional[mx.kv.KVStore] = None) -> bool:
         """Check, then update a bound ``mx.mod.Module`` or skip the step.
 
         Call after ``module.backward(scaler.out_grads(module.get_outputs()))``
@@ -637,7 +649,7 @@ class LossScaler(object):
         return not overflow
 
     # -- state -------------------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """The scale, its configuration and the counters, as a dict of Python scalars.
 
         ``'first_descent'``: whether overflows before the first applied step
@@ -652,7 +664,7 @@ class LossScaler(object):
                 'clean_steps': self._clean_steps, 'skipped_steps': self._skipped_steps,
                 'steps': self._steps}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
 
         Raises
@@ -671,7 +683,7 @@ class LossScaler(object):
         self._steps = int(state['steps'])
 
 
-def _nonfinite_gradients_text(find_names, total):
+def _nonfinite_gradients_text(find_names: Callable[[], Sequence[str]], total: int) -> str:
     """What overflowed, for the error at the loss scale's floor (host syncs).
 
     `find_names()` returns the names of the parameters with non-finite
@@ -687,7 +699,7 @@ def _nonfinite_gradients_text(find_names, total):
             % (len(names), total, shown or 'none'))
 
 
-def _nonfinite_loss_text(where, keep_fp32):
+def _nonfinite_loss_text(where: str, keep_fp32: str) -> str:
     """The end of the message about a loss that is not finite: `where` it starts, the
     usual cause and its remedies, `keep_fp32` naming how to keep a block in FP32."""
     return ('.  %s.  A common cause in float16 (largest finite value 65504): a fill such as '
@@ -757,25 +769,26 @@ class LossScalingState(object):
     Shared by :class:`mxamp.Trainer` and :class:`mxamp.ModuleTrainer`.
     """
 
-    _loss_scaler = None
+    _loss_scaler: Optional[LossScaler] = None
 
     @property
-    def loss_scaler(self):
+    def loss_scaler(self) -> Optional[LossScaler]:
         """The :class:`LossScaler`, or None when loss scaling is off."""
         return self._loss_scaler
 
     @property
-    def loss_scale(self):
+    def loss_scale(self) -> float:
         """The current loss scale (1.0 when scaling is off).  No host sync."""
         return 1.0 if self._loss_scaler is None else self._loss_scaler.loss_scale
 
     @property
-    def skipped_steps(self):
+    def skipped_steps(self) -> int:
         """Number of steps skipped because of inf/NaN gradients."""
         return 0 if self._loss_scaler is None else self._loss_scaler.skipped_steps
 
 
-def make_loss_scaler(loss_scale, trainable_dtypes):
+def make_loss_scaler(loss_scale: Union[str, float, LossScaler, None],
+                     trainable_dtypes: Iterable[Optional[DTypeLike]]) -> Optional[LossScaler]:
     """The LossScaler (or None) for a trainer's `loss_scale` argument.
 
     ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes or precision

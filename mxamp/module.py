@@ -27,7 +27,9 @@ MXNet internals relied on (MXNet 1.9.1):
   ``_kvstore`` and ``_update_on_kvstore``.
 """
 import pickle
+import typing
 import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from . import kvstore_transport
 from . import optimizer as _mp_optimizer
 from .dtypes import cast, name_of_array
 from .fusion import check_trainable_symbol
-from .loss_scaler import LossScalingState, head_gradients, make_loss_scaler
+from .loss_scaler import LossScaler, LossScalingState, head_gradients, make_loss_scaler
 
 __all__ = ['ModuleTrainer', 'Float32Init']
 
@@ -107,8 +109,10 @@ class ModuleTrainer(LossScalingState):
     True
     """
 
-    def __init__(self, module, optimizer, optimizer_params=None, kvstore='device',
-                 loss_scale='auto'):
+    def __init__(self, module: mx.mod.Module, optimizer: Union[str, _mp_optimizer.MultiPrecision],
+                 optimizer_params: Optional[Dict[str, Any]] = None,
+                 kvstore: Union[str, mx.kv.KVStore, None] = 'device',
+                 loss_scale: Union[str, float, LossScaler, None] = 'auto') -> None:
         if not isinstance(module, mx.mod.Module):
             raise TypeError('ModuleTrainer: module must be an mx.mod.Module, got %s'
                             % type(module).__name__)
@@ -131,8 +135,9 @@ class ModuleTrainer(LossScalingState):
         trainable = [per_device[0].dtype for per_device, grads
                      in zip(group.param_arrays, group.grad_arrays) if grads[0] is not None]
         self._loss_scaler = make_loss_scaler(loss_scale, trainable)
-        self._ones = {}
-        self._wire = {}     # FP32 copies of bfloat16 weights and gradients, per kvstore key
+        self._ones: Dict[Any, Tuple[float, mx.nd.NDArray]] = {}
+        # FP32 copies of bfloat16 weights and gradients, per kvstore key
+        self._wire: Dict[int, List[mx.nd.NDArray]] = {}
         if self._kvstore is not None:
             # Every device and worker starts from worker 0's device-0 weights.
             for key, per_device in enumerate(group.param_arrays):
@@ -168,21 +173,21 @@ class ModuleTrainer(LossScalingState):
 
     # -- state ---------------------------------------------------------------------
     @property
-    def module(self):
+    def module(self) -> mx.mod.Module:
         """The Module being trained."""
         return self._module
 
     @property
-    def optimizer(self):
+    def optimizer(self) -> _mp_optimizer.MultiPrecision:
         """The optimizer (with FP32 master weights)."""
         return self._optimizer
 
     @property
-    def kvstore(self):
+    def kvstore(self) -> Optional[mx.kv.KVStore]:
         """The KVStore summing gradients, or None (one device, one worker)."""
         return self._kvstore
 
-    def aux_arrays(self):
+    def aux_arrays(self) -> List[List[mx.nd.NDArray]]:
         """Per auxiliary state (BatchNorm's running statistics), its array on every device.
 
         The live arrays (not copies): for averaging the statistics over
@@ -191,7 +196,7 @@ class ModuleTrainer(LossScalingState):
         return self._module._exec_group.aux_arrays
 
     # -- the step --------------------------------------------------------------------
-    def out_grads(self, outputs=None):
+    def out_grads(self, outputs: Optional[Sequence[mx.nd.NDArray]] = None) -> List[mx.nd.NDArray]:
         """Head gradients for ``module.backward``: the loss scale, shaped like `outputs`.
 
         `outputs` defaults to ``module.get_outputs()``.  Calling this marks the
@@ -203,11 +208,11 @@ class ModuleTrainer(LossScalingState):
             return self._loss_scaler.out_grads(outputs)
         return head_gradients(outputs, 1.0, self._ones)
 
-    def backward(self):
+    def backward(self) -> None:
         """``module.backward`` with the loss scale as head gradient.  No host sync."""
         self._module.backward(out_grads=self.out_grads())
 
-    def step(self):
+    def step(self) -> bool:
         """Sum the gradients, then update the weights or skip the step on overflow.
 
         Call after :meth:`backward`, instead of ``module.update()``.
@@ -248,7 +253,7 @@ class ModuleTrainer(LossScalingState):
         return self._loss_scaler.update_module(self._module, kvstore=self._kvstore)
 
     # -- checkpoints -------------------------------------------------------------------
-    def save_params(self, fname):
+    def save_params(self, fname: str) -> None:
         """Write the parameters in FP32 (``arg:``/``aux:`` names, as
         ``mx.model.save_checkpoint``): the FP32 network loads them too.  Host sync."""
         self._module._sync_params_from_devices()
@@ -257,7 +262,7 @@ class ModuleTrainer(LossScalingState):
         values.update({'aux:' + k: cast(v, 'float32') for k, v in aux.items()})
         mx.nd.save(fname, values)
 
-    def load_params(self, fname):
+    def load_params(self, fname: str) -> None:
         """Load parameters saved by :meth:`save_params` (or any FP32 checkpoint), cast
         to the dtypes of the Module's graph.
 
@@ -274,10 +279,13 @@ class ModuleTrainer(LossScalingState):
             raise KeyError('%s: missing parameters %s' % (fname, ', '.join(missing)))
         for kind, values in (('arg:', arg), ('aux:', aux)):
             for name, value in values.items():
-                values[name] = cast(loaded[kind + name], name_of_array(value))
+                # A floating parameter's precision name; for any other, cast() raises
+                # ValueError ('unknown dtype None'), as it always did.
+                precision = typing.cast(str, name_of_array(value))
+                values[name] = cast(loaded[kind + name], precision)
         self._module.set_params(arg, aux, force_init=True)
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Optimizer states, update counts and the loss scaler, picklable.  Host sync."""
         opt = self._optimizer
         return {'format': _STATE_FORMAT,
@@ -287,7 +295,7 @@ class ModuleTrainer(LossScalingState):
                 'loss_scaler': (None if self._loss_scaler is None
                                 else self._loss_scaler.state_dict())}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
 
         Raises
@@ -310,12 +318,12 @@ class ModuleTrainer(LossScalingState):
         if self._loss_scaler is not None:
             self._loss_scaler.load_state_dict(state['loss_scaler'])
 
-    def save_states(self, fname):
+    def save_states(self, fname: str) -> None:
         """Write :meth:`state_dict` to `fname` (pickle).  Host sync."""
         with open(fname, 'wb') as handle:
             pickle.dump(self.state_dict(), handle)
 
-    def load_states(self, fname):
+    def load_states(self, fname: str) -> None:
         """Restore what :meth:`save_states` wrote (see :meth:`load_state_dict`)."""
         with open(fname, 'rb') as handle:
             self.load_state_dict(pickle.load(handle))
@@ -346,14 +354,14 @@ class Float32Init(mx.init.Initializer):
     ('bfloat16', True)
     """
 
-    def __init__(self, initializer):
+    def __init__(self, initializer: mx.init.Initializer) -> None:
         super(Float32Init, self).__init__()
         self.initializer = initializer
 
-    def dumps(self):
+    def dumps(self) -> str:
         return self.initializer.dumps()
 
-    def __call__(self, desc, arr):
+    def __call__(self, desc: mx.init.InitDesc, arr: mx.nd.NDArray) -> None:
         precision = name_of_array(arr)
         if precision in (None, 'float32'):
             self.initializer(desc, arr)

@@ -61,7 +61,12 @@ elementwise passes per weight, no host sync (README, "What happens when... you
 change the weights", has its cost on ResNet-50); ``follow_weights=False`` turns
 it off for loops that never change weights outside the optimizer.
 """
+# Annotations stay unevaluated, as in the modules below this one that kvstore
+# servers import (see MultiPrecision: they run inside `import mxnet`).
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Type, Union
 
 import numpy as np
 
@@ -69,6 +74,14 @@ import mxnet as mx
 
 from . import kvkeys
 from .dtypes import BFLOAT16, amp_cast, cast_into, widen
+
+if TYPE_CHECKING:
+    # For the checker, MultiPrecision is the optimizer it is mixed into (untyped
+    # MXNet: Any), whose attributes and methods its own use; at run time it is a
+    # plain mixin, first among the bases of an Optimizer subclass.
+    from mxnet.optimizer import Optimizer as _MixedInto
+else:
+    _MixedInto = object
 
 __all__ = ['MultiPrecision', 'AdamW', 'mixed_class', 'create', 'lookup', 'follow_weight']
 
@@ -96,7 +109,7 @@ def _float32(array):
     return widen(array)
 
 
-class MultiPrecision(object):
+class MultiPrecision(_MixedInto):
     """Mixin: FP32 master weights and FP32 states for float16 and bfloat16 weights.
 
     Put it first among the bases of any ``mx.optimizer.Optimizer`` subclass, or
@@ -136,7 +149,7 @@ class MultiPrecision(object):
     :mod:`mxamp.kvkeys`) and raises.
     """
 
-    def __init__(self, *args, follow_weights=True, **kwargs):
+    def __init__(self, *args: Any, follow_weights: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault('multi_precision', True)
         super(MultiPrecision, self).__init__(*args, **kwargs)
         self.follow_weights = bool(follow_weights)
@@ -198,7 +211,7 @@ class MultiPrecision(object):
         return weight.dtype == BFLOAT16 or not self._mxamp_fused_fp16()
 
     # -- MXNet optimizer hooks ---------------------------------------------
-    def create_state_multi_precision(self, index, weight):
+    def create_state_multi_precision(self, index: int, weight: mx.ndarray.NDArray) -> Any:
         """State for `weight`: ``(fp32_master, fp32_state)`` for low-precision weights.
 
         Called once per weight by MXNet's ``Updater``; allocates the master copy
@@ -217,7 +230,10 @@ class MultiPrecision(object):
                           'multi_precision=True' % (index,))
         return super(MultiPrecision, self).create_state_multi_precision(index, weight)
 
-    def update_multi_precision(self, index, weight, grad, state):
+    def update_multi_precision(self, index: Union[int, List[int]],
+                               weight: Union[mx.ndarray.NDArray, List[mx.ndarray.NDArray]],
+                               grad: Union[mx.ndarray.NDArray, List[mx.ndarray.NDArray]],
+                               state: Any) -> None:
         """Update `weight` (one array or a list of same-dtype arrays) from `grad`.
 
         Asynchronous: queues MXNet operators, never synchronises with the host.
@@ -245,7 +261,7 @@ class MultiPrecision(object):
         if not self._mxamp_generic(first):
             super(MultiPrecision, self).update_multi_precision(index, weight, grad, state)
             return
-        if many:
+        if isinstance(index, (list, tuple)):     # many (the checker needs the isinstance)
             masters = [s[0] for s in state]
             inner = [s[1] for s in state]
             grads32 = [_float32(g) for g in grad]
@@ -271,7 +287,7 @@ class MultiPrecision(object):
         return (_restore_mixed, (base,), self.__getstate__())
 
 
-def follow_weight(master, weight):
+def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> None:
     """Restart `master` from `weight` wherever `weight` no longer holds `master` rounded.
 
     After an update `weight` holds `master` rounded to its dtype; an element
@@ -326,13 +342,15 @@ class AdamW(mx.optimizer.Optimizer):
         Passed to ``mx.optimizer.Optimizer`` (``wd``, ``clip_gradient``, ...).
     """
 
-    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, **kwargs):
+    def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, **kwargs: Any) -> None:
         super(AdamW, self).__init__(learning_rate=learning_rate, **kwargs)
         self.beta1 = beta1
         self.beta2 = beta2
         self.epsilon = epsilon
 
-    def create_state(self, index, weight):
+    def create_state(self, index: int, weight: mx.ndarray.NDArray
+                     ) -> Tuple[mx.ndarray.NDArray, mx.ndarray.NDArray]:
         return (mx.ndarray.zeros(weight.shape, weight.context, dtype=weight.dtype),
                 mx.ndarray.zeros(weight.shape, weight.context, dtype=weight.dtype))
 
@@ -347,12 +365,14 @@ class AdamW(mx.optimizer.Optimizer):
             kwargs['clip_gradient'] = self.clip_gradient
         return kwargs
 
-    def update(self, index, weight, grad, state):
+    def update(self, index: int, weight: mx.ndarray.NDArray, grad: mx.ndarray.NDArray,
+               state: Tuple[mx.ndarray.NDArray, mx.ndarray.NDArray]) -> None:
         mean, var = state
         mx.ndarray.contrib.adamw_update(weight, grad, mean, var, out=weight,
                                         **self._kwargs(index))
 
-    def update_multi_precision(self, index, weight, grad, state):
+    def update_multi_precision(self, index: int, weight: mx.ndarray.NDArray, grad: mx.ndarray.NDArray,
+                               state: Any) -> None:
         if self.multi_precision and weight.dtype == _FLOAT16:
             master, (mean, var) = state
             mx.ndarray.contrib.mp_adamw_update(weight, grad, mean, var, master, out=weight,
@@ -362,10 +382,10 @@ class AdamW(mx.optimizer.Optimizer):
 
 
 _OWN = {'adamw': AdamW}
-_MIXED = {}
+_MIXED: Dict[type, type] = {}
 
 
-def lookup(name):
+def lookup(name: str) -> Type[mx.optimizer.Optimizer]:
     """The optimizer class for `name`: mxamp's own (``'adamw'``), then MXNet's registry.
 
     Raises
@@ -384,7 +404,7 @@ def lookup(name):
                      % (name, ', '.join(sorted(set(registry) | set(_OWN)))))
 
 
-def mixed_class(base):
+def mixed_class(base: Type[mx.optimizer.Optimizer]) -> Type[MultiPrecision]:
     """The class ``MultiPrecision<Base>(MultiPrecision, base)``, created once per base.
 
     Returns `base` itself when it already derives from :class:`MultiPrecision`.
@@ -403,7 +423,8 @@ def mixed_class(base):
     return klass
 
 
-def create(optimizer, multi_precision=True, **kwargs):
+def create(optimizer: Union[str, mx.optimizer.Optimizer], multi_precision: bool = True,
+           **kwargs: Any) -> MultiPrecision:
     """An optimizer with FP32 master weights, from a name or an existing instance.
 
     Parameters

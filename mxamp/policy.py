@@ -42,11 +42,12 @@ Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
 import ctypes
 import fnmatch
 import functools
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 
-from .dtypes import LOW_PRECISION, dtype_name
+from .dtypes import LOW_PRECISION, DTypeLike, dtype_name
 from .hardware import AVX512_BF16, CPU_CLASSES, computes_bfloat16
 
 __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
@@ -350,7 +351,7 @@ _BFLOAT16_CPU_LAYOUT_RULES = {'Convolution': _bfloat16_conv_layout}
 FLOAT16_CPU_EMULATED = _GEMM
 
 
-def emulates_float16(device_types):
+def emulates_float16(device_types: Iterable[str]) -> bool:
     """Whether a float16 graph for `device_types` computes its GEMMs in FP32 between casts.
 
     The one rule both fronts follow (`mxamp.symbol.make_policy` with the
@@ -381,7 +382,7 @@ CAST_OPS = frozenset(('Cast', 'amp_cast'))
 
 
 @functools.lru_cache(maxsize=None)
-def registered_ops():
+def registered_ops() -> Dict[str, str]:
     """Every operator name MXNet knows (aliases included), mapped to its canonical name."""
     size = mx_uint()
     plist = ctypes.POINTER(ctypes.c_char_p)()
@@ -407,12 +408,12 @@ def _canonical_from_registry(name):
     return py_str(real.value)
 
 
-def canonical(op):
+def canonical(op: str) -> str:
     """The canonical name of an operator or alias; raises KeyError if unregistered."""
     return registered_ops()[op]
 
 
-def canonical_ops(ops, what):
+def canonical_ops(ops: Iterable[str], what: str) -> List[str]:
     """Canonical names of operator names `ops`; ValueError naming `what` for an unknown one.
 
     `what` is the option as the caller's interface spells it (``'fp32_ops'`` in
@@ -428,7 +429,7 @@ def canonical_ops(ops, what):
     return out
 
 
-def base_class(op):
+def base_class(op: str) -> str:
     """The dtype-independent class of a canonical op: one of CLASSES or 'conditional'."""
     if op in _CONDITIONAL:
         return 'conditional'
@@ -448,7 +449,7 @@ def _runs_in_bfloat16_on_cpu(op, attrs):
     return condition is None or condition(attrs or {})
 
 
-def exclude_matches(node_name, entry):
+def exclude_matches(node_name: str, entry: str) -> bool:
     """Whether `entry` of an ``exclude`` list (a node name or an ``fnmatch`` pattern)
     names the node `node_name`."""
     return node_name == entry or fnmatch.fnmatchcase(node_name, entry)
@@ -491,8 +492,9 @@ class Policy(object):
     'float32'
     """
 
-    def __init__(self, dtype, fp32_ops=(), lp_ops=(), exclude=(), batchnorm_data='low',
-                 emulate_float16=False, cpu_class=AVX512_BF16):
+    def __init__(self, dtype: DTypeLike, fp32_ops: Iterable[str] = (), lp_ops: Iterable[str] = (),
+                 exclude: Iterable[str] = (), batchnorm_data: str = 'low',
+                 emulate_float16: bool = False, cpu_class: str = AVX512_BF16) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         self.fp32_ops = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
         self.lp_ops = frozenset(canonical_ops(lp_ops, 'lp_ops'))
@@ -509,15 +511,16 @@ class Policy(object):
             raise ValueError('cpu_class=%r: expected one of %s' % (cpu_class, ', '.join(CPU_CLASSES)))
         self.cpu_class = cpu_class
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, cpu_class=%r)'
                 % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
                    self.batchnorm_data, self.cpu_class))
 
-    def is_excluded(self, node_name):
+    def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
 
-    def op_class(self, op, attrs=None, node_name=None):
+    def op_class(self, op: str, attrs: Optional[Mapping[str, str]] = None,
+                 node_name: Optional[str] = None) -> str:
         """Class of one node: ``'low'``, ``'float32'``, ``'widest'`` or ``'neutral'``.
 
         `op` may be an alias; `attrs` (the node's string attributes) resolve the
@@ -542,7 +545,7 @@ class Policy(object):
         return cls
 
     @property
-    def bfloat16_storage_only(self):
+    def bfloat16_storage_only(self) -> bool:
         """Whether this is a bfloat16 policy for a CPU that computes no bfloat16.
 
         Then nothing computes in bfloat16 (`computes_low` is False for every
@@ -551,7 +554,7 @@ class Policy(object):
         """
         return self.dtype == 'bfloat16' and not computes_bfloat16(self.cpu_class)
 
-    def computes_low(self, op, attrs=None):
+    def computes_low(self, op: str, attrs: Optional[Mapping[str, str]] = None) -> bool:
         """Whether a node that `op_class` puts in low precision computes in it on the target.
 
         Under float16 always (GPU kernels; CPU emulation is `computes_in_float32`);
@@ -565,11 +568,12 @@ class Policy(object):
             return not self.bfloat16_storage_only
         return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
 
-    def computes_in_float32(self, op):
+    def computes_in_float32(self, op: str) -> bool:
         """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""
         return self.emulate_float16 and canonical(op) in FLOAT16_CPU_EMULATED
 
-    def layout(self, op, attrs=None, input_shapes=None):
+    def layout(self, op: str, attrs: Optional[Mapping[str, str]] = None,
+               input_shapes: Optional[Sequence[Optional[Tuple[int, ...]]]] = None) -> str:
         """How a low-precision node meets oneDNN's blocked bfloat16 kernels.
 
         ``'blocked'``: as it is.  ``'pad_channels'``: after a zero input channel
@@ -586,12 +590,12 @@ class Policy(object):
             return BLOCKED
         return rule(attrs or {}, input_shapes)
 
-    def follows_data(self, op):
+    def follows_data(self, op: str) -> bool:
         """Whether a low-precision node runs in FP32 when its data input is FP32."""
         return self.batchnorm_data == LOW and canonical(op) in _FOLLOWS_DATA
 
     @staticmethod
-    def index_inputs(op, attrs=None):
+    def index_inputs(op: str, attrs: Optional[Mapping[str, str]] = None) -> Tuple[int, ...]:
         """Input positions holding indices/conditions/shapes: never cast."""
         op = canonical(op)
         positions = _INDEX_INPUTS.get(op, ())
@@ -600,11 +604,11 @@ class Policy(object):
         return positions
 
     @staticmethod
-    def float32_inputs(op):
+    def float32_inputs(op: str) -> Tuple[int, ...]:
         """Input positions kept in FP32 even when the op runs in low precision."""
         return _FLOAT32_INPUTS.get(canonical(op), ())
 
     @staticmethod
-    def float32_outputs(op):
+    def float32_outputs(op: str) -> Tuple[int, ...]:
         """Output positions that stay FP32 when the op runs in low precision."""
         return _FLOAT32_OUTPUTS.get(canonical(op), ())

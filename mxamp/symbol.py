@@ -22,13 +22,15 @@ and the rewrite share the Symbol MXNet loaded.
 import collections
 import difflib
 import os
+import typing
 import uuid
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 
 from . import dtypes, hardware
-from .dtypes import LOW_PRECISION, cast, dtype_name
-from .graph import GraphError, convert_graph, error_line, load_graph
+from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
+from .graph import Conversion, GraphError, GraphLike, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
 from .policy import Policy, emulates_float16, exclude_matches
 
@@ -36,8 +38,10 @@ __all__ = ['ParameterError', 'check_params', 'convert_model', 'convert_symbol',
            'load_params', 'make_policy', 'save_model']
 
 
-def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batchnorm_data='low',
-                cpu_class=None):
+def make_policy(dtype: DTypeLike, exclude: Optional[Iterable[str]] = None,
+                fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
+                ctx: Optional[ContextLike] = None, batchnorm_data: str = 'low',
+                cpu_class: Optional[str] = None) -> Policy:
     """The `Policy` for user arguments.
 
     float16 computes GEMMs in FP32 unless every context in `ctx` is a GPU
@@ -51,7 +55,7 @@ def make_policy(dtype, exclude=None, fp32_ops=None, lp_ops=None, ctx=None, batch
                   cpu_class=target_cpu_class(cpu_class))
 
 
-def target_cpu_class(cpu_class):
+def target_cpu_class(cpu_class: Optional[str]) -> str:
     """The CPU class a bfloat16 graph is built for: `cpu_class`, resolved.
 
     None means a CPU that computes bfloat16 (``'avx512_bf16'``: graph files are
@@ -106,9 +110,14 @@ class ParameterError(GraphError):
     """Parameters that do not fit the graph: unknown, missing, or of a shape it rejects."""
 
 
-def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=None, lp_ops=None,
-                   ctx=None, input_types=None, input_shapes=None, portable=True, cpu_class=None,
-                   return_conversion=False):
+def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: DTypeLike = 'bfloat16',
+                   params: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None,
+                   fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
+                   ctx: Optional[ContextLike] = None,
+                   input_types: Optional[Mapping[str, DTypeLike]] = None,
+                   input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
+                   cpu_class: Optional[str] = None, return_conversion: bool = False
+                   ) -> Union[mx.sym.Symbol, Tuple[mx.sym.Symbol, Optional[Conversion]]]:
     """Convert an FP32 Symbol to mixed precision.
 
     Parameters
@@ -190,9 +199,18 @@ def convert_symbol(sym, dtype='bfloat16', params=None, exclude=None, fp32_ops=No
     return (symbol, conversion) if return_conversion else symbol
 
 
-def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, fp32_ops=None,
-                  lp_ops=None, ctx=None, input_types=None, input_shapes=None, return_conversion=False,
-                  portable=True, cpu_class=None, allow_missing=False, for_inference=False):
+def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.NDArray],
+                  aux_params: Optional[Dict[str, mx.nd.NDArray]], dtype: DTypeLike = 'bfloat16',
+                  exclude: Optional[Iterable[str]] = None, fp32_ops: Optional[Iterable[str]] = None,
+                  lp_ops: Optional[Iterable[str]] = None, ctx: Optional[ContextLike] = None,
+                  input_types: Optional[Mapping[str, DTypeLike]] = None,
+                  input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                  return_conversion: bool = False, portable: bool = True,
+                  cpu_class: Optional[str] = None, allow_missing: bool = False,
+                  for_inference: bool = False
+                  ) -> Union[Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]],
+                             Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray],
+                                   Optional[Conversion]]]:
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
     Parameters consumed only by low-precision ops are cast to `dtype`;
@@ -256,16 +274,27 @@ def convert_model(sym, arg_params, aux_params, dtype='bfloat16', exclude=None, f
     >>> mxamp.inference.fused_nodes(fused_sym)
     Counter({'_sg_mkldnn_fully_connected': 1})
     """
-    result = _convert(sym, dtype, PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
-                      allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops,
-                      lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
-                      portable=portable, cpu_class=cpu_class, for_inference=for_inference)
-    return result if return_conversion else result[:3]
+    symbol, args, auxs, conversion = _convert(
+        sym, dtype, PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
+        allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx,
+        input_types=input_types, input_shapes=input_shapes, portable=portable,
+        cpu_class=cpu_class, for_inference=for_inference)
+    # Given arg_params, _convert returns both parameter dicts (None only without them).
+    args = typing.cast(Dict[str, mx.nd.NDArray], args)
+    auxs = typing.cast(Dict[str, mx.nd.NDArray], auxs)
+    return (symbol, args, auxs, conversion) if return_conversion else (symbol, args, auxs)
 
 
-def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, allow_missing=False,
-             exclude=None, fp32_ops=None, lp_ops=None, ctx=None, input_types=None,
-             input_shapes=None, portable=True, cpu_class=None, for_inference=False):
+def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[Iterable[str]] = None,
+             arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
+             aux_params: Optional[Dict[str, mx.nd.NDArray]] = None, allow_missing: bool = False,
+             exclude: Optional[Iterable[str]] = None, fp32_ops: Optional[Iterable[str]] = None,
+             lp_ops: Optional[Iterable[str]] = None, ctx: Optional[ContextLike] = None,
+             input_types: Optional[Mapping[str, DTypeLike]] = None,
+             input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
+             cpu_class: Optional[str] = None, for_inference: bool = False
+             ) -> Tuple[mx.sym.Symbol, Optional[Dict[str, mx.nd.NDArray]],
+                        Optional[Dict[str, mx.nd.NDArray]], Optional[Conversion]]:
     """`convert_symbol` (no `arg_params`) and `convert_model`, with errors naming `names`.
 
     Returns ``(symbol, arg_params, aux_params, conversion)``; the parameters
@@ -284,6 +313,7 @@ def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, a
     check_variables(graph, input_types or (), 'input_types')
     check_exclude(graph, exclude, names.exclude)
     if arg_params is not None:
+        assert aux_params is not None       # `aux_params or {}` above
         check_params(graph, arg_params, aux_params, input_shapes, allow_missing, names)
     dtype = dtypes.resolve_dtype(dtype, ctx)
     devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
@@ -298,6 +328,7 @@ def _convert(sym, dtype, names, params=None, arg_params=None, aux_params=None, a
         policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
         shapes = {}
         if arg_params is not None:
+            assert aux_params is not None   # `aux_params or {}` above
             shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
         shapes.update(input_shapes)
         conversion = convert_graph(graph, policy, params=params, input_types=input_types, shapes=shapes,
@@ -319,12 +350,12 @@ def _cast_params(values, conversion):
             for name, value in values.items()}
 
 
-def is_parameter_name(name):
+def is_parameter_name(name: str) -> bool:
     """Whether a variable named `name` is a parameter by MXNet's and Gluon's naming (`PARAMETER_SUFFIXES`)."""
     return any(name == suffix or name.endswith('_' + suffix) for suffix in PARAMETER_SUFFIXES)
 
 
-def graph_inputs(graph, params=()):
+def graph_inputs(graph: GraphLike, params: Iterable[str] = ()) -> List[str]:
     """The inputs of `graph`: the arguments outside `params` not named like parameters."""
     params = set(params)
     return [name for name in load_graph(graph).symbol.list_arguments()
@@ -338,7 +369,7 @@ def _listing(names, limit=6):
     return ', '.join(quoted) or 'none'
 
 
-def check_variables(graph, names, what):
+def check_variables(graph: GraphLike, names: Iterable[str], what: str) -> None:
     """Raise ValueError (naming option `what`) for a name in `names` that is not a variable of `graph`."""
     symbol = load_graph(graph).symbol
     variables = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
@@ -349,30 +380,32 @@ def check_variables(graph, names, what):
                             'is not a variable' if len(unknown) == 1 else 'are not variables'))
 
 
-def check_input_shapes(graph, input_shapes, params=(), what='input_shapes'):
+def check_input_shapes(graph: GraphLike, input_shapes: Optional[Mapping[str, Sequence[int]]],
+                       params: Iterable[str] = (), what: str = 'input_shapes'
+                       ) -> Dict[str, Tuple[int, ...]]:
     """`input_shapes` as ``{name: tuple}``, each name an argument of `graph` outside `params`.
 
     Raises ValueError naming option `what` and the graph's inputs otherwise, and
     when the graph cannot take the shapes (MXNet's shape inference rejects them:
     the error names the input and what MXNet says it expects).
     """
-    input_shapes = {name: tuple(shape) for name, shape in (input_shapes or {}).items()}
+    shapes = {name: tuple(shape) for name, shape in (input_shapes or {}).items()}
     params = set(params)
     symbol = load_graph(graph).symbol
     arguments = symbol.list_arguments()
     allowed = set(arguments) - params
-    unknown = [name for name in input_shapes if name not in allowed]
+    unknown = [name for name in shapes if name not in allowed]
     if unknown:
         inputs = graph_inputs(graph, params) or [name for name in arguments if name not in params]
         raise ValueError('%s: %s %s not an input of the graph (its inputs: %s)'
                          % (what, _listing(unknown), 'is' if len(unknown) == 1 else 'are',
                             _listing(inputs)))
-    if input_shapes:
+    if shapes:
         try:
-            symbol.infer_shape_partial(**input_shapes)
+            symbol.infer_shape_partial(**shapes)
         except mx.base.MXNetError as err:
-            raise _rejected_shapes(what, input_shapes, err)
-    return input_shapes
+            raise _rejected_shapes(what, shapes, err)
+    return shapes
 
 
 def _rejected_shapes(what, input_shapes, err):
@@ -382,7 +415,7 @@ def _rejected_shapes(what, input_shapes, err):
     return ValueError('%s: the graph rejects these shapes (%s): %s' % (what, given, error_line(err)))
 
 
-def check_exclude(graph, exclude, what='exclude'):
+def check_exclude(graph: GraphLike, exclude: Optional[Iterable[str]], what: str = 'exclude') -> None:
     """Raise ValueError (naming option `what`) for `exclude` entries that match no node of `graph`.
 
     Each entry is a node name or an ``fnmatch`` pattern, as `mxamp.policy.Policy`
@@ -405,8 +438,10 @@ def _suggestion(entry, nodes):
     return " (did you mean '%s%s'?)" % (close[0], star) if close else ''
 
 
-def check_params(graph, arg_params, aux_params, input_shapes=None, allow_missing=False,
-                 names=PYTHON_NAMES):
+def check_params(graph: GraphLike, arg_params: Mapping[str, mx.nd.NDArray],
+                 aux_params: Mapping[str, mx.nd.NDArray],
+                 input_shapes: Optional[Mapping[str, Tuple[int, ...]]] = None,
+                 allow_missing: bool = False, names: Names = PYTHON_NAMES) -> None:
     """Raise `ParameterError` (one line) when the parameters do not fit `graph`.
 
     In this order: a parameter that is not a variable of the graph (or is an
@@ -532,7 +567,7 @@ def _reader(graph, name):
     return "node '%s' (%s)" % (node['name'], node['op'])
 
 
-def load_params(path):
+def load_params(path: str) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     """``(arg_params, aux_params)`` of an MXNet ``.params`` file; `GraphError` if unreadable."""
     try:
         loaded = mx.nd.load(path)
@@ -553,7 +588,9 @@ def load_params(path):
     return arg_params, aux_params
 
 
-def save_model(prefix, symbol, arg_params=None, aux_params=None):
+def save_model(prefix: str, symbol: mx.sym.Symbol,
+               arg_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
+               aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None) -> List[str]:
     """Write ``PREFIX-symbol.json`` (and ``PREFIX-0000.params``) with no partial files on failure.
 
     Both files are first written to temporary names in the target directory; the

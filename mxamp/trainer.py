@@ -68,6 +68,7 @@ import math
 import os
 import pickle
 import warnings
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -78,7 +79,7 @@ from . import diagnose
 from . import optimizer as _mp_optimizer
 from .dtypes import LOW_PRECISION, param_precision, widen
 from .fusion import check_trainable_params
-from .kvstore_transport import Bfloat16KVStoreTrainer, _as_param_list
+from .kvstore_transport import Bfloat16KVStoreTrainer, ParamsLike, _as_param_list
 # LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
                           _nonfinite_loss_text, LossScalingState, _positive, make_loss_scaler)
@@ -239,9 +240,14 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
     ...     trainer.step(x.shape[0])
     """
 
-    def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
-                 compression_params=None, update_on_kvstore=None, loss_scale='auto',
-                 master_weights=None, diagnose_net=None):
+    def __init__(self, params: ParamsLike, optimizer: Union[str, mx.optimizer.Optimizer],
+                 optimizer_params: Optional[Dict[str, Any]] = None,
+                 kvstore: Union[str, mx.kv.KVStore, None] = 'device',
+                 compression_params: Optional[Dict[str, Any]] = None,
+                 update_on_kvstore: Optional[bool] = None,
+                 loss_scale: Union[str, float, LossScaler, None] = 'auto',
+                 master_weights: Optional[bool] = None,
+                 diagnose_net: Optional[gluon.Block] = None) -> None:
         param_list = _as_param_list(params)
         check_trainable_params(param_list, 'mxamp.Trainer')
         low = any(param_precision(p) in LOW_PRECISION for p in param_list)
@@ -264,7 +270,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             loss_scale, [param_precision(p) for p in param_list if p.grad_req != 'null'])
         kv_type = kvstore if isinstance(kvstore, str) else (getattr(kvstore, 'type', '') or '')
         if update_on_kvstore is None and self._loss_scaler is not None:
-            contexts = set()
+            contexts: Set[mx.Context] = set()
             for param in param_list:
                 try:
                     contexts.update(param.list_ctx())
@@ -278,10 +284,10 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         self._scale_loss_open = 0
         self._unscaled = False
         self._reduced = False             # summed over contexts and workers this step
-        self._clip_coef = None            # set by clip_global_norm() for this step
+        self._clip_coef: Optional[float] = None     # set by clip_global_norm() for this step
         self._clip_overflow = False       # its verdict: the norm is not finite
-        self._diagnose_net = None
-        self._last_inputs = []
+        self._diagnose_net: Optional[gluon.Block] = None
+        self._last_inputs: List[Tuple[Any, ...]] = []
         if diagnose_net is not None:
             if not isinstance(diagnose_net, gluon.Block):
                 raise TypeError('diagnose_net must be a gluon Block, got %r' % (diagnose_net,))
@@ -294,7 +300,8 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
     # -- loss scaling --------------------------------------------------------------
     @contextlib.contextmanager
-    def scale_loss(self, loss):
+    def scale_loss(self, loss: Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]
+                   ) -> Iterator[Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]]:
         """Context manager yielding `loss` (NDArray or list) times :attr:`loss_scale`.
 
         Call ``autograd.backward`` on the yielded value inside the block.  Can be
@@ -316,7 +323,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         finally:
             self._scale_loss_open -= 1
 
-    def unscale(self):
+    def unscale(self) -> None:
         """Divide every gradient, on every context, by :attr:`loss_scale` in place.
 
         For inspecting the gradients between backward and :meth:`step`; the
@@ -343,7 +350,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 grad *= factor
         self._unscaled = True
 
-    def clip_global_norm(self, max_norm):
+    def clip_global_norm(self, max_norm: float) -> float:
         """Clip the global 2-norm of the gradients at `max_norm`; return the norm.
 
         Call after backward and before :meth:`step` (or :meth:`update`), once
@@ -443,7 +450,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             else 1.0
         return norm
 
-    def allreduce_grads(self):
+    def allreduce_grads(self) -> None:
         """Sum the gradients over contexts and workers, as ``gluon.Trainer.allreduce_grads``.
 
         For the ``allreduce_grads()`` / :meth:`update` split
@@ -500,7 +507,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         clip = 1.0 if self._clip_coef is None else self._clip_coef
         return self._scale / batch_size / scale * clip
 
-    def init_kvstore(self):
+    def init_kvstore(self) -> None:
         """Create the kvstore and broadcast worker 0's parameters now.
 
         ``gluon.Trainer`` does both lazily, at the first step, after the first
@@ -584,7 +591,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 '(%s), %s' % (found['node'], found['op'], where))
 
     # -- stepping --------------------------------------------------------------------
-    def step(self, batch_size, ignore_stale_grad=False):
+    def step(self, batch_size: int, ignore_stale_grad: bool = False) -> bool:
         """Reduce gradients, check them, and update the parameters or skip.
 
         Parameters
@@ -643,7 +650,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 self._update(ignore_stale_grad)
         return self._finish(overflow)
 
-    def update(self, batch_size, ignore_stale_grad=False):
+    def update(self, batch_size: int, ignore_stale_grad: bool = False) -> bool:
         """Check the (already reduced) gradients and update or skip.
 
         For the ``allreduce_grads()`` / ``update()`` split of ``gluon.Trainer``
@@ -669,7 +676,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         return self._finish(overflow)
 
     # -- state -------------------------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Mixed-precision state: ``{'loss_scaler': LossScaler.state_dict() or None}``.
 
         Optimizer states (momenta, master weights) are saved by
@@ -678,7 +685,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         return {'loss_scaler': None if self._loss_scaler is None
                 else self._loss_scaler.state_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
 
         Raises
@@ -698,7 +705,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                              'Trainer was created with loss scaling off (loss_scale=None)')
         self._loss_scaler.load_state_dict(scaler_state)
 
-    def save_states(self, fname):
+    def save_states(self, fname: str) -> None:
         """Save optimizer states (master weights included) and the loss scaler state.
 
         The file wraps what ``gluon.Trainer.save_states`` writes; plain
@@ -717,7 +724,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         with open(fname, 'wb') as f:
             f.write(_FILE_MAGIC + payload)
 
-    def load_states(self, fname):
+    def load_states(self, fname: str) -> None:
         """Load what :meth:`save_states` wrote (or a plain ``gluon.Trainer`` file).
 
         A plain gluon file carries no scaler state: the scaler is left as it is
