@@ -21,10 +21,13 @@ and the rewrite share the Symbol MXNet loaded.
 """
 import collections
 import difflib
+import functools
+import inspect
 import os
 import typing
 import uuid
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import mxnet as mx
 
@@ -110,7 +113,55 @@ class ParameterError(GraphError):
     """Parameters that do not fit the graph: unknown, missing, or of a shape it rejects."""
 
 
-def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: DTypeLike = 'bfloat16',
+_Function = TypeVar('_Function', bound=Callable[..., Any])
+
+
+def _options_by_keyword(old_order: Sequence[str]) -> Callable[[_Function], _Function]:
+    """Take the options after `dtype` by keyword only, as ``mxamp.convert`` does.
+
+    mxamp 0.1.0 also took them by position, in `old_order` (two different
+    orders for `convert_symbol` and `convert_model`); that still works for one
+    release, with a DeprecationWarning naming the options to spell out.
+    """
+    def decorate(function: _Function) -> _Function:
+        positional = sum(1 for p in inspect.signature(function).parameters.values()
+                         if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            extra = args[positional:]
+            if extra:
+                if len(extra) > len(old_order):
+                    raise TypeError('%s() takes at most %d positional arguments (%d given)'
+                                    % (function.__name__, positional, len(args)))
+                names = old_order[:len(extra)]
+                for name in names:
+                    if name in kwargs:
+                        raise TypeError('%s() got multiple values for argument %r'
+                                        % (function.__name__, name))
+                warnings.warn('%s(): options by position are deprecated; name them (%s)'
+                              % (function.__name__, ', '.join('%s=...' % n for n in names)),
+                              DeprecationWarning, stacklevel=2)
+                kwargs.update(zip(names, extra))
+            return function(*args[:positional], **kwargs)
+        return typing.cast(_Function, call)
+    return decorate
+
+
+def _default_dtype(function: str, dtype: Optional[DTypeLike]) -> DTypeLike:
+    # mxamp 0.1.0's default was 'bfloat16'; mxamp.convert's, for_inference's and
+    # this front's next default is 'auto'.  Until then, leaving it out says so.
+    if dtype is not None:
+        return dtype
+    warnings.warn("%s(): the default dtype becomes 'auto' (as mxamp.convert's: this machine's "
+                  "fastest precision) in the next release; pass dtype='bfloat16' to keep "
+                  "today's result" % function, FutureWarning, stacklevel=3)
+    return 'bfloat16'
+
+
+@_options_by_keyword(('params', 'exclude', 'fp32_ops', 'lp_ops', 'ctx', 'input_types',
+                      'input_shapes', 'portable', 'cpu_class', 'return_conversion'))
+def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = None, *,
                    params: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None,
                    fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
                    ctx: Optional[ContextLike] = None,
@@ -130,6 +181,10 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: DTypeLike = 'bfloat16'
         precision this machine computes (`mxamp.dtypes.resolve_dtype`, with
         `ctx`).  ``'float32'`` (also what ``'auto'`` gives on a CPU without
         native bfloat16) returns the graph unchanged, as `mxamp.convert` does.
+        Left out: ``'bfloat16'`` with a FutureWarning; the default becomes
+        ``'auto'``, `mxamp.convert`'s, in the next release.  The options after
+        it are taken by keyword (by position, mxamp 0.1.0's order, with a
+        DeprecationWarning, for one release).
     params : iterable of str, optional
         Names of the variables that are parameters.  Those consumed only by
         low-precision ops are declared in `dtype`, so their values must be stored
@@ -193,16 +248,20 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: DTypeLike = 'bfloat16'
     >>> bf16.save('net_bf16-symbol.json')
     """
     symbol, _, _, conversion = _convert(
-        sym, dtype, PYTHON_NAMES, params=params, exclude=exclude, fp32_ops=fp32_ops,
+        sym, _default_dtype('convert_symbol', dtype), PYTHON_NAMES, params=params, exclude=exclude, fp32_ops=fp32_ops,
         lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
         portable=portable, cpu_class=cpu_class)
     return (symbol, conversion) if return_conversion else symbol
 
 
+@_options_by_keyword(('exclude', 'fp32_ops', 'lp_ops', 'ctx', 'input_types', 'input_shapes',
+                      'return_conversion', 'portable', 'cpu_class', 'allow_missing',
+                      'for_inference'))
 def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.NDArray],
-                  aux_params: Optional[Dict[str, mx.nd.NDArray]], dtype: DTypeLike = 'bfloat16',
-                  exclude: Optional[Iterable[str]] = None, fp32_ops: Optional[Iterable[str]] = None,
-                  lp_ops: Optional[Iterable[str]] = None, ctx: Optional[ContextLike] = None,
+                  aux_params: Optional[Dict[str, mx.nd.NDArray]],
+                  dtype: Optional[DTypeLike] = None, *, exclude: Optional[Iterable[str]] = None,
+                  fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
+                  ctx: Optional[ContextLike] = None,
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                   return_conversion: bool = False, portable: bool = True,
@@ -275,7 +334,7 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     Counter({'_sg_mkldnn_fully_connected': 1})
     """
     symbol, args, auxs, conversion = _convert(
-        sym, dtype, PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
+        sym, _default_dtype('convert_model', dtype), PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
         allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx,
         input_types=input_types, input_shapes=input_shapes, portable=portable,
         cpu_class=cpu_class, for_inference=for_inference)
