@@ -125,6 +125,71 @@ def _context_sum(grads):
     return mx.nd.add_n(*[g.as_in_context(home) for g in grads])
 
 
+class _StepState(object):
+    """Where this step's gradients stand, between two steps: the one place that
+    says what may happen to them next.
+
+    Between backward and :meth:`Trainer.step` the gradients may be, each at
+    most once: summed over contexts and workers (`reduced`: by
+    :meth:`Trainer.allreduce_grads` or :meth:`Trainer.clip_global_norm`, else
+    by the step itself), divided by the loss scale (`unscaled`:
+    :meth:`Trainer.unscale`) and clipped (`clip_coef` and its verdict
+    `clip_overflow`: :meth:`Trainer.clip_global_norm`).  New scaled gradients
+    may join them only before they are unscaled or clipped.  ``step()`` and
+    ``update()`` end the step (:meth:`reset`).  Each move is checked here and an
+    illegal one raises ``RuntimeError`` saying what to do instead.
+    """
+    __slots__ = ('reduced', 'unscaled', 'clip_coef', 'clip_overflow')
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.reduced = False
+        self.unscaled = False
+        self.clip_coef: Optional[float] = None
+        self.clip_overflow = False
+
+    @property
+    def clipped(self) -> bool:
+        return self.clip_coef is not None
+
+    def check_new_loss(self) -> None:
+        """Before :meth:`Trainer.scale_loss` adds scaled gradients."""
+        if self.unscaled:
+            raise RuntimeError('scale_loss() after unscale() in the same step: the gradients '
+                               'are already unscaled, and new scaled gradients would be mixed '
+                               'with them; call step() first')
+        if self.clipped:
+            raise RuntimeError('scale_loss() after clip_global_norm() in the same step: the '
+                               'norm does not include the new gradients; call step() first')
+
+    def unscale(self) -> None:
+        if self.unscaled:
+            raise RuntimeError('unscale() was already called since the last step(); the '
+                               'gradients would be divided by the loss scale twice')
+        self.unscaled = True
+
+    def check_clip(self) -> None:
+        """Before :meth:`Trainer.clip_global_norm` computes the norm."""
+        if self.clipped:
+            raise RuntimeError('clip_global_norm() was already called since the last step(); '
+                               'call it once per step, after backward')
+
+    def clip(self, norm: float, max_norm: float) -> None:
+        """Record the unscaled global `norm`: the clipping factor and its verdict."""
+        self.clip_overflow = not math.isfinite(norm)
+        self.clip_coef = max_norm / norm if norm > max_norm and not self.clip_overflow \
+            else 1.0
+
+    def check_reduce(self) -> None:
+        """Before :meth:`Trainer.allreduce_grads` sums the gradients (it then sets `reduced`)."""
+        if self.reduced:
+            raise RuntimeError('allreduce_grads() was already called since the last step() '
+                               '(clip_global_norm() calls it); the gradients would be summed '
+                               'twice')
+
+
 class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
     """``gluon.Trainer`` with FP32 master weights and loss scaling.
 
@@ -282,10 +347,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                                       compression_params=compression_params,
                                       update_on_kvstore=update_on_kvstore)
         self._scale_loss_open = 0
-        self._unscaled = False
-        self._reduced = False             # summed over contexts and workers this step
-        self._clip_coef: Optional[float] = None     # set by clip_global_norm() for this step
-        self._clip_overflow = False       # its verdict: the norm is not finite
+        self._stage = _StepState()
         self._diagnose_net: Optional[gluon.Block] = None
         self._last_inputs: List[Tuple[Any, ...]] = []
         if diagnose_net is not None:
@@ -309,13 +371,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         accumulation with ``grad_req='add'``).  `loss` is kept by reference (no
         copy) until the step, which reads it only when it skips.  No host sync.
         """
-        if self._unscaled:
-            raise RuntimeError('scale_loss() after unscale() in the same step: the gradients '
-                               'are already unscaled, and new scaled gradients would be mixed '
-                               'with them; call step() first')
-        if self._clip_coef is not None:
-            raise RuntimeError('scale_loss() after clip_global_norm() in the same step: the '
-                               'norm does not include the new gradients; call step() first')
+        self._stage.check_new_loss()
         scaled = loss if self._loss_scaler is None else self._loss_scaler.scale(loss)
         self._scale_loss_open += 1
         try:
@@ -341,14 +397,11 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         """
         self._check_outside_scale_loss('unscale')
         self._check_scaled('unscale')
-        if self._unscaled:
-            raise RuntimeError('unscale() was already called since the last step(); the '
-                               'gradients would be divided by the loss scale twice')
+        self._stage.unscale()
         if self._loss_scaler is not None:
             factor = 1.0 / self._loss_scaler.loss_scale
             for grad in self._trainable_grads():
                 grad *= factor
-        self._unscaled = True
 
     def clip_global_norm(self, max_norm: float) -> float:
         """Clip the global 2-norm of the gradients at `max_norm`; return the norm.
@@ -419,9 +472,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         """
         self._check_outside_scale_loss('clip_global_norm')
         max_norm = _positive('max_norm', max_norm)
-        if self._clip_coef is not None:
-            raise RuntimeError('clip_global_norm() was already called since the last step(); '
-                               'call it once per step, after backward')
+        self._stage.check_clip()
         if not self._has_fresh_grads():
             raise RuntimeError('clip_global_norm() before backward: no gradient was computed '
                                'since the last step(); call it after autograd.backward() and '
@@ -435,19 +486,17 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                     'servers sum and apply the gradients in one operation, so no worker sees '
                     'their global norm; create the Trainer with update_on_kvstore=False'
                     % (self._kvstore.type,))
-        elif self._kvstore is not None and not self._reduced:
+        elif self._kvstore is not None and not self._stage.reduced:
             self._allreduce_grads()
-            self._reduced = True
+            self._stage.reduced = True
         # After the reduction every context holds the same sum: the first one's will do.
-        grads = [param.list_grad()[0] if self._reduced else _context_sum(param.list_grad())
+        grads = [param.list_grad()[0] if self._stage.reduced else _context_sum(param.list_grad())
                  for param in self._params
                  if param.grad_req != 'null' and param._data is not None]
         norm = math.sqrt(_sum_of_squares(_flat_grads(grads)).asscalar())   # the host sync
-        if self._loss_scaler is not None and not self._unscaled:
+        if self._loss_scaler is not None and not self._stage.unscaled:
             norm /= self._loss_scaler.loss_scale
-        self._clip_overflow = not math.isfinite(norm)
-        self._clip_coef = max_norm / norm if norm > max_norm and not self._clip_overflow \
-            else 1.0
+        self._stage.clip(norm, max_norm)
         return norm
 
     def allreduce_grads(self) -> None:
@@ -465,12 +514,9 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             :meth:`scale_loss` block.
         """
         self._check_outside_scale_loss('allreduce_grads')
-        if self._reduced:
-            raise RuntimeError('allreduce_grads() was already called since the last step() '
-                               '(clip_global_norm() calls it); the gradients would be summed '
-                               'twice')
+        self._stage.check_reduce()
         super(Trainer, self).allreduce_grads()
-        self._reduced = True
+        self._stage.reduced = True
 
     def _has_fresh_grads(self):
         # NDArray._fresh_grad: set by backward, cleared by a step.
@@ -502,9 +548,9 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
     def _rescale(self, batch_size):
         # gluon.Trainer._scale: the optimizer's rescale_grad at construction.
-        scale = 1.0 if (self._loss_scaler is None or self._unscaled) \
+        scale = 1.0 if (self._loss_scaler is None or self._stage.unscaled) \
             else self._loss_scaler.loss_scale
-        clip = 1.0 if self._clip_coef is None else self._clip_coef
+        clip = 1.0 if self._stage.clip_coef is None else self._stage.clip_coef
         return self._scale / batch_size / scale * clip
 
     def init_kvstore(self) -> None:
@@ -533,17 +579,14 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
     def _has_overflow(self, **kvstore_args):
         """This step's overflow verdict: clip_global_norm()'s, or the scaler's (one host sync)."""
-        if self._clip_coef is not None:
-            return self._clip_overflow
+        if self._stage.clipped:
+            return self._stage.clip_overflow
         if self._loss_scaler is None:
             return False
         return self._loss_scaler.has_overflow(self._trainable_grads(), **kvstore_args)
 
     def _finish(self, overflow):
-        self._unscaled = False
-        self._reduced = False
-        self._clip_coef = None
-        self._clip_overflow = False
+        self._stage.reset()
         if overflow:
             self._mark_consumed()
         if self._loss_scaler is not None:
@@ -625,7 +668,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         """
         self._check_outside_scale_loss('step')
         self._check_scaled('step')
-        if self._loss_scaler is None and self._clip_coef is None and not self._reduced:
+        if self._loss_scaler is None and not self._stage.clipped and not self._stage.reduced:
             super(Trainer, self).step(batch_size, ignore_stale_grad)
             return self._finish(False)
         self.init_kvstore()
@@ -641,7 +684,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 self._update(ignore_stale_grad)
         else:
             self._check_and_rescale_grad(rescale)
-            if not self._reduced:
+            if not self._stage.reduced:
                 self._allreduce_grads()
             # After the reduction: catches sums that overflow, and every worker
             # of a distributed kvstore sees the same reduced gradients.
@@ -661,7 +704,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         """
         self._check_outside_scale_loss('update')
         self._check_scaled('update')
-        if self._loss_scaler is None and self._clip_coef is None:
+        if self._loss_scaler is None and not self._stage.clipped:
             super(Trainer, self).update(batch_size, ignore_stale_grad)
             return self._finish(False)
         self.init_kvstore()
