@@ -3,7 +3,8 @@
 This module answers three questions for the rest of mxamp (which precision
 ``'auto'`` means, from its answers, is :func:`mxamp.dtypes.resolve_dtype`'s):
 
-* what the machine can do: CPU flags (``/proc/cpuinfo``) and the number of GPUs;
+* what the machine can do: CPU flags (``/proc/cpuinfo``), the CPUs this process may use
+  and the number of GPUs;
 * how the CPU computes bfloat16 (:func:`cpu_class`): one of four classes,
   capped by a user's ``DNNL_MAX_CPU_ISA`` as oneDNN caps itself;
 * how to make oneDNN use the AMX bfloat16 kernels (:func:`enable_amx`).
@@ -68,8 +69,8 @@ import warnings
 from types import FrameType
 from typing import Any, Dict, FrozenSet, Optional, cast
 
-__all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'gpu_count', 'cpu_class',
-           'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'enable_amx', 'describe',
+__all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'usable_cpus', 'gpu_count',
+           'cpu_class', 'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'enable_amx', 'describe',
            'CPU_CLASSES']
 
 logger = logging.getLogger('mxamp')
@@ -196,6 +197,12 @@ def describe_cpu_class(klass: Optional[str] = None) -> str:
             return 'CPU limited by DNNL_MAX_CPU_ISA=%s to class %r (%s)' % (
                 os.environ.get('DNNL_MAX_CPU_ISA'), klass, _CLASS_TEXT[klass])
     return '%r class %s' % (klass, _CLASS_TEXT[klass])
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), as OpenMP counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') \
+        else (os.cpu_count() or 1)
 
 
 def gpu_count() -> int:

@@ -10,7 +10,7 @@ and the updates run on the workers.  float16 and FP32 arrays, and every array
 with a local kvstore (which sums bfloat16 correctly), take gluon's own path.
 With a distributed kvstore it also broadcasts every initial value in the
 default layout (MXNet's own broadcast aborts the server on a oneDNN-layout
-value, as an inference pass leaves them) and waits once for the initial pulls
+value, as an inference pass leaves them) and waits for the initial pulls
 (see :meth:`Bfloat16KVStoreTrainer._init_params`).  :func:`broadcast` and
 :func:`pushpull` do the same for arrays outside a gluon Trainer
 (:class:`mxamp.ModuleTrainer`, running statistics averaged over workers).
@@ -186,11 +186,15 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
         # _deferred_init, _stype.  With a distributed kvstore every dense value is
         # broadcast by `broadcast` (bfloat16 as FP32 copies, every value in the
         # default layout: gluon's own broadcast aborts the server on a value that an
-        # inference pass left in a oneDNN layout); sparse ones take gluon's path.
-        pending = list(self._params_to_init)
+        # inference pass left in a oneDNN layout); sparse ones take gluon's path (an
+        # init, no pull).  `broadcast` waits for its pulls: the initial weights are
+        # pulled under the keys the gradients are pushed to next, the pull (writes the
+        # weights) and the push (reads the gradients) share no array, so MXNet's
+        # engine could send the push first, and with update_on_kvstore=False the
+        # server would serve the pull the gradient sum.
         if self._kvstore and self._distributed:
             rest = []
-            for param in pending:
+            for param in self._params_to_init:
                 if param._deferred_init or param._stype != 'default':
                     rest.append(param)
                     continue
@@ -198,18 +202,6 @@ class Bfloat16KVStoreTrainer(gluon.Trainer):
                           param._check_and_get(param._data, list), self._fp32_buffers)
             self._params_to_init = rest
         super(Bfloat16KVStoreTrainer, self)._init_params()
-        if self._distributed:
-            # The initial weights are pulled from the servers under the keys the
-            # gradients are pushed to next.  The pull (writes the weights) and
-            # the push (reads the gradients) share no array, so MXNet's engine
-            # may send the push first; with update_on_kvstore=False the server
-            # then replaces the stored weight by the gradient sum before the
-            # pull is served (seen as one worker starting from the gradient).
-            # Wait for the pulls once.
-            for param in pending:
-                if param._data is not None and param not in self._params_to_init:
-                    for data in param.list_data():
-                        data.wait_to_read()
 
     def _allreduce_grads(self):
         """Sum the gradients over contexts and workers (gluon's, plus bfloat16 via FP32).

@@ -148,6 +148,7 @@ import mxamp  # noqa: E402  (first: enables AMX before oneDNN's first primitive)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxamp import hardware  # noqa: E402
+from mxamp.graph import error_line  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -471,10 +472,9 @@ def worker_main(spec):
 
 
 def _error_line(exc):
-    """One line saying what went wrong (an MXNetError's text ends with it, after a stack)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text, name = (lines[-1] if lines else ''), type(exc).__name__
-    return text if text.startswith(name) else '%s: %s' % (name, text)
+    """One line saying what went wrong: the exception's type and `mxamp.graph.error_line`
+    (an MXNetError's informative line, without its C++ stack and log prefixes)."""
+    return '%s: %s' % (type(exc).__name__, error_line(exc))
 
 
 def _exit_text(returncode):
@@ -759,7 +759,7 @@ def meta(args, argv):
                          'numpy': np.__version__, 'python': platform.python_version(),
                          'gluoncv': _version('gluoncv')},
             'cpu_model': _cpu_model(), 'cpu_count': os.cpu_count(),
-            'usable_cpus': len(os.sched_getaffinity(0)),
+            'usable_cpus': hardware.usable_cpus(),
             'hardware': hardware.describe(), 'cpu_class': hardware.describe_cpu_class(),
             'DNNL_MAX_CPU_ISA': LAUNCH_ENV.get('DNNL_MAX_CPU_ISA'),
             'environment': launch_variables(),
@@ -807,7 +807,7 @@ def _counts(text):
 
 
 def parse_args(argv=None):
-    usable_cpus = len(os.sched_getaffinity(0))
+    usable_cpus = hardware.usable_cpus()
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--networks', default='resnet50_v1,resnet18_v1',
                    help="comma-separated gluoncv model names, or 'tiny' (default: %(default)s)")

@@ -13,6 +13,7 @@ import random
 
 import numpy as np
 import mxnet as mx
+from mxamp.hardware import usable_cpus
 
 from .options import UsageError
 
@@ -100,11 +101,6 @@ def decoding_threads(requested):
     request, decides the augmentations.
     """
     return max(1, min(requested, usable_cpus() // 2 - 1))
-
-
-def usable_cpus():
-    """The CPUs this process may run on (its affinity mask), as OpenMP counts them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
 
 
 def train_iter(spec, args, batch_size, epoch, rank, num_workers):

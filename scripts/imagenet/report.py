@@ -84,16 +84,16 @@ def compared_run(csv_path):
     prefix = os.path.basename(csv_path)[:-len('-metrics.csv')] \
         if csv_path.endswith('-metrics.csv') else os.path.basename(csv_path)
     summary = os.path.join(directory, '%s-summary.json' % prefix)
-    epochs = list_checkpoints(directory, prefix)
+    precision = 'precision not recorded'
     if os.path.isfile(summary):
         with open(summary) as handle:
             recorded = json.load(handle)
         precision = run_label(recorded['dtype'], recorded['compute'])
-    elif epochs:
-        with open(paths(directory, prefix, epochs[-1])[2]) as handle:
-            precision = json.load(handle)['dtype']
     else:
-        precision = 'precision not recorded'
+        epochs = list_checkpoints(directory, prefix)   # reads every checkpoint's JSON
+        if epochs:
+            with open(paths(directory, prefix, epochs[-1])[2]) as handle:
+                precision = json.load(handle)['dtype']
     return '%s: %s' % (prefix, precision), read_metrics(csv_path)
 
 
