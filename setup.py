@@ -62,6 +62,11 @@ setup(
         'numpy<1.24; python_version < "3.12"',
         'numpy>=1.26,<2; python_version >= "3.12"',
         'setuptools; python_version >= "3.12"',  # distutils, which MXNet 1.9.1 imports, left the stdlib in 3.12
+        # numpy's bfloat16 dtype (mxamp.dtypes.to_numpy).  0.5.x needs Python >= 3.9; 0.2.0 is the
+        # last for 3.8; both take the numpy above.  Pinned: the 0.5.x releases after 0.5.1 have
+        # wheels for glibc >= 2.27 only, so pip would build them from source on older systems.
+        'ml-dtypes==0.2.0; python_version < "3.9"',
+        'ml-dtypes==0.5.1; python_version >= "3.9"',
         'gluoncv==0.10.5.post0',
         'opencv-python<4.12',
         'tqdm',
@@ -70,6 +75,10 @@ setup(
         'cu112': [_MXNET_BUILDS['cu112']],
         'test': ['pytest', 'hypothesis', 'scikit-learn', 'matplotlib', 'docutils', 'pyflakes', 'mypy'],
         'demo': ['scikit-learn', 'matplotlib'],
+        # The manual (`make docs`): Sphinx 7.1 is the last release for Python 3.8, 7.4 the last
+        # for 3.9; one pinned line each, so a warning (an error under -W) is the same everywhere.
+        'docs': ['sphinx==7.1.2; python_version < "3.9"',
+                 'sphinx==7.4.7; python_version >= "3.9"'],
     },
     entry_points={'console_scripts': ['mxamp = mxamp.cli:main']},
     cmdclass={'build_py': BuildPyWithStartupHook},

@@ -7,10 +7,14 @@ Gluon front (`convert`); FP32 master weights (`MultiPrecision`), the
 loss-scaling `Trainer` (Gluon) and `ModuleTrainer` (``mx.mod.Module``) train
 what they produce; `for_inference` (and ``convert_model(..., for_inference=True)``)
 fuses a converted network with oneDNN for inference (`mxamp.inference`).
+`convert_with_record` also returns the record of every decision, `policy_lists`
+shows the policy's operator lists, and `mxamp.migration` translates MXNet
+``contrib.amp``'s keywords, which the Symbol front takes with their meaning.
 """
 import os
 
 from . import hardware
+from ._version import __version__
 
 # Before any oneDNN primitive exists: oneDNN reads its ISA limit once, at the first one.
 hardware.enable_amx()
@@ -29,11 +33,14 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from . import inference  # noqa: E402
     from .inference import for_inference  # noqa: E402
     from .graph import GraphError  # noqa: E402
-    from .symbol import convert_model, convert_symbol  # noqa: E402
+    from .symbol import ConversionResult, convert_model, convert_symbol, convert_with_record  # noqa: E402
+    from . import migration  # noqa: E402
+    from . import system_info  # noqa: E402
+    from .policy import PolicyLists, policy_lists  # noqa: E402
     from .loss_scaler import LossScaler  # noqa: E402
     from .module import Float32Init, ModuleTrainer  # noqa: E402
     from .trainer import Trainer  # noqa: E402
 
-__version__ = '0.1.0'
 __all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'Float32Init', 'LossScaler', 'MultiPrecision',
-           'GraphError', 'diagnose', 'optimizer']
+           'GraphError', 'diagnose', 'optimizer', 'convert_with_record', 'ConversionResult',
+           'policy_lists', 'PolicyLists', 'migration', 'system_info', '__version__']

@@ -42,9 +42,10 @@ import numpy as np
 
 import mxnet as mx
 
-from . import gluon, hardware
+from . import hardware
 from .dtypes import DTypeLike, precision_name, to_float32_numpy
 from .graph import find_casts, infer_entry_types, load_graph
+from .network_state import Stage, state_of
 from .policy import CAST_OPS, canonical
 
 __all__ = ['nonfinite_gradients', 'nonfinite_named_gradients', 'first_nonfinite_output',
@@ -245,6 +246,9 @@ def _graph_and_arrays(net, inputs, arg_params, aux_params):
     arrays = {p.name: p.data(inputs[0].context) for p in net.collect_params().values()}
     arrays.update({s.name: x for s, x in zip(input_symbols, inputs)})
     auxs = set(symbol.list_auxiliary_states())
-    conversion = gluon.conversion_of(net)[0] if gluon.is_converted(net) else None
+    # The graph just built is the converted one; its conversion record says which nodes are casts.
+    state = state_of(net)
+    last = state.last_conversion() if state is not None and state.stage is Stage.CONVERTED else None
+    conversion = last[0] if last is not None else None
     return (symbol, {k: v for k, v in arrays.items() if k not in auxs},
             {k: v for k, v in arrays.items() if k in auxs}, conversion)

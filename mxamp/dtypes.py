@@ -1,13 +1,20 @@
-"""Precision names and their MXNet representations.
+"""Precision names and their MXNet and numpy representations.
 
 mxamp speaks three precisions, always by name: ``'float32'``, ``'float16'`` and
 ``'bfloat16'``.  MXNet 1.9.1 has no numpy dtype for bfloat16: it represents it as
 the numpy struct ``dtype([('bfloat16', '<u2')])``, rejects the string
-``'bfloat16'`` in most Python entry points (``nd.Cast``, ``astype``) and hands raw
-uint16 structs back from ``asnumpy()``.  This module owns the translation, so the
-rest of mxamp (and its users) only ever handle the names, and which name
-``'auto'`` stands for on a device (:func:`resolve_dtype`, from the facts of
-:mod:`mxamp.hardware`, the one mxamp module below this one).
+``'bfloat16'`` in most Python entry points (``astype``, ``nd.array``; its
+operators, ``nd.Cast`` included, read the name through numpy, which knows it only
+once ``ml_dtypes`` is imported) and hands raw uint16 structs back from
+``asnumpy()``.  This module owns the translation, so the rest of mxamp (and its
+users) only ever handle the names, and which name ``'auto'`` stands for on a
+device (:func:`resolve_dtype`, from the facts of :mod:`mxamp.hardware`, the one
+mxamp module below this one).
+
+On the host, bfloat16 data is numpy's ``ml_dtypes.bfloat16`` (the dtype JAX and
+TensorFlow use, `NUMPY_BFLOAT16`): :func:`to_numpy` and :func:`from_numpy` move
+bfloat16 NDArrays to and from it bit for bit, and every function that takes a
+dtype takes it for ``'bfloat16'``.
 """
 # Annotations stay unevaluated: this module also runs on kvstore servers, inside
 # `import mxnet`, where mx.gluon (named in them) does not exist yet.
@@ -18,22 +25,24 @@ import json
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import ml_dtypes
 import numpy as np
 
 import mxnet as mx
 
 from . import hardware
 
-__all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'amp_cast', 'cast',
-           'cast_into', 'dtype_name', 'name_of_array', 'numpy_dtype', 'param_precision',
-           'precision_name', 'resolve_dtype', 'to_float32_numpy', 'type_flag', 'widen']
+__all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'NUMPY_BFLOAT16', 'amp_cast',
+           'cast', 'cast_into', 'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype',
+           'param_precision', 'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy',
+           'type_flag', 'widen']
 
 #: What mxamp accepts wherever it takes a dtype: a precision name or alias
 #: (``'bfloat16'``, ``'bf16'``, ``'float16'``, ``'fp16'``, ``'half'``, ``'float32'``,
 #: ``'fp32'``; ``'auto'`` where a function says so), a numpy scalar type
-#: (``numpy.float16``) or a numpy dtype (MXNet's bfloat16 struct, `BFLOAT16`,
-#: included).  Which of them a function takes is in its docstring; the
-#: precision names are what mxamp hands back.
+#: (``numpy.float16``, ``ml_dtypes.bfloat16``) or a numpy dtype (MXNet's bfloat16
+#: struct, `BFLOAT16`, and `NUMPY_BFLOAT16` included).  Which of them a function
+#: takes is in its docstring; the precision names are what mxamp hands back.
 DTypeLike = Union[str, type, np.dtype]
 
 #: Where a model runs: one ``mx.Context``, or a list (or tuple) of them.
@@ -42,11 +51,18 @@ ContextLike = Union[mx.Context, List[mx.Context], Tuple[mx.Context, ...]]
 #: MXNet's bfloat16 dtype (equal to ``mxnet.contrib.amp.amp.bfloat16``).
 BFLOAT16 = np.dtype([('bfloat16', np.uint16)])
 
+#: numpy's bfloat16 (``ml_dtypes.bfloat16``): the dtype of the bfloat16 arrays
+#: that :func:`to_numpy` hands out and :func:`from_numpy` takes.
+NUMPY_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
 #: The low-precision targets mxamp converts to.
 LOW_PRECISION = ('float16', 'bfloat16')
 
 _NUMPY: Dict[str, np.dtype] = {'float32': np.dtype(np.float32), 'float16': np.dtype(np.float16),
                                'bfloat16': BFLOAT16}
+# The numpy dtypes that name a precision: MXNet's, and numpy's own bfloat16.
+_NAME_OF_NUMPY = {np_dtype: name for name, np_dtype in _NUMPY.items()}
+_NAME_OF_NUMPY[NUMPY_BFLOAT16] = 'bfloat16'
 # MXNet's TypeFlag enum (mshadow/base.h), as stored in a variable's ``__dtype__`` attribute.
 _TYPE_FLAG = {'float32': 0, 'float16': 2, 'bfloat16': 12}
 _ALIASES = {'fp32': 'float32', 'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}
@@ -59,7 +75,8 @@ def dtype_name(dtype: DTypeLike, allowed: Sequence[str] = ('float32',) + LOW_PRE
     ----------
     dtype : str, numpy dtype or type
         ``'bfloat16'``, ``'float16'``, ``'float32'`` (or ``'bf16'``, ``'fp16'``,
-        ``'fp32'``), ``numpy.float16``, ``numpy.float32`` or MXNet's bfloat16 struct.
+        ``'fp32'``), ``numpy.float16``, ``numpy.float32``, ``ml_dtypes.bfloat16``
+        or MXNet's bfloat16 struct.
     allowed : tuple of str
         The names the caller accepts.
 
@@ -73,12 +90,9 @@ def dtype_name(dtype: DTypeLike, allowed: Sequence[str] = ('float32',) + LOW_PRE
         name = _ALIASES.get(dtype.lower(), dtype.lower())
     else:
         try:
-            as_numpy = np.dtype(dtype)
+            name = _NAME_OF_NUMPY.get(np.dtype(dtype))
         except TypeError:
-            as_numpy = None
-        for candidate, np_dtype in _NUMPY.items():
-            if as_numpy == np_dtype:
-                name = candidate
+            pass
     if name is None or name not in allowed:
         raise ValueError('unknown dtype %r: expected one of %s'
                          % (dtype, ', '.join(repr(a) for a in allowed)))
@@ -141,8 +155,9 @@ def _reference_bfloat16_reorders():
 
 @functools.lru_cache(maxsize=None)
 def _truncate_to_bfloat16():
-    # MXNet 1.9.1's Python front ends reject dtype='bfloat16' (nd.Cast, sym.Cast);
-    # a graph loaded from JSON carries it as the string the C++ Cast parses.
+    # A graph loaded from JSON carries dtype='bfloat16' as the string the C++ Cast
+    # parses, whatever numpy knows: MXNet 1.9.1's nd.Cast reads the name through
+    # np.dtype(), which knows it only while ml_dtypes is imported.
     graph = {'nodes': [{'op': 'null', 'name': 'x', 'inputs': []},
                        {'op': 'Cast', 'name': 'to_bfloat16', 'attrs': {'dtype': 'bfloat16'},
                         'inputs': [[0, 0, 0]]}],
@@ -277,14 +292,60 @@ def cast(array: mx.ndarray.NDArray, name: str) -> mx.ndarray.NDArray:
 def to_float32_numpy(array: mx.ndarray.NDArray) -> np.ndarray:
     """``array.asnumpy()`` in float32, also for bfloat16 arrays (never raw uint16).
 
-    bfloat16 values are widened on the host (a bfloat16 is the upper half of a
-    float32), so no MXNet operator runs: ``asnumpy`` itself handles every oneDNN
-    layout, whereas an ``amp_cast`` of a blocked array fails (see :func:`amp_cast`).
+    bfloat16 values are widened on the host, exactly (infinities, NaNs and
+    subnormals included), so no MXNet operator runs: ``asnumpy`` itself handles
+    every oneDNN layout, whereas an ``amp_cast`` of a blocked array fails (see
+    :func:`amp_cast`).
     """
+    return to_numpy(array).astype(np.float32, copy=False)
+
+
+def to_numpy(array: mx.ndarray.NDArray) -> np.ndarray:
+    """``array.asnumpy()``, with bfloat16 data as numpy's ``ml_dtypes.bfloat16``.
+
+    MXNet's own ``asnumpy()`` hands bfloat16 data back as raw uint16 structs;
+    here it comes as `NUMPY_BFLOAT16`, the same bits in a dtype numpy computes
+    with.  Arrays of every other dtype come as ``asnumpy()`` gives them.  Any
+    oneDNN layout.  **One host sync.**
+
+    Examples
+    --------
+    >>> low = mxamp.dtypes.cast(mx.nd.array([1.0, -2.5, 3.14159]), 'bfloat16')
+    >>> mxamp.dtypes.to_numpy(low)
+    array([1, -2.5, 3.14062], dtype=bfloat16)
+    """
+    values = array.asnumpy()
     if array.dtype == BFLOAT16:
-        bits = array.asnumpy().view(np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).reshape(array.shape)
-    return array.asnumpy().astype(np.float32, copy=False)
+        return values.view(NUMPY_BFLOAT16)
+    return values
+
+
+def from_numpy(values: np.ndarray, ctx: Optional[mx.Context] = None) -> mx.ndarray.NDArray:
+    """An NDArray holding `values`, in their dtype; bfloat16 ones bit for bit.
+
+    The inverse of :func:`to_numpy`: a numpy array of ``ml_dtypes.bfloat16``
+    (`NUMPY_BFLOAT16`) becomes an MXNet bfloat16 NDArray with the same bits
+    (``mx.nd.array`` would read it as floats and store float32); any other
+    dtype is kept as ``mx.nd.array(values, dtype=values.dtype)`` keeps it.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+    ctx : mxnet.Context, optional
+        Where the array lives; default: the current context.
+
+    Raises
+    ------
+    TypeError
+        When `values` is not a numpy array.
+    """
+    if not isinstance(values, np.ndarray):
+        raise TypeError('from_numpy(): values must be a numpy array, got %s'
+                        % type(values).__name__)
+    if values.dtype == NUMPY_BFLOAT16:
+        # MXNet copies a uint16 array into its bfloat16 struct field as it is.
+        return mx.nd.array(values.view(np.uint16), ctx=ctx, dtype=BFLOAT16)
+    return mx.nd.array(values, ctx=ctx, dtype=values.dtype)
 
 
 # Whether resolve_dtype said that 'auto' stays float32 on this CPU (once per process).

@@ -81,9 +81,9 @@ inputs (``data``, or ``data0``, ``data1``, ...): the symbolic build in
 :func:`convert` names its inputs the same, so that its graph is the one MXNet
 builds later.  mxamp adds one attribute of its own to each ``Parameter`` of a
 converted tree, ``_mxamp_precision`` (the dtype it gets, decided once:
-`mxamp.dtypes.param_precision` reads it), and to each converted block
-``_mxamp_settings``, ``_mxamp_tree`` (the edit count its tree shares) and
-what its graph was built for.
+`mxamp.dtypes.param_precision` reads it); each converted block carries its
+`mxamp.network_state.NetworkState` (settings, tree, what its graph was built
+for), which this module drives through that module's moves.
 """
 import collections
 import inspect
@@ -102,8 +102,12 @@ from mxnet.gluon import Block, HybridBlock
 from . import dtypes
 from . import graph as graph_mod
 from . import hardware
+from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
-from .policy import Policy, emulates_float16, exclude_matches
+from .network_state import (NetworkState, Settings, Stage, Tree, attach, check_convertible,
+                            converted_state, describe_block, state_of)
+from .migration import from_contrib_amp
+from .policy import exclude_matches
 
 __all__ = ['convert', 'summary', 'is_converted']
 
@@ -111,35 +115,6 @@ _FLOAT32 = np.dtype(np.float32)
 _warned_float16_cpu = False
 _warned_bfloat16_storage_only = False
 _lock = threading.Lock()
-
-
-class _Settings(collections.namedtuple('_Settings', [
-        'dtype',         # the target precision
-        'fp32_ops',      # tuple of operator names forced to FP32
-        'lp_ops',        # tuple of operator names forced to low precision
-        'exclude',       # tuple of node-name patterns kept in FP32
-        'lp_params',     # frozenset of the parameter names stored in `dtype`
-])):
-    """What one convert() call decided, before converting any block; shared by the whole tree."""
-    __slots__ = ()
-
-    @classmethod
-    def decide(cls, dtype, fp32_ops, lp_ops, exclude, fp32_graph, params):
-        """The settings for `fp32_graph` (parsed, `mxamp.graph.load_graph`) and its `params`.
-
-        Raises ValueError for an unknown operator name.
-        """
-        # Which parameters are stored in low precision depends on operator
-        # classes alone (see storable_params): the policy of any device decides it.
-        policy = Policy(dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude)
-        return cls(dtype, tuple(fp32_ops), tuple(lp_ops), tuple(exclude),
-                   frozenset(graph_mod.storable_params(fp32_graph, policy, params)))
-
-    def policy(self, device_type):
-        """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...)."""
-        return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
-                      exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
-                      cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class())
 
 
 # --------------------------------------------------------------------------
@@ -203,7 +178,7 @@ def _sync_params(block):
     the parameter is not initialised yet.  A child converted on its own and
     added later (see `_adopt`) thus keeps the decisions of its own settings.
     """
-    settings = block._mxamp_settings
+    settings = converted_state(block).settings
     for param in block.collect_params().values():
         want = getattr(param, '_mxamp_precision', None)
         if want is None:
@@ -257,8 +232,6 @@ def _restore_low_precision(base):
 class _Converted(object):
     """Mixin placed first in the MRO of a converted block's class."""
 
-    _mxamp_converted = True
-
     # MXNet 1.9.1: _get_graph(*args) builds (and caches in self._cached_graph)
     # the tuple (input symbols, output Group) from hybrid_forward; _build_cache,
     # infer_shape/infer_type and export all read the graph through it.
@@ -277,8 +250,7 @@ class _Converted(object):
             except Exception:
                 self._cached_graph = ()
                 raise
-            self._mxamp_device = device
-            self._mxamp_graph_edits = self._mxamp_tree.edits
+            converted_state(self).graph_built(device)
             self._cached_graph = inputs, conversion.symbol
         return self._cached_graph
 
@@ -296,7 +268,7 @@ class _Converted(object):
     # tree, is rebuilt.
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
-        return super(_Converted, self)._call_cached_op(*args)
+        return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
 
     # MXNet 1.9.1: Block.__setattr__ refuses to replace a Block attribute with a
     # value that is not an instance of the attribute's class, here the
@@ -321,14 +293,26 @@ class _Converted(object):
         """``register_child`` that gives `block` this net's precision (see `_adopt`)."""
         _adopt(self, block)
         super(_Converted, self).register_child(block, name)
-        self._mxamp_tree.edits += 1
+        converted_state(self).child_registered()
 
     def optimize_for(self, x, *args, **kwargs):
         """Refused: `mxamp.for_inference` fuses a converted net and refuses to train it."""
         raise RuntimeError("%s was converted by mxamp: optimize_for would fuse it for inference "
                            "without stopping training through it (MXNet's fused ops return zero "
                            "gradients); call mxamp.for_inference(net, x) instead"
-                           % _describe(self))
+                           % describe_block(self))
+
+    # MXNet 1.9.1: hybridize(backend=...) makes _build_cache partition the graph
+    # with that backend (what optimize_for does), so the same refusal applies;
+    # mxamp.for_inference calls HybridBlock.hybridize itself.
+    def hybridize(self, active=True, backend=None, **kwargs):
+        """``HybridBlock.hybridize``; a `backend` is refused (see `optimize_for`)."""
+        if backend is not None:
+            raise RuntimeError("%s was converted by mxamp: hybridize(backend=%r) would fuse it "
+                               "for inference without stopping training through it (MXNet's "
+                               "fused ops return zero gradients); call "
+                               "mxamp.for_inference(net, x) instead" % (describe_block(self), backend))
+        super(_Converted, self).hybridize(active, **kwargs)
 
     def forward(self, x, *args):
         # Not hybridized (or hybridize(active=False)): still run the converted
@@ -342,7 +326,7 @@ class _Converted(object):
     def cast(self, dtype):
         raise TypeError('%s was converted by mxamp to %s; cast() would override the '
                         'precision policy (convert an FP32 copy of the net instead)'
-                        % (_describe(self), self._mxamp_settings.dtype))
+                        % (describe_block(self), converted_state(self).settings.dtype))
 
     def export(self, path, epoch=0, remove_amp_cast=False):
         """``HybridBlock.export`` that keeps the graph's ``amp_cast`` nodes.
@@ -354,13 +338,17 @@ class _Converted(object):
         if remove_amp_cast:
             raise ValueError('%s was converted by mxamp: its amp_cast nodes are part of the '
                              'mixed-precision graph and cannot be removed on export'
-                             % _describe(self))
+                             % describe_block(self))
         # After a child was added, MXNet's own error asks for a forward call first.
         _drop_stale_graph(self)
         return super(_Converted, self).export(path, epoch, remove_amp_cast=False)
 
     def save_parameters(self, filename, deduplicate=False):
-        """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike."""
+        """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike.
+
+        Written whole or not at all (`mxamp.atomic_files`): an interrupted save
+        leaves the previous file as it was.
+        """
         # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
         # ('features.0.weight') that save_parameters/load_parameters use.
         named = self._collect_params_with_prefix()
@@ -375,7 +363,8 @@ class _Converted(object):
             if name_of_array(value) in LOW_PRECISION:
                 value = cast(value, 'float32')
             arrays[key] = value
-        mx.nd.save(filename, arrays)
+        with replaced_on_success(filename) as temporary:
+            mx.nd.save(temporary, arrays)
 
     def load_parameters(self, filename, ctx=None, allow_missing=False,
                         ignore_extra=False, cast_dtype=False, dtype_source='current'):
@@ -394,7 +383,7 @@ class _Converted(object):
                 cast_dtype=cast_dtype, dtype_source=dtype_source)
         finally:
             for param in low:
-                _set_param_dtype(param, self._mxamp_settings.dtype)
+                _set_param_dtype(param, converted_state(self).settings.dtype)
         _sync_params(self)
 
 
@@ -426,24 +415,10 @@ def is_converted(block: Block) -> bool:
     return isinstance(block, _Converted)
 
 
-class _Tree(object):
-    """What the blocks of one converted tree share: how many children were registered in it.
-
-    A block's graph includes the code of its descendants, and MXNet rebuilds
-    only the graph of the block a child is registered into; each converted
-    block remembers the count its graph was built at (`_drop_stale_graph`).
-    """
-    __slots__ = ('edits',)
-
-    def __init__(self):
-        self.edits = 0
-
-
 def _drop_stale_graph(block, device=None):
     """Clear `block`'s graph and CachedOp when built for another device type than `device`,
     or before a child was registered somewhere in its tree."""
-    if block._cached_graph and (device and device != block._mxamp_device
-                                or block._mxamp_graph_edits != block._mxamp_tree.edits):
+    if block._cached_graph and converted_state(block).graph_is_stale(device):
         block._clear_cached_op()
 
 
@@ -455,7 +430,7 @@ def _adopt(parent, block):
     graph; one converted already keeps its conversion if it has the same
     dtype and operator lists and no exclude beyond the net's (the net's policy
     rewrites its ops inside the net's graph).  Either way it joins `parent`'s
-    `_Tree`.  A non-hybrid block is left to MXNet's refusal; a SymbolBlock,
+    `mxamp.network_state.Tree`.  A non-hybrid block is left to MXNet's refusal; a SymbolBlock,
     which `convert` never converts, keeps FP32 parameters (`_sync_params`).
 
     Raises
@@ -467,38 +442,28 @@ def _adopt(parent, block):
     """
     if not isinstance(block, HybridBlock) or isinstance(block, mx.gluon.SymbolBlock):
         return
-    settings = parent._mxamp_settings
+    parent_state = converted_state(parent)
+    settings = parent_state.settings
     if not is_converted(block):
-        _convert_tree(block, graph_mod.load_graph(_fp32_graph(block)), settings.dtype,
-                      settings.fp32_ops, settings.lp_ops, settings.exclude, parent._mxamp_tree)
+        _convert_tree(block, graph_mod.load_graph(_fp32_graph(block)), settings, parent_state.tree)
         return
-    own = block._mxamp_settings
-    if (own.dtype, set(own.fp32_ops), set(own.lp_ops)) != \
-            (settings.dtype, set(settings.fp32_ops), set(settings.lp_ops)) or \
-            not set(own.exclude) <= set(settings.exclude):
+    own = converted_state(block).settings
+    if not own.same_policy(settings):
         raise ValueError("%s was converted by mxamp with other settings (%s) than %s, which it "
                          "would join (%s): add it unconverted (FP32), and it takes the net's settings"
-                         % (_describe(block), _settings_text(own), _describe(parent),
-                            _settings_text(settings)))
+                         % (describe_block(block), own.text(), describe_block(parent),
+                            settings.text()))
     for sub in _walk(block):
         if is_converted(sub):
-            sub._mxamp_tree = parent._mxamp_tree
-
-
-def _settings_text(settings):
-    """`settings` as the arguments of `convert` that made it (those given)."""
-    given = [('fp32_ops', settings.fp32_ops), ('lp_ops', settings.lp_ops),
-             ('exclude', settings.exclude)]
-    return ', '.join([settings.dtype] + ['%s=%s' % (key, list(value)) for key, value in given if value])
+            converted_state(sub).join(parent_state)
 
 
 def chosen_precision(block: Block) -> Optional[str]:
     """The precision :func:`convert` gave `block`: its dtype, ``'float32'`` when
     convert kept it in FP32 (asked for float32, or ``'auto'`` on a CPU without
     bfloat16 kernels), None when convert never saw it."""
-    if is_converted(block):
-        return block._mxamp_settings.dtype
-    return 'float32' if getattr(block, '_mxamp_float32_reason', None) else None
+    state = state_of(block)
+    return state.precision if state is not None else None
 
 
 # --------------------------------------------------------------------------
@@ -509,6 +474,23 @@ def _device_type(args):
         if isinstance(arg, mx.nd.NDArray):
             return arg.context.device_type
     return None
+
+
+def _float32_inputs(args):
+    """`args` with float16 and bfloat16 NDArrays cast to FP32 (nested lists kept).
+
+    A converted graph reads FP32 inputs, as the FP32 net does, and casts them
+    where its policy says; data from a low-precision input pipeline is exact
+    in FP32, and MXNet would otherwise stop at the first op with "expected
+    float32, got float16".
+    """
+    def to_float32(arg):
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(to_float32(a) for a in arg)
+        if isinstance(arg, mx.nd.NDArray) and name_of_array(arg) in LOW_PRECISION:
+            return cast(arg, 'float32')
+        return arg
+    return [to_float32(arg) for arg in args]
 
 
 def _flat(items: Iterable[Any]) -> Iterator[Any]:
@@ -557,11 +539,12 @@ def _conversion(block, fp32_symbol, device_type, shapes):
     shapes is exact: shapes only choose between exact layouts.
     """
     identity = _graph_identity(fp32_symbol)
-    cached = block._mxamp_conversions.get(device_type)
+    state = converted_state(block)
+    cached = state.conversion_for(device_type)
     if cached is None or cached[0] != identity or any(
             cached[1].shapes.get(name) != tuple(shape) for name, shape in shapes.items()):
         cached = identity, _rewrite(block, fp32_symbol, device_type, shapes)
-        block._mxamp_conversions[device_type] = cached
+        state.remember_conversion(device_type, *cached)
     return cached[1]
 
 
@@ -580,7 +563,7 @@ def _graph_identity(symbol):
 
 def _rewrite(block, fp32_symbol, device_type, shapes):
     """Converted graph of `block`: mxamp.graph.convert_graph under the tree's policy."""
-    settings = block._mxamp_settings
+    settings = converted_state(block).settings
     policy = settings.policy(device_type)
     if policy.emulate_float16:
         _warn_float16_cpu()
@@ -646,16 +629,12 @@ def _fp32_graph(block):
     except Exception as err:  # any failure means the block cannot be traced
         raise TypeError('%s cannot be turned into a graph (its hybrid_forward must work with '
                         'F=mx.sym, as for hybridize()), so mxamp cannot convert it: %s: %s'
-                        % (_describe(block), type(err).__name__, graph_mod.error_line(err)))
+                        % (describe_block(block), type(err).__name__, graph_mod.error_line(err)))
     outputs = list(_flat([out])) if isinstance(out, (list, tuple)) else [out]
     if not all(isinstance(o, mx.sym.Symbol) for o in outputs):
         raise TypeError('%s returns non-Symbol outputs when traced; mxamp cannot convert it'
-                        % _describe(block))
+                        % describe_block(block))
     return mx.sym.Group(outputs)
-
-
-def _describe(block: Block) -> str:
-    return "%s '%s'" % (type(block).__name__, block.name)
 
 
 # --------------------------------------------------------------------------
@@ -664,8 +643,9 @@ def _describe(block: Block) -> str:
 # One entry of convert's `exclude`: a block, a block type, or a name (or pattern).
 _Excluded = Union[Block, Type[Block], str]
 
-def _exclude_patterns(net, exclude, node_names):
-    """Node-name patterns for Policy(exclude=...) from blocks, block types and names."""
+def _exclude_patterns(net, exclude, node_names, option='exclude'):
+    """Node-name patterns for Policy(exclude=...) from blocks, block types and names;
+    errors name the keyword the caller used (`option`: exclude, excluded_sym_names)."""
     if exclude is None:
         return []
     if isinstance(exclude, (str, type, Block)):
@@ -675,14 +655,14 @@ def _exclude_patterns(net, exclude, node_names):
     for item in exclude:
         if isinstance(item, type):
             if not issubclass(item, Block):
-                raise TypeError('exclude=%r: a type in exclude must be a Block subclass' % (item,))
+                raise TypeError('%s=%r: a type in %s must be a Block subclass' % (option, item, option))
             found = [b for b in blocks if isinstance(b, item)]
             if not found:
-                raise ValueError('exclude=%s: the net has no block of that type' % item.__name__)
+                raise ValueError('%s=%s: the net has no block of that type' % (option, item.__name__))
             patterns.extend(b.prefix + '*' for b in found)
         elif isinstance(item, Block):
             if not any(b is item for b in blocks):
-                raise ValueError('exclude: %s is not part of the net' % _describe(item))
+                raise ValueError('%s: %s is not part of the net' % (option, describe_block(item)))
             patterns.append(item.prefix + '*')
         elif isinstance(item, str):
             block = _find_block(net, blocks, item)
@@ -691,11 +671,11 @@ def _exclude_patterns(net, exclude, node_names):
             else:
                 pattern = item
                 if not any(exclude_matches(name, pattern) for name in node_names):
-                    raise ValueError("exclude=%r matches no block (by name, prefix or child "
-                                     "path such as 'features.3') and no graph node" % item)
+                    raise ValueError("%s=%r matches no block (by name, prefix or child "
+                                     "path such as 'features.3') and no graph node" % (option, item))
                 patterns.append(pattern)
         else:
-            raise TypeError('exclude=%r: expected blocks, block types or names' % (item,))
+            raise TypeError('%s=%r: expected blocks, block types or names' % (option, item))
     return patterns
 
 
@@ -723,9 +703,14 @@ def _find_block(net, blocks, text):
 # --------------------------------------------------------------------------
 # Public API
 
-def convert(net: HybridBlock, dtype: DTypeLike = 'auto', *,
+def convert(net: HybridBlock, dtype: Optional[DTypeLike] = None, *,
             exclude: Union[_Excluded, Sequence[_Excluded], None] = None,
-            fp32_ops: Optional[Sequence[str]] = None, lp_ops: Optional[Sequence[str]] = None
+            fp32_ops: Optional[Sequence[str]] = None, lp_ops: Optional[Sequence[str]] = None,
+            target_dtype: Optional[DTypeLike] = None,
+            target_dtype_ops: Optional[Sequence[str]] = None,
+            conditional_fp32_ops: Optional[Sequence[Tuple[str, str, Sequence[str]]]] = None,
+            excluded_sym_names: Optional[Sequence[str]] = None,
+            cast_optional_params: Optional[bool] = None, ctx: Optional[mx.Context] = None
             ) -> HybridBlock:
     """Convert a Gluon HybridBlock to mixed precision, in place; returns `net`.
 
@@ -749,6 +734,13 @@ def convert(net: HybridBlock, dtype: DTypeLike = 'auto', *,
         ``fnmatch`` patterns on graph node names.
     fp32_ops, lp_ops : list of str
         MXNet operator names forced to FP32 / to low precision.
+    target_dtype, target_dtype_ops, conditional_fp32_ops, excluded_sym_names, cast_optional_params, ctx
+        MXNet ``contrib.amp.convert_hybrid_block``'s keywords, with its meaning
+        (`mxamp.migration` says how each maps): `target_dtype` is `dtype`
+        (contrib.amp's default was ``'float16'``, mxamp's is ``'auto'``),
+        `excluded_sym_names` node names for `exclude`, `ctx` moves the
+        parameters there after converting.  `cast_optional_params` may be
+        True (what mxamp does) or left out.
 
     Returns
     -------
@@ -762,51 +754,64 @@ def convert(net: HybridBlock, dtype: DTypeLike = 'auto', *,
         symbolically.
     ValueError
         Unknown dtype or operator name, an `exclude` entry that matches nothing,
-        a net that is already converted.
+        a net that is already converted, ``cast_optional_params=False``.
+    TypeError
+        An option given in both spellings (``dtype`` and ``target_dtype``).
     """
     if not isinstance(net, HybridBlock):
         raise TypeError('mxamp.convert needs a gluon HybridBlock (the precision policy works on '
                         'its graph); got %s. Use HybridSequential/HybridBlock, or convert its '
                         'HybridBlock children one by one' % (
-                            _describe(net) if isinstance(net, Block) else type(net).__name__))
+                            describe_block(net) if isinstance(net, Block) else type(net).__name__))
     if isinstance(net, mx.gluon.SymbolBlock):
         raise TypeError('mxamp.convert does not convert a SymbolBlock; convert its symbol '
                         'with mxamp.graph.convert_graph instead')
-    if is_converted(net):
-        raise ValueError('%s is already converted by mxamp (to %s)'
-                         % (_describe(net), net._mxamp_settings.dtype))
-    ctxs = _param_contexts(net)
+    check_convertible(net)
+    options = from_contrib_amp('convert', dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude,
+                               target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                               conditional_fp32_ops=conditional_fp32_ops,
+                               excluded_sym_names=excluded_sym_names,
+                               cast_optional_params=cast_optional_params, ctx=ctx)
+    if options.cast_params is False:
+        raise ValueError('mxamp.convert stores the parameters that only low-precision operators '
+                         'read in the low precision (contrib.amp\'s cast_optional_params=True); '
+                         'cast_optional_params=False is not supported: leave it out')
+    dtype = 'auto' if options.dtype is None else options.dtype
+    ctxs = [options.ctx] if options.ctx is not None else _param_contexts(net)
     name = dtypes.resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
         # Not converted; summary() says why ('auto': resolve_dtype warned once already).
         if isinstance(dtype, str) and dtype.lower() == 'auto':
-            net._mxamp_float32_reason = ("dtype='auto' kept it in float32 on this %s"
-                                         % hardware.describe_cpu_class())
+            reason = "dtype='auto' kept it in float32 on this %s" % hardware.describe_cpu_class()
         else:
-            net._mxamp_float32_reason = 'mxamp.convert was asked for float32 (%r)' % (dtype,)
+            reason = 'mxamp.convert was asked for float32 (%r)' % (dtype,)
+        attach(net, NetworkState.kept_float32(reason))
         return net
     fp32 = graph_mod.load_graph(_fp32_graph(net))
     node_names = [n['name'] for n in fp32['nodes'] if n['op'] != 'null']
-    patterns = _exclude_patterns(net, exclude, node_names)
-    _convert_tree(net, fp32, name, fp32_ops or (), lp_ops or (), patterns, _Tree())
+    patterns = _exclude_patterns(net, options.exclude, node_names, options.exclude_option)
+    rules = Settings.rules(name, options.fp32_ops, options.lp_ops, patterns,
+                           lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
+    _convert_tree(net, fp32, rules, Tree())
+    if options.ctx is not None:
+        # contrib.amp's convert_hybrid_block(ctx=...): where the parameters live.
+        net.collect_params().reset_ctx(options.ctx)
     return net
 
 
-def _convert_tree(net, fp32, dtype, fp32_ops, lp_ops, exclude, tree):
-    """Convert the HybridBlocks of `net`'s tree under one `_Settings`, decided on `fp32`
-    (its parsed FP32 graph), as members of `tree`; then cast its parameters."""
+def _convert_tree(net, fp32, rules, tree):
+    """Convert the HybridBlocks of `net`'s tree under `rules` (`mxamp.network_state.Settings`),
+    their low-precision parameters decided on `fp32` (its parsed FP32 graph), as members of
+    `tree`; then cast its parameters."""
     # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
     params = {p.name for p in net.collect_params().values()
               if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
     # No graph is converted here: each block's is, when it is built (_get_graph).
-    settings = _Settings.decide(dtype, fp32_ops, lp_ops, exclude, fp32, params)
+    settings = rules.decided_for(fp32, params)
     for block in _walk(net):
         if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
+            attach(block, NetworkState.converted(settings, tree))
             block.__class__ = _mixed_class(_Converted, type(block))
-            block._mxamp_settings = settings
-            block._mxamp_tree = tree
-            block._mxamp_conversions = {}    # device type -> (_graph_identity, Conversion)
-            block._mxamp_device = None       # device type of the graph built, if any
         block._clear_cached_op()
     _sync_params(net)
 
@@ -822,17 +827,16 @@ def conversion_of(net: HybridBlock) -> Tuple[graph_mod.Conversion, str]:
     TypeError
         `net` is not converted.
     """
-    if not is_converted(net):
-        raise TypeError('%s is not converted by mxamp: call mxamp.convert(net) first'
-                        % (_describe(net) if isinstance(net, Block) else type(net).__name__))
+    state = converted_state(net)
     _drop_stale_graph(net)
-    if net._cached_graph:
-        device = net._mxamp_device
-    else:
-        device = _params_device_type(net)
-        if device not in net._mxamp_conversions:
-            _conversion(net, _fp32_graph(net), device, _known_shapes(net))
-    return net._mxamp_conversions[device][1], device
+    last = state.last_conversion() if net._cached_graph else None
+    if last is not None:
+        return last
+    device = _params_device_type(net)
+    cached = state.conversion_for(device)
+    if cached is not None:
+        return cached[1], device
+    return _conversion(net, _fp32_graph(net), device, _known_shapes(net)), device
 
 
 def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) -> str:
@@ -856,18 +860,18 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     -------
     str
     """
-    float32_reason = getattr(net, '_mxamp_float32_reason', None)
+    state = state_of(net)
     # Set by mxamp.for_inference: what it fused, and that the net cannot train.
-    inference = getattr(net, '_mxamp_inference', None)
-    if float32_reason is not None and not is_converted(net):
-        text = 'mxamp summary: %s runs in float32: %s' % (_describe(net), float32_reason)
+    inference = state.fused_for_inference if state is not None else None
+    if state is not None and state.stage is Stage.KEPT_FLOAT32:
+        text = 'mxamp summary: %s runs in float32: %s' % (describe_block(net), state.float32_reason)
         if inference is not None:
             text += '\n' + inference
         if print_fn is not None:
             print_fn(text)
         return text
     conversion, device = conversion_of(net)
-    settings = net._mxamp_settings
+    settings = converted_state(net).settings
     policy = settings.policy(device)
     rows = []
     counts: Counter[str] = collections.Counter()
@@ -894,7 +898,7 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     else:
         how = ''
     lines = ['mxamp summary: %s converted to %s (graph built for %s%s)'
-             % (_describe(net), settings.dtype, device or 'cpu', how)]
+             % (describe_block(net), settings.dtype, device or 'cpu', how)]
     if inference is not None:
         lines.append(inference)
     lines += [fmt % ('node', 'op', 'computes in', 'casts on inputs'),

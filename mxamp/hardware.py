@@ -7,7 +7,9 @@ This module answers three questions for the rest of mxamp (which precision
   and the number of GPUs;
 * how the CPU computes bfloat16 (:func:`cpu_class`): one of four classes,
   capped by a user's ``DNNL_MAX_CPU_ISA`` as oneDNN caps itself;
-* how to make oneDNN use the AMX bfloat16 kernels (:func:`enable_amx`).
+* how to make oneDNN use the AMX bfloat16 kernels (:func:`enable_amx`);
+* how many OpenMP threads MXNet computes with in this process
+  (:func:`mxnet_openmp_threads`), and the environment variables that change it.
 
 CPU classes
 -----------
@@ -67,11 +69,13 @@ import platform
 import sys
 import warnings
 from types import FrameType
-from typing import Any, Dict, FrozenSet, Optional, cast
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, cast
 
-__all__ = ['cpu_flags', 'has_avx512_bf16', 'has_amx_bf16', 'usable_cpus', 'gpu_count',
-           'cpu_class', 'computes_bfloat16', 'describe_cpu_class', 'isa_cap', 'enable_amx', 'describe',
-           'CPU_CLASSES']
+__all__ = ['cpu_flags', 'cpu_model', 'has_avx512_bf16', 'has_amx_bf16', 'usable_cpus', 'gpu_count',
+           'cpu_class', 'computes_bfloat16', 'describe_cpu_class', 'class_lowered_by', 'isa_cap',
+           'enable_amx', 'describe', 'CPU_CLASSES', 'mxnet_openmp_threads', 'mxnet_openmp_runtime',
+           'launch_environment', 'performance_variables', 'PERFORMANCE_VARIABLES',
+           'MXNET_OPENMP_SONAMES']
 
 logger = logging.getLogger('mxamp')
 
@@ -126,6 +130,18 @@ def cpu_flags() -> FrozenSet[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform.processor()`` says."""
+    try:
+        with open('/proc/cpuinfo') as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def has_avx512_bf16() -> bool:
@@ -199,6 +215,23 @@ def describe_cpu_class(klass: Optional[str] = None) -> str:
     return '%r class %s' % (klass, _CLASS_TEXT[klass])
 
 
+def class_lowered_by() -> List[str]:
+    """What keeps this CPU's class below the class of its flags, in words; empty when nothing.
+
+    ``DNNL_MAX_CPU_ISA`` when it lowered the class, and on a CPU with AMX
+    tiles, AMX left off (``MXAMP_AMX=0``, a user's ``DNNL_MAX_CPU_ISA``, or
+    Linux refusing the tile permission: :func:`enable_amx`).
+    """
+    why = []
+    klass, cap = cpu_class(), isa_cap()
+    if cap is not None and cap == klass and CPU_CLASSES.index(cap) < CPU_CLASSES.index(_hardware_class()):
+        why.append('DNNL_MAX_CPU_ISA=%s' % os.environ.get('DNNL_MAX_CPU_ISA'))
+    if has_amx_bf16() and not _amx_enabled:
+        why.append('AMX left off (MXAMP_AMX=0, a DNNL_MAX_CPU_ISA of the user, or Linux refused '
+                   'the tile permission)')
+    return why
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask), as OpenMP counts them."""
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') \
@@ -212,6 +245,96 @@ def gpu_count() -> int:
         return mx.context.num_gpus()
     except mx.base.MXNetError:
         return 0
+
+
+# Environment variables that change how MXNet computes (prefixes): the benchmark
+# records them, `mxamp info` shows them.
+PERFORMANCE_VARIABLES = ('OMP_', 'KMP_', 'GOMP_', 'MXNET_', 'DNNL_', 'MKLDNN_', 'MXAMP_',
+                         'LD_PRELOAD')
+# The OpenMP runtimes libmxnet.so links (GNU, Intel), by soname.
+MXNET_OPENMP_SONAMES = ('libgomp.so.1', 'libiomp5.so')
+
+
+def launch_environment() -> Dict[str, str]:
+    """The environment this process was started with (``/proc/self/environ``).
+
+    Not ``os.environ``: packages set variables of their own when imported
+    (scikit-learn, which ``import mxnet`` loads, sets ``KMP_DUPLICATE_LIB_OK``
+    and ``KMP_INIT_AT_FORK``), and mxamp itself may set ``DNNL_MAX_CPU_ISA``
+    (:func:`enable_amx`).  ``os.environ`` where ``/proc`` is missing.
+    """
+    try:
+        with open('/proc/self/environ', 'rb') as handle:
+            raw = handle.read()
+    except OSError:
+        return dict(os.environ)
+    pairs = (entry.decode('utf-8', 'replace').partition('=') for entry in raw.split(b'\0') if entry)
+    return {key: value for key, _, value in pairs}
+
+
+def performance_variables(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The variables of `environ` (default: :func:`launch_environment`) that change how
+    MXNet computes, sorted by name."""
+    environ = launch_environment() if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(PERFORMANCE_VARIABLES)}
+
+
+def _mapped_files() -> List[str]:
+    """Paths of the files mapped into this process, once each, in address order."""
+    paths = []
+    with open('/proc/self/maps') as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith('/'):
+                paths.append(fields[5].rstrip('\n'))
+    return list(dict.fromkeys(paths))
+
+
+def mxnet_openmp_runtime(paths: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
+    """Which of the mapped `paths` is the OpenMP runtime libmxnet.so uses.
+
+    Other packages map their own copies beside it (scikit-learn's
+    ``scikit_learn.libs/libgomp-<hash>.so.1.0.0``), with settings of their
+    own: only a file named after a soname libmxnet.so links counts.
+
+    Returns
+    -------
+    tuple
+        ``(path, None)``, or ``(None, why)`` when there is none or more than one.
+    """
+    runtimes = [p for p in paths if os.path.basename(p).startswith(MXNET_OPENMP_SONAMES)]
+    if len(runtimes) == 1:
+        return runtimes[0], None
+    if runtimes:
+        return None, 'several OpenMP runtimes mapped: %s' % ', '.join(runtimes)
+    others = [p for p in paths if os.path.basename(p).startswith(('libgomp', 'libiomp5'))]
+    return None, 'no %s mapped (other OpenMP runtimes: %s)' % (
+        ' or '.join(MXNET_OPENMP_SONAMES), ', '.join(others) or 'none')
+
+
+def mxnet_openmp_threads() -> Dict[str, Any]:
+    """The number of OpenMP threads MXNet computes with in this process.
+
+    libmxnet.so fixes it when it loads (``OMP_NUM_THREADS``, or half the
+    logical CPUs when unset) by setting the loading thread's OpenMP count:
+    asked on the main thread, after ``import mxnet``.
+
+    Returns
+    -------
+    dict
+        ``openmp_threads`` (``omp_get_max_threads()`` of MXNet's OpenMP runtime,
+        or None), ``openmp_runtime`` (its path, or None) and, when the count is
+        None, ``openmp_unknown`` (why).
+    """
+    path, why = mxnet_openmp_runtime(_mapped_files())
+    if path is not None:
+        try:
+            # RTLD_NOLOAD: the copy libmxnet.so uses, never a fresh one with its own settings.
+            runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+            return {'openmp_threads': int(runtime.omp_get_max_threads()), 'openmp_runtime': path}
+        except (OSError, AttributeError) as exc:
+            why = '%s: %s' % (path, exc)
+    return {'openmp_threads': None, 'openmp_runtime': path, 'openmp_unknown': why}
 
 
 def user_stacklevel() -> int:

@@ -49,9 +49,9 @@ with ``_backend`` and makes the CachedOp, without running it: what
 ``optimize_for`` does after ``hybridize``), ``_cached_graph`` (the partitioned
 graph, whose fused nodes are reported), ``_clear_cached_op``, and
 ``Parameter._data`` / ``_deferred_init`` (whether a parameter is initialised,
-deferred or not).  mxamp adds an attribute of its own: ``_mxamp_inference``
-on the net (the line `mxamp.summary` prints); its parameters carry
-`mxamp.fusion`'s mark.
+deferred or not).  What was fused is kept in the net's
+`mxamp.network_state.NetworkState` (the line `mxamp.summary` prints); its
+parameters carry `mxamp.fusion`'s mark.
 """
 import mxnet as mx
 from mxnet import autograd
@@ -62,6 +62,7 @@ from . import gluon as gluon_mod
 from .dtypes import DTypeLike
 from .fusion import (BACKEND, FIX, REFUSAL, check_trainable_params, check_trainable_symbol,
                      format_fusions, fuse_symbol, fused_nodes, mark_inference_only)
+from .network_state import describe_block, seen_state
 
 __all__ = ['for_inference', 'fuse_symbol', 'fused_nodes', 'format_fusions',
            'check_trainable_params', 'check_trainable_symbol']
@@ -76,8 +77,27 @@ class _InferenceOnly(object):
         if autograd.is_recording():
             raise RuntimeError('%s was made by mxamp.for_inference: %s; %s (or, to use it frozen '
                                'inside a recorded graph, call it under autograd.pause())'
-                               % (gluon_mod._describe(self), REFUSAL, FIX))
+                               % (describe_block(self), REFUSAL, FIX))
         return super(_InferenceOnly, self).forward(x, *args)
+
+    # MXNet 1.9.1: _build_cache partitions the graph (with the backend
+    # for_inference set, HybridBlock._backend) whenever it was cleared: after
+    # load_parameters, or a child registered anywhere in the tree.  As in
+    # for_inference, an unfused build comes first: a child's deferred or FP32
+    # parameters get their shapes and mxamp dtype before the backend reads
+    # them (it refuses a float32 weight in a bfloat16 graph).  A child's
+    # parameters are part of the fused graph from then on: they get the mark too.
+    def _build_cache(self, *args):
+        backend = self._backend
+        if backend:
+            self._backend = None
+            try:
+                super(_InferenceOnly, self)._build_cache(*args)
+            finally:
+                self._backend = backend
+            self._clear_cached_op()
+        super(_InferenceOnly, self)._build_cache(*args)
+        mark_inference_only(self.collect_params().values(), describe_block(self))
 
     def load_parameters(self, *args, **kwargs):
         """``load_parameters`` whose values the fused graph uses from the next call on."""
@@ -170,7 +190,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     if uninitialised:
         raise RuntimeError("mxamp.for_inference: parameter '%s' of %s is not initialised; call "
                            "net.initialize() or net.load_parameters() first"
-                           % (uninitialised[0], gluon_mod._describe(net)))
+                           % (uninitialised[0], describe_block(net)))
     kept = gluon_mod.chosen_precision(net)
     if kept is not None:
         # The user's precision stands, float32 included: 'auto' is for unconverted nets.
@@ -178,7 +198,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
                 dtypes.resolve_dtype(dtype, arrays[0].context) != kept:
             raise ValueError('mxamp.for_inference: %s is converted to %s, dtype=%r asks for '
                              'another precision (give dtype=\'auto\' to keep it, or convert an '
-                             'FP32 copy)' % (gluon_mod._describe(net), kept, dtype))
+                             'FP32 copy)' % (describe_block(net), kept, dtype))
     else:
         gluon_mod.convert(net, dtype)
     backend = BACKEND if device == 'cpu' else None
@@ -188,12 +208,13 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     net.hybridize(True, backend=None, clear=True, **flags)
     net._build_cache(*inputs)
     if backend:
-        net.hybridize(True, backend=backend, clear=True, **flags)
+        # HybridBlock's own: a converted block's hybridize refuses a backend to its users.
+        HybridBlock.hybridize(net, True, backend=backend, clear=True, **flags)
         net._build_cache(*inputs)
         line = format_fusions(fused_nodes(net._cached_graph[1]))
     else:
         line = 'not fused (MXNet 1.9.1 has no oneDNN backend on %s)' % device
     net.__class__ = gluon_mod._mixed_class(_InferenceOnly, type(net))
-    net._mxamp_inference = '%s; inference only (training through it raises)' % line
-    mark_inference_only(net.collect_params().values(), gluon_mod._describe(net))
+    seen_state(net).mark_fused_for_inference('%s; inference only (training through it raises)' % line)
+    mark_inference_only(net.collect_params().values(), describe_block(net))
     return net

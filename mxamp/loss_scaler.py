@@ -5,8 +5,10 @@ overflow check of gradients on any number of contexts and in any dtypes (one
 host sync; distributed workers agree through :func:`mxamp.kvkeys.agree_overflow`),
 on a skipped step the check of the loss itself (a loss that is not finite is
 no gradient overflow: the scale is kept), the check that a step's gradients
-were scaled at all, its state, and a Module's step
-(:meth:`LossScaler.update_module`).  :class:`mxamp.Trainer` drives one for Gluon.
+were scaled at all, its state, a Module's step (:meth:`LossScaler.update_module`),
+and the calls that ``torch.amp``'s ``GradScaler`` users reach for (``enabled=``,
+:meth:`LossScaler.get_scale`, :meth:`LossScaler.is_enabled`,
+:meth:`LossScaler.set_scale`).  :class:`mxamp.Trainer` drives one for Gluon.
 
 MXNet internals relied on (MXNet 1.9.1):
 
@@ -57,6 +59,28 @@ def _positive(name: str, value: Any) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError('%s must be a positive finite number, got %r' % (name, value))
     return value
+
+
+def _check_overflow_flag(overflow: Any) -> None:
+    """Refuse an `overflow` that is not a bool (Python's or numpy's).
+
+    ``torch.amp``'s ``GradScaler.update(new_scale)`` takes a new scale, and
+    ``GradScaler.update()`` takes nothing: read as a verdict, a scale such as
+    1024.0 would be "overflow" and cut the scale, silently.
+    """
+    if isinstance(overflow, (bool, np.bool_)):
+        return
+    start = 'LossScaler.update(overflow) takes whether the step overflowed (True or False), got '
+    if overflow is None:
+        raise TypeError(start + "nothing: torch.amp's GradScaler.update() finds that by itself; "
+                        'mxamp.Trainer.step() and ModuleTrainer.step() already call update(), '
+                        'and LossScaler.set_scale(value) sets a new scale')
+    if isinstance(overflow, (int, float, np.number)):
+        raise TypeError(start + "%s %r: torch.amp's GradScaler.update(new_scale) takes a new "
+                        'scale, which mxamp sets with LossScaler.set_scale(%r)'
+                        % (type(overflow).__name__, overflow, overflow))
+    raise TypeError(start + '%s: LossScaler.has_overflow(grads) gives it as a bool'
+                    % type(overflow).__name__)
 
 
 def _flat_grads(arrays: Iterable[Optional[mx.nd.NDArray]]) -> List[mx.nd.NDArray]:
@@ -209,6 +233,42 @@ class LossScaler(object):
         skipped_steps)``; after a step whose loss is not finite,
         ``next_loss_scale`` equals ``loss_scale``.  Skips are also logged at
         INFO level on the ``mxamp.trainer`` logger.
+    enabled : bool, default True
+        False makes a scaler that does nothing, as ``GradScaler(enabled=False)``
+        does, for one script with and without mixed precision
+        (``LossScaler(enabled=use_amp)``): its scale is 1.0 and never changes,
+        :meth:`scale` returns the loss as it is, :meth:`has_overflow` checks
+        nothing (False), :meth:`update`, :meth:`set_scale` and
+        :meth:`load_state_dict` change nothing, :meth:`update_module` always
+        updates.  Every method stays callable.  :class:`mxamp.Trainer` and
+        :class:`mxamp.ModuleTrainer` given a disabled scaler train without loss
+        scaling, as with ``loss_scale=None`` (their ``loss_scaler`` is None).
+        The other arguments are still checked.
+
+    Notes
+    -----
+    For ``torch.amp`` users, ``GradScaler``'s calls and mxamp's:
+
+    * ``GradScaler(init_scale=..., growth_factor=..., backoff_factor=...,
+      growth_interval=..., enabled=...)``: ``LossScaler`` with the same
+      keywords (without `init_scale`, mxamp's first descent is faster: see
+      above); ``mxamp.Trainer(..., loss_scale=scaler)`` uses it.
+    * ``scaler.scale(loss)``: :meth:`scale`, or with :class:`mxamp.Trainer`,
+      ``with trainer.scale_loss(loss) as scaled: autograd.backward(scaled)``.
+    * ``scaler.unscale_(optimizer)``: ``trainer.unscale()``; clipping needs none
+      (``trainer.clip_global_norm(max_norm)`` reports the unscaled norm).
+    * ``scaler.step(optimizer)`` then ``scaler.update()``:
+      ``trainer.step(batch_size)`` does both and returns False for a skipped
+      step.  By hand: :meth:`has_overflow`, then :meth:`update` with that
+      verdict, a bool, never a scale.
+    * ``scaler.update(new_scale)``: :meth:`set_scale`.
+    * ``scaler.get_scale()``, ``scaler.is_enabled()``: :meth:`get_scale`
+      (also :attr:`loss_scale`), :meth:`is_enabled`.
+    * ``scaler.state_dict()``, ``scaler.load_state_dict(state)``: the same
+      names; ``trainer.save_states(fname)`` also saves this state.
+    * ``get_growth_factor()``, ``get_backoff_factor()``,
+      ``get_growth_interval()``: the attributes ``growth_factor``,
+      ``backoff_factor``, ``growth_interval``.
 
     Examples
     --------
@@ -231,6 +291,15 @@ class LossScaler(object):
     >>> mod.backward(scaler.out_grads(mod.get_outputs()))
     >>> scaler.update_module(mod)     # False when the step was skipped
     True
+
+    A switch for runs with and without mixed precision, and a new scale set
+    by hand, where ``torch.amp``'s ``GradScaler.update(new_scale)`` would:
+
+    >>> mxamp.LossScaler(enabled=False).get_scale()
+    1.0
+    >>> scaler.set_scale(1024.0)
+    >>> scaler.get_scale(), scaler.is_enabled()
+    (1024.0, True)
     """
 
     #: The start when `init_scale` is not given, and the largest factor of its
@@ -242,7 +311,10 @@ class LossScaler(object):
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, min_scale: float = 1.0, max_scale: float = 2.0 ** 24,
                  at_min_scale: str = 'warn',
-                 on_overflow: Optional[Callable[[OverflowInfo], Any]] = None) -> None:
+                 on_overflow: Optional[Callable[[OverflowInfo], Any]] = None,
+                 enabled: bool = True) -> None:
+        if not isinstance(enabled, (bool, np.bool_)):
+            raise TypeError('LossScaler: enabled must be True or False, got %r' % (enabled,))
         self._configure(dict(loss_scale=self.DEFAULT_INIT_SCALE if init_scale is None
                              else init_scale, dynamic=dynamic,
                              growth_factor=growth_factor, backoff_factor=backoff_factor,
@@ -252,6 +324,9 @@ class LossScaler(object):
         if on_overflow is not None and not callable(on_overflow):
             raise TypeError('on_overflow must be callable, got %r' % (on_overflow,))
         self.on_overflow = on_overflow
+        self._enabled = bool(enabled)
+        if not self._enabled:
+            self._scale = 1.0
         self._clean_steps = 0
         self._skipped_steps = 0
         self._steps = 0
@@ -308,6 +383,63 @@ class LossScaler(object):
         """The current loss scale (a Python float; no host sync)."""
         return self._scale
 
+    def get_scale(self) -> float:
+        """The current loss scale, as :attr:`loss_scale` (``GradScaler.get_scale()``).
+
+        1.0 for a disabled scaler.  A Python float; no host sync.
+        """
+        return self._scale
+
+    def is_enabled(self) -> bool:
+        """Whether this scaler scales at all (``enabled=`` at construction;
+        ``GradScaler.is_enabled()``)."""
+        return self._enabled
+
+    def set_scale(self, value: float) -> None:
+        """Use `value` as the loss scale from the next step on.
+
+        What ``torch.amp``'s ``GradScaler.update(new_scale)`` does (here,
+        :meth:`update` takes the step's outcome instead).  The scale starts
+        again from `value`, as if it were `init_scale`: a dynamic scaler counts
+        its `growth_interval` clean steps from here, and its next overflow
+        multiplies it by `backoff_factor` (no fast first descent).  A fixed
+        scaler (``dynamic=False``) keeps `value` as its scale.  The counters of
+        steps and skipped steps go on.  A disabled scaler checks `value` and
+        keeps its scale of 1.0.  No host sync.
+
+        Parameters
+        ----------
+        value : float
+            A positive finite number; for a dynamic scaler, within
+            [`min_scale`, `max_scale`].
+
+        Raises
+        ------
+        ValueError
+            When `value` is not a positive finite number (or is a bool), or is
+            outside a dynamic scaler's bounds.
+        RuntimeError
+            When :meth:`scale` or :meth:`out_grads` ran since the last
+            :meth:`update`: that step's gradients carry the current scale,
+            which the step divides them by.  Set the scale after the step.
+        """
+        if isinstance(value, (bool, np.bool_)):
+            raise ValueError('set_scale(): the loss scale must be a positive finite number, '
+                             'not a bool')
+        scale = _positive('set_scale(): the loss scale', value)
+        if self.dynamic and not self.min_scale <= scale <= self.max_scale:
+            raise ValueError('set_scale(): the loss scale %r must lie within [min_scale, '
+                             'max_scale] = [%r, %r]' % (value, self.min_scale, self.max_scale))
+        if not self._enabled:
+            return
+        if self._scaled:
+            raise RuntimeError('set_scale(%r) between scale() (or out_grads()) and the step: '
+                               'these gradients carry the loss scale %g, which the step divides '
+                               'them by; set the scale after the step' % (value, self._scale))
+        self._scale = scale
+        self._clean_steps = 0
+        self._first_descent = False
+
     @property
     def skipped_steps(self) -> int:
         """Number of steps skipped because of overflow."""
@@ -350,13 +482,15 @@ class LossScaler(object):
             When neither :meth:`scale` nor :meth:`out_grads` ran since the last
             :meth:`update`.
         """
-        if self._scaled or (not self.dynamic and self._scale == 1.0):
+        if self._scaled or not self._enabled or (not self.dynamic and self._scale == 1.0):
             return
         raise RuntimeError('%s: the gradients were not computed from a scaled loss since the '
                            'last step, so dividing them by the loss scale %g would shrink the '
                            'update %g times; %s' % (caller, self._scale, self._scale, remedy))
 
     def __repr__(self) -> str:
+        if not self._enabled:
+            return 'LossScaler(enabled=False)'
         return ('LossScaler(loss_scale=%g, dynamic=%s, skipped_steps=%d, steps=%d)'
                 % (self._scale, self.dynamic, self._skipped_steps, self._steps))
 
@@ -369,7 +503,7 @@ class LossScaler(object):
         ``backward`` on the result gives scaled gradients.  Marks the step as
         scaled (see :meth:`check_scaled`).  Keeps a reference to `loss` (no
         copy) until :meth:`update`, which reads it only if the step is
-        skipped.  No host sync.
+        skipped.  No host sync.  A disabled scaler returns `loss` as it is.
         """
         self._scaled = True
         if isinstance(loss, (list, tuple)):
@@ -377,6 +511,8 @@ class LossScaler(object):
         if not isinstance(loss, mx.nd.NDArray):
             raise TypeError('scale() expects an NDArray or a list of NDArrays, got %r'
                             % (type(loss),))
+        if not self._enabled:
+            return loss
         self._losses.append(loss)
         if autograd.is_recording():
             return loss * self._scale
@@ -397,6 +533,9 @@ class LossScaler(object):
     def has_overflow(self, arrays: Iterable[mx.nd.NDArray], kvstore: Optional[mx.kv.KVStore] = None,
                      rescale_grad: Optional[float] = None) -> bool:
         """True when any of `arrays` holds an inf or NaN.  **One host sync.**
+
+        A disabled scaler checks nothing and returns False (no host sync), as
+        a disabled ``GradScaler`` steps the optimizer unchecked.
 
         Parameters
         ----------
@@ -420,6 +559,8 @@ class LossScaler(object):
             With a distributed kvstore and `rescale_grad`, when the server does
             not run an mxamp optimizer (typically: it failed to unpickle it).
         """
+        if not self._enabled:
+            return False
         flags = _finite_flags(_flat_grads(arrays))
         self._agreement = None
         if kvstore is not None and 'dist' in kvstore.type:
@@ -438,7 +579,7 @@ class LossScaler(object):
         gathered = mx.nd.concat(*[f.as_in_context(mx.cpu()) for f in flags], dim=0)
         return bool((gathered.asnumpy() != 1.0).any())
 
-    def update(self, overflow: bool, details: Optional[Callable[[], str]] = None,
+    def update(self, overflow: Optional[bool] = None, details: Optional[Callable[[], str]] = None,
                loss_details: Optional[Callable[[], str]] = None,
                kvstore: Optional[mx.kv.KVStore] = None) -> None:
         """Record the outcome of a step and adjust the scale.
@@ -454,10 +595,14 @@ class LossScaler(object):
         keeps or lowers the scale alike: all workers must then call this on the
         same steps, which an agreed overflow verdict guarantees.
 
+        A disabled scaler changes nothing.
+
         Parameters
         ----------
         overflow : bool
-            Whether the step was skipped because of inf/NaN gradients.
+            Whether the step was skipped because of inf/NaN gradients (a
+            Python or numpy bool; required).  Not a scale, as in ``torch.amp``'s
+            ``GradScaler.update(new_scale)``: :meth:`set_scale` sets one.
         details : callable, optional
             Called with no argument only when an overflow happens at
             `min_scale` with finite losses (and ``at_min_scale`` is not
@@ -481,12 +626,19 @@ class LossScaler(object):
 
         Raises
         ------
+        TypeError
+            When `overflow` is missing or not a bool (a scale, say); the
+            message names :meth:`set_scale`.
         FloatingPointError
             With ``at_min_scale='raise'``, on overflow at `min_scale` and on a
             loss that is not finite.
         """
+        _check_overflow_flag(overflow)
         losses, self._losses = self._losses, []
         agreement, self._agreement = self._agreement, None
+        if not self._enabled:
+            self._scaled = False
+            return
         # The verdict on the losses comes first: a failed agreement must not leave
         # the counters half updated.
         nonfinite_loss = self._nonfinite_loss(losses, kvstore, agreement) if overflow else None
@@ -600,7 +752,8 @@ class LossScaler(object):
         Returns
         -------
         bool
-            True when the update was applied, False when it was skipped.
+            True when the update was applied, False when it was skipped.  A
+            disabled scaler calls ``module.update()`` unchecked: always True.
 
         Raises
         ------
@@ -626,6 +779,10 @@ class LossScaler(object):
         if not module.for_training:
             raise RuntimeError('update_module(): the module is bound with for_training=False, so '
                                'it has no gradients; bind it with for_training=True to train')
+        if not self._enabled:
+            self._scaled = False
+            module.update()
+            return True
         self.check_scaled('update_module()', 'pass the loss scale to backward: '
                           'module.backward(scaler.out_grads(module.get_outputs()))')
         optimizer = module._optimizer
@@ -654,9 +811,11 @@ class LossScaler(object):
 
         ``'first_descent'``: whether overflows before the first applied step
         descend fast (the default start); :meth:`load_state_dict` takes dicts
-        without it, from earlier versions, as False.
+        without it, from earlier versions, as False.  ``'enabled'``: False
+        for a disabled scaler; dicts without it, from earlier versions, are
+        from enabled ones.
         """
-        return {'loss_scale': self._scale, 'dynamic': self.dynamic,
+        return {'loss_scale': self._scale, 'dynamic': self.dynamic, 'enabled': self._enabled,
                 'first_descent': self._first_descent,
                 'growth_factor': self.growth_factor, 'backoff_factor': self.backoff_factor,
                 'growth_interval': self.growth_interval, 'min_scale': self.min_scale,
@@ -667,13 +826,23 @@ class LossScaler(object):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
 
+        A disabled scaler ignores `state`, as a disabled ``GradScaler`` does:
+        resuming a mixed-precision run's checkpoint without mixed precision.
+
         Raises
         ------
         KeyError
             When keys are missing (all are named in the message).
         ValueError
-            When a value is invalid.
+            When a value is invalid, and when `state` is from a disabled
+            scaler: it has no scale to restore.
         """
+        if not self._enabled:
+            return
+        if not state.get('enabled', True):
+            raise ValueError('LossScaler.load_state_dict(): the state is from a disabled scaler '
+                             '(enabled=False), which has no loss scale to restore; create this '
+                             'one with enabled=False too, or start it afresh')
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise KeyError('LossScaler.load_state_dict(): missing keys %s' % ', '.join(missing))
@@ -793,10 +962,13 @@ def make_loss_scaler(loss_scale: Union[str, float, LossScaler, None],
 
     ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes or precision
     names of the trainable parameters) is float16, off otherwise; a number is a
-    fixed scale.
+    fixed scale.  A disabled LossScaler (``enabled=False``) is no loss scaling,
+    None: the trainers then take the paths of ``loss_scale=None`` (no overflow
+    check, no host sync), as torch's optimizer step runs unchecked under a
+    disabled ``GradScaler``.
     """
     if isinstance(loss_scale, LossScaler):
-        return loss_scale
+        return loss_scale if loss_scale.is_enabled() else None
     if loss_scale is None:
         return None
     if isinstance(loss_scale, str):

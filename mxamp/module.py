@@ -27,7 +27,6 @@ MXNet internals relied on (MXNet 1.9.1):
   ``_kvstore`` and ``_update_on_kvstore``.
 """
 import pickle
-import typing
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -37,6 +36,7 @@ import mxnet as mx
 
 from . import kvstore_transport
 from . import optimizer as _mp_optimizer
+from .atomic_files import replaced_on_success
 from .dtypes import cast, name_of_array
 from .fusion import check_trainable_symbol
 from .loss_scaler import LossScaler, LossScalingState, head_gradients, make_loss_scaler
@@ -255,12 +255,14 @@ class ModuleTrainer(LossScalingState):
     # -- checkpoints -------------------------------------------------------------------
     def save_params(self, fname: str) -> None:
         """Write the parameters in FP32 (``arg:``/``aux:`` names, as
-        ``mx.model.save_checkpoint``): the FP32 network loads them too.  Host sync."""
+        ``mx.model.save_checkpoint``): the FP32 network loads them too.  Host sync.
+        Written whole or not at all (`mxamp.atomic_files`)."""
         self._module._sync_params_from_devices()
         arg, aux = self._module.get_params()
         values = {'arg:' + k: cast(v, 'float32') for k, v in arg.items()}
         values.update({'aux:' + k: cast(v, 'float32') for k, v in aux.items()})
-        mx.nd.save(fname, values)
+        with replaced_on_success(fname) as temporary:
+            mx.nd.save(temporary, values)
 
     def load_params(self, fname: str) -> None:
         """Load parameters saved by :meth:`save_params` (or any FP32 checkpoint), cast
@@ -279,10 +281,13 @@ class ModuleTrainer(LossScalingState):
             raise KeyError('%s: missing parameters %s' % (fname, ', '.join(missing)))
         for kind, values in (('arg:', arg), ('aux:', aux)):
             for name, value in values.items():
-                # A floating parameter's precision name; for any other, cast() raises
-                # ValueError ('unknown dtype None'), as it always did.
-                precision = typing.cast(str, name_of_array(value))
-                values[name] = cast(loaded[kind + name], precision)
+                precision = name_of_array(value)
+                stored = loaded[kind + name]
+                # A floating parameter is rounded to its precision (bfloat16-safe
+                # cast); any other (an integer table, a counter) keeps its values
+                # and takes the graph's dtype, as mx.mod.Module.set_params does.
+                values[name] = (cast(stored, precision) if precision is not None
+                                else stored.astype(value.dtype))
         self._module.set_params(arg, aux, force_init=True)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -319,9 +324,11 @@ class ModuleTrainer(LossScalingState):
             self._loss_scaler.load_state_dict(state['loss_scaler'])
 
     def save_states(self, fname: str) -> None:
-        """Write :meth:`state_dict` to `fname` (pickle).  Host sync."""
-        with open(fname, 'wb') as handle:
-            pickle.dump(self.state_dict(), handle)
+        """Write :meth:`state_dict` to `fname` (pickle), whole or not at all.  Host sync."""
+        state = self.state_dict()
+        with replaced_on_success(fname) as temporary:
+            with open(temporary, 'wb') as handle:
+                pickle.dump(state, handle)
 
     def load_states(self, fname: str) -> None:
         """Restore what :meth:`save_states` wrote (see :meth:`load_state_dict`)."""

@@ -38,22 +38,40 @@ Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
 (``FLOAT16_CPU_EMULATED``) have none and compute in FP32 between float16 casts
 (float16 storage, FP32 accumulation), which the graph rewrite does when asked
 (`emulates_float16`: for every graph that may run on a device that is not a GPU).
+
+A conversion adjusts the policy with `Policy`'s options: operators forced to
+FP32 or to low precision, nodes excluded, the low-precision list replaced
+(``lp_ops_only``) and conditions added (``fp32_conditions``); the last two are
+what MXNet contrib.amp's ``target_dtype_ops`` and ``conditional_fp32_ops``
+become (`mxamp.migration`).  `policy_lists` reads the default policy as
+sorted lists of operators per dtype and CPU class, the answer to
+contrib.amp's ``list_lp16_ops`` and friends.
+
+MXNet internals relied on: the operator registry's C API
+(``MXListAllOpNames``, ``NNGetOpHandle``, ``MXSymbolGetAtomicSymbolInfo``) for
+operator names, aliases and attributes, with MXNet's text description of
+each attribute's type (``"{'relu', 'sigmoid'}, required"``) for the values an
+attribute takes.
 """
 import ctypes
 import fnmatch
 import functools
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+import re
+from collections import abc
+from typing import Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 
 from .dtypes import LOW_PRECISION, DTypeLike, dtype_name
 from .hardware import AVX512_BF16, CPU_CLASSES, computes_bfloat16
+from .hardware import cpu_class as this_cpu_class
 
 __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
-           'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CLASSES', 'FLOAT16_CPU_EMULATED', 'Policy',
-           'base_class', 'canonical', 'canonical_ops', 'emulates_float16',
-           'exclude_matches', 'registered_ops']
+           'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CLASSES', 'FLOAT16_CPU_EMULATED', 'Condition', 'Policy',
+           'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
+           'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
+           'policy_lists', 'registered_ops']
 
 LOW, FLOAT32, WIDEST, NEUTRAL = 'low', 'float32', 'widest', 'neutral'
 CLASSES = (LOW, FLOAT32, WIDEST, NEUTRAL)
@@ -388,11 +406,17 @@ def registered_ops() -> Dict[str, str]:
     plist = ctypes.POINTER(ctypes.c_char_p)()
     check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(plist)))
     names = [py_str(plist[i]) for i in range(size.value)]
-    return {name: _canonical_from_registry(name) for name in names}
+    return {name: _registry_entry(name)[0] for name in names}
 
 
-def _canonical_from_registry(name):
-    # An alias and its operator share one nnvm Op; AtomicSymbolInfo gives the real name.
+@functools.lru_cache(maxsize=None)
+def _registry_entry(name):
+    """``(canonical name, ((argument, type description), ...))`` of operator `name`.
+
+    An alias and its operator share one nnvm Op; AtomicSymbolInfo gives the
+    real name and the arguments with MXNet's descriptions of their types
+    (``"{'relu', 'sigmoid'}, required"``, ``'NDArray-or-Symbol'``...).
+    """
     handle = OpHandle()
     check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
     real, desc, key_var = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
@@ -405,7 +429,27 @@ def _canonical_from_registry(name):
         handle, ctypes.byref(real), ctypes.byref(desc), ctypes.byref(num_args),
         ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
         ctypes.byref(key_var), ctypes.byref(ret_type)))
-    return py_str(real.value)
+    arguments = tuple((py_str(arg_names[i]), py_str(arg_types[i])) for i in range(num_args.value))
+    return py_str(real.value), arguments
+
+
+def attributes(op: str) -> Dict[str, Optional[Tuple[str, ...]]]:
+    """The attributes of operator `op` (an alias allowed), as MXNet's registry lists them.
+
+    Maps each attribute name to the values it takes when they are a fixed set
+    (``Activation``'s ``act_type``: ``('relu', 'sigmoid', ...)``), else to None.
+    Tensor inputs (``data``, ``weight``) are not attributes.  Raises KeyError
+    for an unregistered operator.
+    """
+    out: Dict[str, Optional[Tuple[str, ...]]] = {}
+    for argument, description in _registry_entry(canonical(op))[1]:
+        if description.startswith('NDArray-or-Symbol'):
+            continue
+        choices = re.match(r'\{([^}]*)\}', description)
+        out[argument] = None if choices is None else tuple(
+            value.strip().strip("'") for value in choices.group(1).split(',')
+            if value.strip() != 'None')
+    return out
 
 
 def canonical(op: str) -> str:
@@ -419,14 +463,57 @@ def canonical_ops(ops: Iterable[str], what: str) -> List[str]:
     `what` is the option as the caller's interface spells it (``'fp32_ops'`` in
     Python, ``'--fp32-ops'`` on the command line).
     """
+    if isinstance(ops, str):
+        raise ValueError('%s: expected a list of operator names, got the string %r' % (what, ops))
     out = []
     for op in ops:
         try:
             out.append(canonical(op))
-        except KeyError:
+        except (KeyError, TypeError):
             raise ValueError('%s: operator %r is not registered in MXNet %s'
                              % (what, op, mx.__version__))
     return out
+
+
+#: A condition of ``conditional_fp32_ops`` form: ``(operator, attribute, values)``:
+#: a node of the operator whose attribute has one of the values runs in FP32.
+Condition = Tuple[str, str, Tuple[str, ...]]
+
+
+def canonical_conditions(conditions: Iterable[Tuple[str, str, Iterable[str]]], what: str
+                         ) -> Tuple[Condition, ...]:
+    """`conditions` checked, with canonical operator names and values as sorted tuples.
+
+    Each entry is ``(operator, attribute, values)``, as contrib.amp's
+    ``conditional_fp32_ops`` spells it: ``('Activation', 'act_type', ['softrelu'])``.
+    Raises ValueError naming option `what` for an entry of another form, an
+    unregistered operator, an attribute the operator does not have, and a value
+    outside the fixed set an attribute takes (such a condition would never hold).
+    """
+    if isinstance(conditions, (str, bytes)) or not isinstance(conditions, abc.Iterable):
+        raise ValueError('%s: expected a list of (operator, attribute, values) triples, got %r'
+                         % (what, conditions))
+    out = []
+    for entry in conditions:
+        if (not isinstance(entry, (tuple, list)) or len(entry) != 3
+                or not all(isinstance(part, str) for part in entry[:2])
+                or isinstance(entry[2], (str, bytes)) or not isinstance(entry[2], abc.Iterable)
+                or not all(isinstance(value, str) for value in entry[2])):
+            raise ValueError("%s: expected (operator, attribute, values) triples such as "
+                             "('Activation', 'act_type', ['softrelu']), got %r" % (what, entry))
+        op, attribute, values = canonical_ops([entry[0]], what)[0], entry[1], tuple(sorted(set(entry[2])))
+        known = attributes(op)
+        if attribute not in known:
+            raise ValueError('%s: operator %s has no attribute %r (its attributes: %s)'
+                             % (what, entry[0], attribute, ', '.join(sorted(known)) or 'none'))
+        choices = known[attribute]
+        unknown = [] if choices is None else [value for value in values if value not in choices]
+        if choices is not None and unknown:
+            raise ValueError('%s: %s\'s %s takes none of %s (its values: %s)'
+                             % (what, entry[0], attribute, ', '.join(map(repr, unknown)),
+                                ', '.join(map(repr, choices))))
+        out.append((op, attribute, values))
+    return tuple(out)
 
 
 def base_class(op: str) -> str:
@@ -453,6 +540,25 @@ def exclude_matches(node_name: str, entry: str) -> bool:
     """Whether `entry` of an ``exclude`` list (a node name or an ``fnmatch`` pattern)
     names the node `node_name`."""
     return node_name == entry or fnmatch.fnmatchcase(node_name, entry)
+
+
+def default_lp_ops(dtype: DTypeLike) -> FrozenSet[str]:
+    """The operators a `Policy` for `dtype` runs in low precision by their name alone.
+
+    The GEMM-based ops (under bfloat16: those with a bfloat16 CPU kernel that
+    pays, `BFLOAT16_CPU_OPS`); not BatchNorm, which runs in the precision of
+    its data.  This is the list that ``lp_ops_only`` (contrib.amp's
+    ``target_dtype_ops``) replaces.
+    """
+    name = dtype_name(dtype, allowed=LOW_PRECISION)
+    return frozenset(op for op in _LOW - _FOLLOWS_DATA
+                     if name != 'bfloat16' or op in BFLOAT16_CPU_OPS)
+
+
+def _refuse_overlap(first, first_name, second, second_name):
+    both = first & second
+    if both:
+        raise ValueError('operators both %s and %s: %s' % (first_name, second_name, ', '.join(sorted(both))))
 
 
 class Policy(object):
@@ -482,6 +588,17 @@ class Policy(object):
         FP32 and the parameters the other classes store in bfloat16 stay stored
         in bfloat16 (read through exact casts), so a network has the same
         parameters, in the same dtypes, on every CPU.
+    lp_ops_only : iterable of str, optional
+        Replaces the operators this policy runs in low precision by their name
+        alone (`default_lp_ops`; contrib.amp's ``target_dtype_ops``): those
+        not named run in FP32, and named ones outside them are forced to low
+        precision like `lp_ops`.  None (default): the policy's own.
+    fp32_conditions : iterable of (str, str, iterable of str), optional
+        ``(operator, attribute, values)`` triples (contrib.amp's
+        ``conditional_fp32_ops``): a node of the operator whose attribute has
+        one of the values runs in FP32.  Added to the policy's own conditions
+        (Activation softrelu, LeakyReLU elu/selu/gelu, sum/Lp Pooling); an
+        operator may not be both conditional here and in `lp_ops`.
 
     Examples
     --------
@@ -494,14 +611,25 @@ class Policy(object):
 
     def __init__(self, dtype: DTypeLike, fp32_ops: Iterable[str] = (), lp_ops: Iterable[str] = (),
                  exclude: Iterable[str] = (), batchnorm_data: str = 'low',
-                 emulate_float16: bool = False, cpu_class: str = AVX512_BF16) -> None:
+                 emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
+                 lp_ops_only: Optional[Iterable[str]] = None,
+                 fp32_conditions: Iterable[Tuple[str, str, Iterable[str]]] = ()) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
-        self.fp32_ops = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
-        self.lp_ops = frozenset(canonical_ops(lp_ops, 'lp_ops'))
-        both = self.fp32_ops & self.lp_ops
-        if both:
-            raise ValueError('operators both forced to FP32 and to low precision: %s'
-                             % ', '.join(sorted(both)))
+        fp32 = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
+        low = frozenset(canonical_ops(lp_ops, 'lp_ops'))
+        conditions: Dict[str, List[Tuple[str, FrozenSet[str]]]] = {}
+        for op, attribute, values in canonical_conditions(fp32_conditions, 'fp32_conditions'):
+            conditions.setdefault(op, []).append((attribute, frozenset(values)))
+        if lp_ops_only is not None:
+            only = frozenset(canonical_ops(lp_ops_only, 'lp_ops_only'))
+            _refuse_overlap(fp32, 'in fp32_ops', only, 'in lp_ops_only')
+            default = default_lp_ops(self.dtype)
+            fp32 |= default - only - low
+            low |= only - default
+        _refuse_overlap(fp32, 'forced to FP32', low, 'to low precision')
+        _refuse_overlap(frozenset(conditions), 'in fp32_conditions', low, 'forced to low precision')
+        self.fp32_ops, self.lp_ops = fp32, low
+        self.fp32_conditions = {op: tuple(rules) for op, rules in conditions.items()}
         self.exclude = tuple(exclude)
         if batchnorm_data not in (LOW, FLOAT32):
             raise ValueError("batchnorm_data=%r: expected 'low' or 'float32'" % (batchnorm_data,))
@@ -512,9 +640,12 @@ class Policy(object):
         self.cpu_class = cpu_class
 
     def __repr__(self) -> str:
-        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, cpu_class=%r)'
+        conditions = sorted((op, attribute, tuple(sorted(values)))
+                            for op, rules in self.fp32_conditions.items() for attribute, values in rules)
+        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, cpu_class=%r%s)'
                 % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
-                   self.batchnorm_data, self.cpu_class))
+                   self.batchnorm_data, self.cpu_class,
+                   ', fp32_conditions=%s' % conditions if conditions else ''))
 
     def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
@@ -529,7 +660,8 @@ class Policy(object):
         op = canonical(op)
         if node_name is not None and self.is_excluded(node_name):
             return FLOAT32
-        if op in self.fp32_ops:
+        if op in self.fp32_ops or any((attrs or {}).get(attribute) in values
+                                      for attribute, values in self.fp32_conditions.get(op, ())):
             return FLOAT32
         if op in self.lp_ops:
             return LOW
@@ -612,3 +744,158 @@ class Policy(object):
     def float32_outputs(op: str) -> Tuple[int, ...]:
         """Output positions that stay FP32 when the op runs in low precision."""
         return _FLOAT32_OUTPUTS.get(canonical(op), ())
+
+
+class PolicyLists(NamedTuple):
+    """mxamp's precision policy for one dtype and CPU class, as sorted lists of operators.
+
+    Made by `policy_lists`.  Every forward operator MXNet 1.9.1 registers is
+    in exactly one of `low`, `float32`, `widest` and `neutral` (by its
+    canonical name: aliases such as ``_Plus`` are not listed; nor are the
+    ``_backward_*`` operators autograd makes, which follow their forward op).
+    The contrib.amp function each list answers is named; contrib.amp's other
+    two have no list here: its loss outputs (``list_loss_output_functions``)
+    are in `float32`, and BatchNorm's FP32 parameters
+    (``list_lp16_use_fp32_params``) are `Policy.float32_inputs`.
+
+    Attributes
+    ----------
+    dtype : str
+        ``'float16'`` or ``'bfloat16'``.
+    cpu_class : str
+        The CPU class the lists are for (`mxamp.hardware.CPU_CLASSES`).
+    low : tuple of str
+        Run in `dtype`: their floating inputs are cast to it, and parameters
+        only they read are stored in it (contrib.amp's ``list_lp16_ops``).
+        BatchNorm is here and runs in the precision of its data (FP32 data
+        keeps it in FP32), its statistics and parameters in FP32.
+    float32 : tuple of str
+        Always FP32 (contrib.amp's ``list_fp32_ops``).  Under bfloat16 also
+        every operator without a bfloat16 CPU kernel that pays.
+    widest : tuple of str
+        Several floating inputs that must share a dtype: low precision when
+        every input is, else the low-precision inputs are cast up (contrib.amp's
+        ``list_widest_type_cast``).
+    neutral : tuple of str
+        Run in their input's precision, no cast inserted (contrib.amp's
+        ``list_lp16_fp32_ops``).
+    conditional : tuple of (str, str, tuple of str)
+        ``(operator, attribute, values)``: a node of the operator whose
+        attribute has one of the values runs in FP32; otherwise the operator's
+        list above decides (contrib.amp's ``list_conditional_fp32_ops``, the
+        form ``conditional_fp32_ops`` takes).  Under bfloat16 these include the
+        attribute values oneDNN has no bfloat16 kernel for; there a Pooling
+        node without an explicit kernel (global pooling written without one)
+        also runs in FP32.
+    computes_in_dtype : bool
+        Whether `low` computes in `dtype` on this CPU class.  False for
+        bfloat16 on ``'avx2'`` and ``'avx512'``: the same parameters are
+        stored in bfloat16 and every operator computes in FP32.  Always True
+        for float16, whose lists are those of a GPU: on a CPU the GEMM-based
+        operators (`FLOAT16_CPU_EMULATED`) compute in FP32 between float16
+        casts.
+    """
+    dtype: str
+    cpu_class: str
+    low: Tuple[str, ...]
+    float32: Tuple[str, ...]
+    widest: Tuple[str, ...]
+    neutral: Tuple[str, ...]
+    conditional: Tuple[Condition, ...]
+    computes_in_dtype: bool
+
+
+def policy_lists(dtype: DTypeLike = 'bfloat16', *, cpu_class: Optional[str] = None) -> PolicyLists:
+    """mxamp's precision policy for `dtype` on a CPU class, as lists (the answer to
+    contrib.amp's ``list_lp16_ops``, ``list_fp32_ops``, ``list_widest_type_cast``,
+    ``list_lp16_fp32_ops`` and ``list_conditional_fp32_ops``).
+
+    The lists are those of the default policy, before a conversion's own
+    ``fp32_ops``, ``lp_ops``, ``exclude``...
+
+    Parameters
+    ----------
+    dtype : str
+        ``'bfloat16'`` (default) or ``'float16'`` (aliases ``'bf16'``,
+        ``'fp16'``, ``'half'``).
+    cpu_class : str, optional
+        None or ``'auto'`` (default): this machine's class
+        (`mxamp.hardware.cpu_class`); or one of `mxamp.hardware.CPU_CLASSES`
+        (``'avx2'``, ``'avx512'``, ``'avx512_bf16'``, ``'amx'``).
+
+    Returns
+    -------
+    PolicyLists
+        An immutable named tuple: ``low``, ``float32``, ``widest``,
+        ``neutral``, ``conditional`` and ``computes_in_dtype``.
+
+    Raises
+    ------
+    ValueError
+        An unknown dtype (``'float32'`` included: it converts nothing) or CPU class.
+
+    Examples
+    --------
+    >>> lists = mxamp.policy_lists('float16')
+    >>> 'Convolution' in lists.low, 'softmax' in lists.float32, 'Concat' in lists.widest
+    (True, True, True)
+    >>> [c for c in lists.conditional if c[0] == 'Activation']
+    [('Activation', 'act_type', ('softrelu',))]
+    >>> mxamp.policy_lists('bfloat16', cpu_class='avx2').computes_in_dtype
+    False
+    """
+    name = dtype_name(dtype, allowed=LOW_PRECISION)
+    if cpu_class is None or (isinstance(cpu_class, str) and cpu_class.lower() == 'auto'):
+        klass = this_cpu_class()
+    elif cpu_class in CPU_CLASSES:
+        klass = cpu_class
+    else:
+        raise ValueError("cpu_class=%r: expected None, 'auto' or one of %s"
+                         % (cpu_class, ', '.join(CPU_CLASSES)))
+    return _policy_lists(name, klass)
+
+
+# Attributes a probe of `_probed_conditions` sets besides the one it probes: a
+# bfloat16 Pooling runs in bfloat16 only with an explicit kernel
+# (_BFLOAT16_CPU_CONDITIONS), which would otherwise decide every probe.
+_PROBE_ATTRS = {'Pooling': {'kernel': '(2, 2)'}}
+
+
+@functools.lru_cache(maxsize=None)
+def _policy_lists(dtype: str, klass: str) -> PolicyLists:
+    policy = Policy(dtype, cpu_class=klass)
+    members: Dict[str, List[str]] = {cls: [] for cls in CLASSES}
+    conditional: List[Condition] = []
+    for op in sorted(set(registered_ops().values())):
+        if op.startswith('_backward') or op.startswith('_npi_backward'):
+            continue
+        conditions = _probed_conditions(policy, op)
+        conditional.extend(conditions)
+        # The list an operator is in: its class where no condition holds.
+        attrs = dict(_PROBE_ATTRS.get(op, {}))
+        for _, attribute, values in conditions:
+            attrs[attribute] = next(v for v in attributes(op)[attribute] or () if v not in values)
+        members[policy.op_class(op, attrs)].append(op)
+    return PolicyLists(dtype, klass, tuple(members[LOW]), tuple(members[FLOAT32]),
+                       tuple(members[WIDEST]), tuple(members[NEUTRAL]), tuple(conditional),
+                       dtype == 'float16' or computes_bfloat16(klass))
+
+
+def _probed_conditions(policy, op):
+    """The ``(op, attribute, values)`` under which `policy` runs `op` in FP32.
+
+    Each attribute of `op` that takes a fixed set of values is tried value by
+    value (`attributes`); the values that put the op in FP32 form a condition
+    when some, not all, of them do.  Only the operators with conditions in the
+    policy are tried.
+    """
+    if op not in _CONDITIONAL and op not in _BFLOAT16_CPU_CONDITIONS:
+        return []
+    base = _PROBE_ATTRS.get(op, {})
+    found = []
+    for attribute, choices in sorted(attributes(op).items()):
+        forcing = tuple(sorted(value for value in choices or ()
+                               if policy.op_class(op, dict(base, **{attribute: value})) == FLOAT32))
+        if forcing and len(forcing) < len(choices or ()):
+            found.append((op, attribute, forcing))
+    return found

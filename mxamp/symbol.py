@@ -1,10 +1,12 @@
-"""The Symbol-API front: `convert_symbol`, `convert_model` and their files.
+"""The Symbol-API front: `convert_symbol`, `convert_model`, `convert_with_record` and their files.
 
-It turns user-facing arguments (dtype names, op and layer overrides, a context)
-into a `mxamp.policy.Policy`, runs the graph rewrite of `mxamp.graph`, casts the
-parameters the rewrite stores in low precision, and reads and writes
-``*-symbol.json`` / ``*.params`` files atomically (a failed conversion never
-leaves a partial output file).
+It turns user-facing arguments (dtype names, op and layer overrides, a context;
+MXNet contrib.amp's keywords and positional orders too, through
+`mxamp.migration`) into a `mxamp.policy.Policy`, runs the graph rewrite of
+`mxamp.graph`, casts the parameters the rewrite stores in low precision, and
+reads and writes ``*-symbol.json`` / ``*.params`` files atomically (a failed
+conversion never leaves a partial output file).  `convert_with_record` also
+returns the rewrite's record of every decision (`mxamp.graph.Conversion`).
 
 Before converting it refuses what would give a wrong graph without a word:
 names that match nothing in the graph (``exclude`` entries, ``input_shapes``
@@ -27,35 +29,41 @@ import os
 import typing
 import uuid
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import mxnet as mx
 
 from . import dtypes, hardware
 from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
-from .graph import Conversion, GraphError, GraphLike, convert_graph, error_line, load_graph
+from .graph import Conversion, GraphError, GraphLike, LoadedGraph, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
-from .policy import Policy, emulates_float16, exclude_matches
+from .migration import from_contrib_amp
+from .policy import Condition, Policy, emulates_float16, exclude_matches, registered_ops
 
-__all__ = ['ParameterError', 'check_params', 'convert_model', 'convert_symbol',
-           'load_params', 'make_policy', 'save_model']
+__all__ = ['ConversionResult', 'ParameterError', 'check_params', 'convert_model', 'convert_symbol',
+           'convert_with_record', 'load_params', 'make_policy', 'save_model']
 
 
 def make_policy(dtype: DTypeLike, exclude: Optional[Iterable[str]] = None,
                 fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
                 ctx: Optional[ContextLike] = None, batchnorm_data: str = 'low',
-                cpu_class: Optional[str] = None) -> Policy:
+                cpu_class: Optional[str] = None, lp_ops_only: Optional[Iterable[str]] = None,
+                fp32_conditions: Iterable[Condition] = ()) -> Policy:
     """The `Policy` for user arguments.
 
     float16 computes GEMMs in FP32 unless every context in `ctx` is a GPU
     (`mxamp.policy.emulates_float16`; no `ctx`: a GPU).  bfloat16 graphs are
-    for `cpu_class` (see `convert_symbol`).
+    for `cpu_class` (see `convert_symbol`).  `lp_ops_only` and
+    `fp32_conditions` are the policy's (contrib.amp's ``target_dtype_ops`` and
+    ``conditional_fp32_ops``, `mxamp.migration`).
     """
     dtype = dtype_name(dtype, allowed=LOW_PRECISION)
     devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
     return Policy(dtype, fp32_ops=fp32_ops or (), lp_ops=lp_ops or (), exclude=exclude or (),
                   batchnorm_data=batchnorm_data, emulate_float16=emulates_float16(devices),
-                  cpu_class=target_cpu_class(cpu_class))
+                  cpu_class=target_cpu_class(cpu_class), lp_ops_only=lp_ops_only,
+                  fp32_conditions=fp32_conditions)
 
 
 def target_cpu_class(cpu_class: Optional[str]) -> str:
@@ -113,15 +121,46 @@ class ParameterError(GraphError):
     """Parameters that do not fit the graph: unknown, missing, or of a shape it rejects."""
 
 
+class ConversionResult(NamedTuple):
+    """What `convert_with_record` returns: the converted graph, its parameters and the record.
+
+    A named tuple, so ``symbol, arg_params, aux_params, conversion =
+    mxamp.convert_with_record(...)`` works too.
+
+    Attributes
+    ----------
+    symbol : mx.sym.Symbol
+        The converted graph (fused with ``for_inference=True``).
+    arg_params, aux_params : dict of str to NDArray, or None
+        The converted parameters; None when none were given.
+    conversion : mxamp.graph.Conversion or None
+        The record of every decision: ``conversion.node_precision`` (the
+        precision each node of the FP32 graph runs in), ``conversion.casts``
+        (the casts inserted), ``conversion.lp_params`` (the parameters stored
+        in low precision).  None when the dtype is, or ``'auto'`` resolves to,
+        ``'float32'``: nothing was converted.
+    """
+    symbol: mx.sym.Symbol
+    arg_params: Optional[Dict[str, mx.nd.NDArray]]
+    aux_params: Optional[Dict[str, mx.nd.NDArray]]
+    conversion: Optional[Conversion]
+
+
 _Function = TypeVar('_Function', bound=Callable[..., Any])
 
 
-def _options_by_keyword(old_order: Sequence[str]) -> Callable[[_Function], _Function]:
+def _options_by_keyword(old_order: Sequence[str], contrib_amp_order: Sequence[str]
+                        ) -> Callable[[_Function], _Function]:
     """Take the options after `dtype` by keyword only, as ``mxamp.convert`` does.
 
     mxamp 0.1.0 also took them by position, in `old_order` (two different
     orders for `convert_symbol` and `convert_model`); that still works for one
     release, with a DeprecationWarning naming the options to spell out.
+    contrib.amp's functions of the same name take theirs by position in
+    `contrib_amp_order`; a list of operator names in the first place after
+    `dtype`, which mxamp 0.1.0 read as `old_order`'s first option (variable or
+    node names), is read in that order instead (`_in_contrib_amp_order`), with
+    the same warning.
     """
     def decorate(function: _Function) -> _Function:
         positional = sum(1 for p in inspect.signature(function).parameters.values()
@@ -131,10 +170,14 @@ def _options_by_keyword(old_order: Sequence[str]) -> Callable[[_Function], _Func
         def call(*args: Any, **kwargs: Any) -> Any:
             extra = args[positional:]
             if extra:
-                if len(extra) > len(old_order):
+                order = old_order
+                if _in_contrib_amp_order(function.__name__, args[0], positional + 1, extra,
+                                         old_order[0], contrib_amp_order):
+                    order = contrib_amp_order
+                if len(extra) > len(order):
                     raise TypeError('%s() takes at most %d positional arguments (%d given)'
                                     % (function.__name__, positional, len(args)))
-                names = old_order[:len(extra)]
+                names = order[:len(extra)]
                 for name in names:
                     if name in kwargs:
                         raise TypeError('%s() got multiple values for argument %r'
@@ -148,28 +191,93 @@ def _options_by_keyword(old_order: Sequence[str]) -> Callable[[_Function], _Func
     return decorate
 
 
-def _default_dtype(function: str, dtype: Optional[DTypeLike]) -> DTypeLike:
+def _in_contrib_amp_order(function: str, sym: Any, place: int, extra: Sequence[Any], old_name: str,
+                          contrib_amp_order: Sequence[str]) -> bool:
+    """Whether the options `extra`, given by position from place number `place` on,
+    are in contrib.amp's order (`contrib_amp_order`) rather than mxamp 0.1.0's.
+
+    They are when the first is contrib.amp's ``target_dtype_ops``: a non-empty
+    list of registered operator names none of which is what mxamp 0.1.0 took
+    there (`old_name`: ``'params'``, variables of the graph `sym`, or
+    ``'exclude'``, names or patterns of its nodes); such a list that reads
+    both ways raises TypeError naming both keywords.  They also are when
+    ``conditional_fp32_ops``' place holds ``(operator, attribute, values)``
+    triples, which no option of mxamp 0.1.0 takes.  Otherwise mxamp 0.1.0's
+    reading (and its checks) stands.
+    """
+    conditions_at = contrib_amp_order.index('conditional_fp32_ops')
+    conditions = extra[conditions_at] if len(extra) > conditions_at else None
+    if (isinstance(conditions, (list, tuple)) and conditions
+            and all(isinstance(entry, (list, tuple)) and len(entry) == 3 for entry in conditions)):
+        return True
+    value = extra[0]
+    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(op, str) and op in registered_ops() for op in value)):
+        return False
+    try:
+        graph = load_graph(sym)
+    except GraphError:
+        return False        # the conversion says what is wrong with the graph
+    if old_name == 'params':
+        symbol = graph.symbol
+        variables = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
+        taken = [entry for entry in value if entry in variables]
+    else:
+        nodes = [node['name'] for node in graph['nodes'] if node['op'] != 'null']
+        taken = [entry for entry in value if any(exclude_matches(node, entry) for node in nodes)]
+    if taken:
+        raise TypeError("%s(): positional argument %d, %r, names operators (contrib.amp's "
+                        "target_dtype_ops in that place) and %s of the graph (mxamp 0.1.0's %s): "
+                        "pass it by keyword, target_dtype_ops=... or %s=..."
+                        % (function, place, list(value),
+                           'variables' if old_name == 'params' else 'nodes', old_name, old_name))
+    return True
+
+
+def _default_dtype(function: str, contrib_amp: bool) -> DTypeLike:
     # mxamp 0.1.0's default was 'bfloat16'; mxamp.convert's, for_inference's and
     # this front's next default is 'auto'.  Until then, leaving it out says so.
-    if dtype is not None:
-        return dtype
+    # Called from _front, called by the public function inside its
+    # _options_by_keyword wrapper: the caller's line is 5 frames up.
     warnings.warn("%s(): the default dtype becomes 'auto' (as mxamp.convert's: this machine's "
                   "fastest precision) in the next release; pass dtype='bfloat16' to keep "
-                  "today's result" % function, FutureWarning, stacklevel=3)
+                  "today's result%s"
+                  % (function, " (contrib.amp's default, target_dtype='float16', is not mxamp's)"
+                     if contrib_amp else ''), FutureWarning, stacklevel=5)
     return 'bfloat16'
 
 
+def _return_conversion_deprecated(function: str, returned: str) -> None:
+    # Called by the public function inside its _options_by_keyword wrapper.
+    warnings.warn('%s(return_conversion=True) is deprecated (one function, one return type); '
+                  'call mxamp.convert_with_record(sym, dtype, ...) instead: it returns a '
+                  'ConversionResult %s' % (function, returned), DeprecationWarning, stacklevel=4)
+
+
 @_options_by_keyword(('params', 'exclude', 'fp32_ops', 'lp_ops', 'ctx', 'input_types',
-                      'input_shapes', 'portable', 'cpu_class', 'return_conversion'))
+                      'input_shapes', 'portable', 'cpu_class', 'return_conversion'),
+                     ('target_dtype_ops', 'fp32_ops', 'conditional_fp32_ops', 'excluded_sym_names',
+                      'data_names', 'cast_optional_params'))
 def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = None, *,
                    params: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None,
                    fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
                    ctx: Optional[ContextLike] = None,
                    input_types: Optional[Mapping[str, DTypeLike]] = None,
                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
-                   cpu_class: Optional[str] = None, return_conversion: bool = False
+                   cpu_class: Optional[str] = None, return_conversion: bool = False,
+                   target_dtype: Optional[DTypeLike] = None,
+                   target_dtype_ops: Optional[Iterable[str]] = None,
+                   conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
+                   excluded_sym_names: Optional[Iterable[str]] = None,
+                   data_names: Optional[Iterable[str]] = None,
+                   cast_optional_params: Optional[bool] = None
                    ) -> Union[mx.sym.Symbol, Tuple[mx.sym.Symbol, Optional[Conversion]]]:
     """Convert an FP32 Symbol to mixed precision.
+
+    Takes contrib.amp's keywords too, with contrib.amp's meaning
+    (``mxnet.contrib.amp.convert_symbol``; `mxamp.migration` says what each
+    becomes), and contrib.amp's positional order when a list of operator
+    names follows `dtype` (with a DeprecationWarning: name them).
 
     Parameters
     ----------
@@ -182,9 +290,11 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
         `ctx`).  ``'float32'`` (also what ``'auto'`` gives on a CPU without
         native bfloat16) returns the graph unchanged, as `mxamp.convert` does.
         Left out: ``'bfloat16'`` with a FutureWarning; the default becomes
-        ``'auto'``, `mxamp.convert`'s, in the next release.  The options after
-        it are taken by keyword (by position, mxamp 0.1.0's order, with a
-        DeprecationWarning, for one release).
+        ``'auto'``, `mxamp.convert`'s, in the next release.  contrib.amp's
+        default, ``'float16'``, is not mxamp's: a contrib.amp call that left
+        ``target_dtype`` out needs ``target_dtype='float16'`` here.  The
+        options after it are taken by keyword (by position, mxamp 0.1.0's
+        order, with a DeprecationWarning, for one release).
     params : iterable of str, optional
         Names of the variables that are parameters.  Those consumed only by
         low-precision ops are declared in `dtype`, so their values must be stored
@@ -195,7 +305,9 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
         Node names or ``fnmatch`` patterns kept entirely in FP32; each must
         match a node of the graph.
     fp32_ops, lp_ops : iterable of str, optional
-        Operator names forced to FP32 / to low precision.
+        Operator names forced to FP32 / to low precision.  Both add to the
+        policy's lists (contrib.amp's ``fp32_ops`` replaced its FP32 list:
+        here softmax, normalisations and reductions stay FP32).
     ctx : mx.Context or list, optional
         Where the graph will run.  float16 on a CPU (also in a list mixing CPUs
         and GPUs) computes the GEMM-based ops in FP32 between float16 casts
@@ -222,19 +334,46 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
         FP32 and the parameters stay stored in bfloat16 (the same parameter
         files).  ``'auto'``: this machine's class.
     return_conversion : bool
-        Also return the `mxamp.graph.Conversion` (None for ``'float32'``).
+        Deprecated (DeprecationWarning): also return the
+        `mxamp.graph.Conversion`, as ``(symbol, conversion)``.  Call
+        `convert_with_record` instead.
+    target_dtype : str, optional
+        contrib.amp's name for `dtype` (give one of the two).
+    target_dtype_ops : list of str, optional
+        contrib.amp's list of the operators run in low precision, replacing
+        mxamp's (`mxamp.policy.default_lp_ops`): the GEMM-based operators not
+        named run in FP32, named operators outside them are forced to low
+        precision.
+    conditional_fp32_ops : list of (str, str, list of str), optional
+        ``(operator, attribute, values)``: nodes whose attribute has one of
+        the values run in FP32, e.g. ``[('Activation', 'act_type',
+        ['softrelu'])]``; added to mxamp's own conditions.
+    excluded_sym_names : list of str, optional
+        contrib.amp's name for `exclude` (give one of the two).
+    data_names : list of str, optional
+        contrib.amp's: the variables that are data inputs; with
+        ``cast_optional_params=True`` every other variable is a parameter (as
+        `params` declares them).  Give `params` or `data_names`.
+    cast_optional_params : bool, optional
+        contrib.amp's: True declares the parameters (`data_names`'
+        complement) that only low-precision ops read in `dtype`; False keeps
+        every variable an FP32 input (mxamp's default without `params`).
 
     Returns
     -------
     mx.sym.Symbol
         The converted graph: it accepts FP32 inputs and returns FP32 outputs.
-        With ``return_conversion=True``, ``(symbol, conversion)``.
+        With ``return_conversion=True`` (deprecated), ``(symbol, conversion)``.
 
     Raises
     ------
+    TypeError
+        An option given in both spellings (`dtype` and `target_dtype`, `exclude`
+        and `excluded_sym_names`, `params` and `data_names`).
     ValueError
         An unknown dtype or operator, or a name in `params`, `exclude`,
-        `input_shapes` or `input_types` that matches nothing in the graph.
+        `input_shapes`, `input_types` or `data_names` that matches nothing in
+        the graph.
     GraphError
         A graph mxamp cannot read or convert.
 
@@ -246,17 +385,29 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
     >>> bf16.infer_type(data='float32')[1]     # inputs and outputs stay FP32
     [<class 'numpy.float32'>]
     >>> bf16.save('net_bf16-symbol.json')
+
+    contrib.amp's spelling:
+
+    >>> f16 = mxamp.convert_symbol(sym, target_dtype='float16', fp32_ops=['FullyConnected'])
     """
-    symbol, _, _, conversion = _convert(
-        sym, _default_dtype('convert_symbol', dtype), PYTHON_NAMES, params=params, exclude=exclude, fp32_ops=fp32_ops,
-        lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
-        portable=portable, cpu_class=cpu_class)
-    return (symbol, conversion) if return_conversion else symbol
+    result = _front('convert_symbol', sym, dtype, True, params=params, exclude=exclude,
+                    fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx, input_types=input_types,
+                    input_shapes=input_shapes, portable=portable, cpu_class=cpu_class,
+                    target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                    conditional_fp32_ops=conditional_fp32_ops,
+                    excluded_sym_names=excluded_sym_names, data_names=data_names,
+                    cast_optional_params=cast_optional_params)
+    if return_conversion:
+        _return_conversion_deprecated('convert_symbol', '(.symbol, .conversion)')
+        return result.symbol, result.conversion
+    return result.symbol
 
 
 @_options_by_keyword(('exclude', 'fp32_ops', 'lp_ops', 'ctx', 'input_types', 'input_shapes',
                       'return_conversion', 'portable', 'cpu_class', 'allow_missing',
-                      'for_inference'))
+                      'for_inference'),
+                     ('target_dtype_ops', 'fp32_ops', 'conditional_fp32_ops', 'excluded_sym_names',
+                      'cast_optional_params'))
 def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.NDArray],
                   aux_params: Optional[Dict[str, mx.nd.NDArray]],
                   dtype: Optional[DTypeLike] = None, *, exclude: Optional[Iterable[str]] = None,
@@ -266,7 +417,11 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
                   input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                   return_conversion: bool = False, portable: bool = True,
                   cpu_class: Optional[str] = None, allow_missing: bool = False,
-                  for_inference: bool = False
+                  for_inference: bool = False, target_dtype: Optional[DTypeLike] = None,
+                  target_dtype_ops: Optional[Iterable[str]] = None,
+                  conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
+                  excluded_sym_names: Optional[Iterable[str]] = None,
+                  cast_optional_params: Optional[bool] = None
                   ) -> Union[Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]],
                              Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray],
                                    Optional[Conversion]]]:
@@ -281,7 +436,8 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     without them the dimensions that depend on an input's size (a dense layer
     reading a flattened image) go unchecked.  The parameters' shapes also
     choose the fast bfloat16 layout of each convolution.  The other arguments
-    are those of `convert_symbol`, and:
+    are those of `convert_symbol` (contrib.amp's keywords and positional
+    order included, ``mxnet.contrib.amp.convert_model``'s), and:
 
     Parameters
     ----------
@@ -299,21 +455,29 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
         ``ctx=mx.cpu()``).  The fused graph cannot be trained
         (`mxamp.ModuleTrainer` refuses it); its parameters are the converted
         ones, unchanged.
+    cast_optional_params : bool, optional
+        contrib.amp's: True, like mxamp's default (None), stores the
+        parameters that only low-precision ops read in `dtype`; False
+        (contrib.amp's default) keeps every parameter FP32 and casts it in the
+        graph, at every run.
+    return_conversion : bool
+        Deprecated (DeprecationWarning): also return the
+        `mxamp.graph.Conversion`, as a fourth item.  Call
+        `convert_with_record` instead.
 
     Returns
     -------
     (mx.sym.Symbol, dict, dict)
-        The converted (and fused) symbol and its ``arg_params``, ``aux_params``; with
-        ``return_conversion=True`` a fourth item, the `mxamp.graph.Conversion`
-        (None when `dtype` is, or ``'auto'`` resolves to, ``'float32'``: then
-        the checkpoint comes back unconverted, fused with `for_inference`).
+        The converted (and fused) symbol and its ``arg_params``, ``aux_params``
+        (when `dtype` is, or ``'auto'`` resolves to, ``'float32'``, the
+        checkpoint comes back unconverted, fused with `for_inference`).
 
     Raises
     ------
     ParameterError
         A parameter is not in the graph, is missing, or has a shape the graph
         rejects (a `GraphError`, so a ``ValueError``).
-    ValueError
+    TypeError, ValueError
         As `convert_symbol`.
 
     Examples
@@ -333,15 +497,174 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     >>> mxamp.inference.fused_nodes(fused_sym)
     Counter({'_sg_mkldnn_fully_connected': 1})
     """
+    result = _front('convert_model', sym, dtype, True, arg_params=arg_params,
+                    aux_params=aux_params or {}, exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops,
+                    ctx=ctx, input_types=input_types, input_shapes=input_shapes, portable=portable,
+                    cpu_class=cpu_class, allow_missing=allow_missing, for_inference=for_inference,
+                    target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                    conditional_fp32_ops=conditional_fp32_ops,
+                    excluded_sym_names=excluded_sym_names,
+                    cast_optional_params=cast_optional_params)
+    # Given arg_params, _front returns both parameter dicts.
+    args = typing.cast(Dict[str, mx.nd.NDArray], result.arg_params)
+    auxs = typing.cast(Dict[str, mx.nd.NDArray], result.aux_params)
+    if return_conversion:
+        _return_conversion_deprecated('convert_model',
+                                      '(.symbol, .arg_params, .aux_params, .conversion)')
+        return result.symbol, args, auxs, result.conversion
+    return result.symbol, args, auxs
+
+
+def convert_with_record(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = None, *,
+                        arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
+                        aux_params: Optional[Dict[str, mx.nd.NDArray]] = None,
+                        params: Optional[Iterable[str]] = None,
+                        exclude: Optional[Iterable[str]] = None,
+                        fp32_ops: Optional[Iterable[str]] = None,
+                        lp_ops: Optional[Iterable[str]] = None, ctx: Optional[ContextLike] = None,
+                        input_types: Optional[Mapping[str, DTypeLike]] = None,
+                        input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                        portable: bool = True, cpu_class: Optional[str] = None,
+                        allow_missing: bool = False, for_inference: bool = False,
+                        target_dtype: Optional[DTypeLike] = None,
+                        target_dtype_ops: Optional[Iterable[str]] = None,
+                        conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
+                        excluded_sym_names: Optional[Iterable[str]] = None,
+                        data_names: Optional[Iterable[str]] = None,
+                        cast_optional_params: Optional[bool] = None) -> ConversionResult:
+    """`convert_model` (with `arg_params`) or `convert_symbol` (without), and the record of
+    what the conversion decided, node by node.
+
+    Parameters
+    ----------
+    sym : mx.sym.Symbol or str
+        The FP32 graph, or its JSON text.
+    dtype : str, optional
+        As `convert_symbol`'s, but left out it is ``'auto'`` (the Symbol
+        front's next default, `mxamp.convert`'s), or `target_dtype`.
+    arg_params, aux_params : dict of str to NDArray, optional
+        The checkpoint's parameters: converted and checked as `convert_model`
+        does.  Without them the graph is converted as `convert_symbol` does
+        (then `params` and `data_names` apply, `allow_missing` and
+        `for_inference` do not).
+    params, exclude, fp32_ops, lp_ops, ctx, input_types, input_shapes, portable, cpu_class
+        As `convert_symbol`'s.
+    allow_missing, for_inference
+        As `convert_model`'s.
+    target_dtype, target_dtype_ops, conditional_fp32_ops, excluded_sym_names, data_names, cast_optional_params
+        contrib.amp's, as `convert_symbol` and `convert_model` take them.
+
+    Returns
+    -------
+    ConversionResult
+        ``.symbol``, ``.arg_params``, ``.aux_params`` (None without
+        `arg_params`) and ``.conversion``, the `mxamp.graph.Conversion` (None
+        when nothing was converted: ``'float32'``).
+
+    Raises
+    ------
+    TypeError
+        As `convert_symbol`, and `params`, `data_names`, `allow_missing` or
+        `for_inference` where they do not apply.
+    ValueError, GraphError, ParameterError
+        As `convert_symbol` and `convert_model`.
+
+    Examples
+    --------
+    >>> sym = mx.sym.softmax(mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=10,
+    ...                                            name='fc'), name='prob')
+    >>> args = {'fc_weight': mx.nd.ones((10, 4)), 'fc_bias': mx.nd.zeros((10,))}
+    >>> result = mxamp.convert_with_record(sym, 'bfloat16', arg_params=args, aux_params={})
+    >>> result.conversion.node_precision
+    {'fc': 'bfloat16', 'prob': 'float32'}
+    >>> sorted(result.conversion.lp_params)
+    ['fc_bias', 'fc_weight']
+    """
+    if arg_params is None:
+        for name, value, default in (('aux_params', aux_params, None), ('allow_missing', allow_missing, False),
+                                     ('for_inference', for_inference, False)):
+            if value is not default:
+                raise TypeError('convert_with_record(): %s applies to a checkpoint; pass arg_params too'
+                                % name)
+    else:
+        for option, given in (('params', params), ('data_names', data_names)):
+            if given is not None:
+                raise TypeError('convert_with_record(): %s applies without arg_params (the '
+                                'parameters are their keys)' % option)
+        aux_params = aux_params or {}
+    return _front('convert_with_record', sym, dtype, False, arg_params=arg_params,
+                  aux_params=aux_params, params=params, exclude=exclude, fp32_ops=fp32_ops,
+                  lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
+                  portable=portable, cpu_class=cpu_class, allow_missing=allow_missing,
+                  for_inference=for_inference, target_dtype=target_dtype,
+                  target_dtype_ops=target_dtype_ops, conditional_fp32_ops=conditional_fp32_ops,
+                  excluded_sym_names=excluded_sym_names, data_names=data_names,
+                  cast_optional_params=cast_optional_params)
+
+
+def _front(function: str, sym: GraphLike, dtype: Optional[DTypeLike], deprecated_default: bool,
+           arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
+           aux_params: Optional[Dict[str, mx.nd.NDArray]] = None,
+           params: Optional[Iterable[str]] = None, data_names: Optional[Iterable[str]] = None,
+           target_dtype: Optional[DTypeLike] = None, target_dtype_ops: Optional[Iterable[str]] = None,
+           conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
+           excluded_sym_names: Optional[Iterable[str]] = None,
+           cast_optional_params: Optional[bool] = None, exclude: Optional[Iterable[str]] = None,
+           fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
+           ctx: Optional[ContextLike] = None, **checked: Any) -> ConversionResult:
+    """The public functions' common part: both spellings to mxamp's (`mxamp.migration`), then `_convert`.
+
+    Without `dtype` (in either spelling) the dtype is ``'auto'``, or
+    ``'bfloat16'`` with `_default_dtype`'s FutureWarning when
+    `deprecated_default`.  `checked` holds `_convert`'s other options.
+    """
+    options = from_contrib_amp(function, dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude,
+                               target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                               conditional_fp32_ops=conditional_fp32_ops,
+                               excluded_sym_names=excluded_sym_names,
+                               cast_optional_params=cast_optional_params)
+    if options.dtype is not None:
+        dtype = options.dtype
+    else:
+        dtype = _default_dtype(function, options.contrib_amp) if deprecated_default else 'auto'
+    graph = load_graph(sym)
+    if arg_params is None:
+        params = _declared_params(function, graph, params, data_names, options.cast_params)
     symbol, args, auxs, conversion = _convert(
-        sym, _default_dtype('convert_model', dtype), PYTHON_NAMES, arg_params=arg_params, aux_params=aux_params,
-        allow_missing=allow_missing, exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx,
-        input_types=input_types, input_shapes=input_shapes, portable=portable,
-        cpu_class=cpu_class, for_inference=for_inference)
-    # Given arg_params, _convert returns both parameter dicts (None only without them).
-    args = typing.cast(Dict[str, mx.nd.NDArray], args)
-    auxs = typing.cast(Dict[str, mx.nd.NDArray], auxs)
-    return (symbol, args, auxs, conversion) if return_conversion else (symbol, args, auxs)
+        graph, dtype, PYTHON_NAMES._replace(exclude=options.exclude_option), params=params,
+        arg_params=arg_params, aux_params=aux_params, exclude=options.exclude,
+        fp32_ops=options.fp32_ops, lp_ops=options.lp_ops, ctx=ctx, lp_ops_only=options.lp_ops_only,
+        fp32_conditions=options.fp32_conditions, cast_params=options.cast_params is not False,
+        **checked)
+    return ConversionResult(symbol, args, auxs, conversion)
+
+
+def _declared_params(function: str, graph: LoadedGraph, params: Optional[Iterable[str]],
+                     data_names: Optional[Iterable[str]], cast_params: Optional[bool]
+                     ) -> Optional[List[str]]:
+    """`convert_symbol`'s `params` from mxamp's `params` or contrib.amp's `data_names`.
+
+    contrib.amp declares the variables outside `data_names` as parameters in
+    the low precision only with ``cast_optional_params=True``; otherwise every
+    variable stays an FP32 input, as mxamp's default without `params`.
+    """
+    if params is not None and data_names is not None:
+        raise TypeError("%s() got both params and data_names (contrib.amp's: the variables "
+                        "that are not parameters): pass one" % function)
+    if params is not None and cast_params is False:
+        raise ValueError('%s(): params declares parameters stored in low precision, '
+                         'cast_optional_params=False keeps every variable an FP32 input: '
+                         'pass one' % function)
+    if data_names is None:
+        return None if params is None else list(params)
+    if isinstance(data_names, (str, bytes)):
+        raise ValueError('data_names: expected a list of variable names, got the string %r' % data_names)
+    data = list(data_names)
+    check_variables(graph, data, 'data_names')
+    if not cast_params:
+        return None
+    symbol = graph.symbol
+    return [name for name in symbol.list_arguments() + symbol.list_auxiliary_states() if name not in data]
 
 
 def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[Iterable[str]] = None,
@@ -351,7 +674,9 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
              lp_ops: Optional[Iterable[str]] = None, ctx: Optional[ContextLike] = None,
              input_types: Optional[Mapping[str, DTypeLike]] = None,
              input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
-             cpu_class: Optional[str] = None, for_inference: bool = False
+             cpu_class: Optional[str] = None, for_inference: bool = False,
+             lp_ops_only: Optional[Iterable[str]] = None, fp32_conditions: Iterable[Condition] = (),
+             cast_params: bool = True
              ) -> Tuple[mx.sym.Symbol, Optional[Dict[str, mx.nd.NDArray]],
                         Optional[Dict[str, mx.nd.NDArray]], Optional[Conversion]]:
     """`convert_symbol` (no `arg_params`) and `convert_model`, with errors naming `names`.
@@ -359,7 +684,9 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
     Returns ``(symbol, arg_params, aux_params, conversion)``; the parameters
     are None without `arg_params`, the conversion None for ``'float32'``.
     With `for_inference` the symbol (and parameters) are fused by
-    `mxamp.inference.fuse_symbol`.
+    `mxamp.inference.fuse_symbol`.  `cast_params` False keeps `arg_params` and
+    `aux_params` in FP32 (contrib.amp's ``cast_optional_params=False``): the
+    graph casts them.
     """
     graph = load_graph(sym)
     if arg_params is not None:
@@ -384,14 +711,15 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
     if dtype == 'float32':
         symbol, conversion = graph.symbol, None
     else:
-        policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class)
+        policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class,
+                             lp_ops_only=lp_ops_only, fp32_conditions=fp32_conditions)
         shapes = {}
         if arg_params is not None:
             assert aux_params is not None   # `aux_params or {}` above
             shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
         shapes.update(input_shapes)
-        conversion = convert_graph(graph, policy, params=params, input_types=input_types, shapes=shapes,
-                                   portable=portable)
+        conversion = convert_graph(graph, policy, params=params if cast_params else (),
+                                   input_types=input_types, shapes=shapes, portable=portable)
         symbol = conversion.symbol
         if arg_params is not None:
             arg_params, aux_params = _cast_params(arg_params, conversion), _cast_params(aux_params, conversion)

@@ -77,6 +77,7 @@ from mxnet import gluon
 
 from . import diagnose
 from . import optimizer as _mp_optimizer
+from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, param_precision, widen
 from .fusion import check_trainable_params
 from .kvstore_transport import Bfloat16KVStoreTrainer, ParamsLike, _as_param_list
@@ -226,7 +227,8 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         x0.5 on overflow, within [1, 2**24]; until the first applied step an
         overflow divides the scale by 16).  A number: fixed scale; steps with
         inf/NaN are still skipped.  None: no scaling, no check, no host sync.
-        A :class:`LossScaler`: used as configured.
+        A :class:`LossScaler`: used as configured; one made with
+        ``enabled=False`` is the same as None (torch's disabled ``GradScaler``).
     master_weights : bool, optional
         FP32 master weights for float16/bfloat16 parameters.  Default: on when
         any parameter is float16 or bfloat16.  A ``multi_precision`` entry in
@@ -745,7 +747,8 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             return
         if self._loss_scaler is None:
             raise ValueError('Trainer.load_state_dict(): the state has a loss scaler but this '
-                             'Trainer was created with loss scaling off (loss_scale=None)')
+                             'Trainer was created with loss scaling off (loss_scale=None, or a '
+                             'LossScaler(enabled=False))')
         self._loss_scaler.load_state_dict(scaler_state)
 
     def save_states(self, fname: str) -> None:
@@ -753,19 +756,17 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
 
         The file wraps what ``gluon.Trainer.save_states`` writes; plain
         ``gluon.Trainer`` files are still accepted by :meth:`load_states`.
-        Synchronises with the host (reads the states).
+        Synchronises with the host (reads the states).  Written whole or not at
+        all (`mxamp.atomic_files`): an interrupted save leaves the previous file.
         """
-        tmp = '%s.mxamp-%d.tmp' % (fname, os.getpid())
-        try:
-            super(Trainer, self).save_states(tmp)
-            with open(tmp, 'rb') as f:
+        with replaced_on_success(fname) as temporary:
+            # gluon.Trainer writes a file of its own; it becomes one item of mxamp's.
+            super(Trainer, self).save_states(temporary)
+            with open(temporary, 'rb') as f:
                 inner = f.read()
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        payload = pickle.dumps({'gluon_states': inner, 'mxamp': self.state_dict()})
-        with open(fname, 'wb') as f:
-            f.write(_FILE_MAGIC + payload)
+            payload = pickle.dumps({'gluon_states': inner, 'mxamp': self.state_dict()})
+            with open(temporary, 'wb') as f:
+                f.write(_FILE_MAGIC + payload)
 
     def load_states(self, fname: str) -> None:
         """Load what :meth:`save_states` wrote (or a plain ``gluon.Trainer`` file).

@@ -121,7 +121,6 @@ FP32 alone.  A worker that fails, crashes or times out becomes an ``error``
 entry for its mode, not measured in later rounds; the table's notes say why.
 """
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -164,12 +163,6 @@ SGD = {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5}
 # mxamp.Trainer's loss_scale per mode ('auto': none for bfloat16, which has FP32's range).
 MXAMP_LOSS_SCALE = {'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
 
-# Environment variables that change what a worker measures (prefixes): recorded
-# in the JSON and put in front of the `reproduce` commands.
-PERFORMANCE_VARIABLES = ('OMP_', 'KMP_', 'GOMP_', 'MXNET_', 'DNNL_', 'MKLDNN_', 'MXAMP_',
-                         'LD_PRELOAD')
-# The OpenMP runtimes libmxnet.so links (GNU, Intel), by soname.
-MXNET_OPENMP_SONAMES = ('libgomp.so.1', 'libiomp5.so')
 
 # One measured configuration: every mode of it is compared with its FP32.
 Config = namedtuple('Config', 'network task batch threads')
@@ -355,65 +348,7 @@ def mxamp_compute():
 
 def launch_variables():
     """The variables this process was started with that change a measurement."""
-    return {k: v for k, v in sorted(LAUNCH_ENV.items()) if k.startswith(PERFORMANCE_VARIABLES)}
-
-
-def _mapped_files():
-    """Paths of the files mapped into this process, once each, in address order."""
-    paths = []
-    with open('/proc/self/maps') as maps:
-        for line in maps:
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith('/'):
-                paths.append(fields[5].rstrip('\n'))
-    return list(dict.fromkeys(paths))
-
-
-def mxnet_openmp_runtime(paths):
-    """Which of the mapped `paths` is the OpenMP runtime libmxnet.so uses.
-
-    Other packages map their own copies beside it (scikit-learn's
-    ``scikit_learn.libs/libgomp-<hash>.so.1.0.0``), with settings of their
-    own: only a file named after a soname libmxnet.so links counts.
-
-    Returns
-    -------
-    tuple
-        ``(path, None)``, or ``(None, why)`` when there is none or more than one.
-    """
-    runtimes = [p for p in paths if os.path.basename(p).startswith(MXNET_OPENMP_SONAMES)]
-    if len(runtimes) == 1:
-        return runtimes[0], None
-    if runtimes:
-        return None, 'several OpenMP runtimes mapped: %s' % ', '.join(runtimes)
-    others = [p for p in paths if os.path.basename(p).startswith(('libgomp', 'libiomp5'))]
-    return None, 'no %s mapped (other OpenMP runtimes: %s)' % (
-        ' or '.join(MXNET_OPENMP_SONAMES), ', '.join(others) or 'none')
-
-
-def mxnet_openmp_threads():
-    """The number of OpenMP threads MXNet computes with in this process.
-
-    libmxnet.so fixes it when it loads (``OMP_NUM_THREADS``, or half the
-    logical CPUs when unset) by setting the loading thread's OpenMP count:
-    asked on the main thread, after ``import mxnet``.
-
-    Returns
-    -------
-    dict
-        ``openmp_threads`` (``omp_get_max_threads()`` of MXNet's OpenMP runtime,
-        or None), ``openmp_runtime`` (its path, or None) and, when the count is
-        None, ``openmp_unknown`` (why).
-    """
-    path, why = mxnet_openmp_runtime(_mapped_files())
-    if path is not None:
-        try:
-            # RTLD_NOLOAD: the copy libmxnet.so uses, never a fresh one with its own settings.
-            runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
-            return {'openmp_threads': int(runtime.omp_get_max_threads()), 'openmp_runtime': path}
-        except (OSError, AttributeError) as exc:
-            why = '%s: %s' % (path, exc)
-    return {'openmp_threads': None, 'openmp_runtime': path, 'openmp_unknown': why}
+    return hardware.performance_variables(LAUNCH_ENV)
 
 
 def _rss_mb(field):
@@ -459,10 +394,10 @@ def worker_main(spec):
     dict
         :func:`time_iterations`'s figures, ``base_rss_mb`` (after building,
         before the first iteration), ``peak_rss_mb``, ``load_average`` (1 min,
-        at the start) and ``environment``: :func:`mxnet_openmp_threads` and the
+        at the start) and ``environment``: :func:`mxamp.hardware.mxnet_openmp_threads` and the
         ``variables`` the process was started with.
     """
-    environment = dict(mxnet_openmp_threads(), variables=launch_variables())
+    environment = dict(hardware.mxnet_openmp_threads(), variables=launch_variables())
     load_average = os.getloadavg()[0]
     run = build(spec['task'], spec['mode'], spec['network'], spec['batch'], spec['image_size'])
     base_rss = _rss_mb('VmRSS')
@@ -737,17 +672,6 @@ def _version(package):
         return None
 
 
-def _cpu_model():
-    try:
-        with open('/proc/cpuinfo') as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def meta(args, argv):
     """What the run was and where it ran: command line, versions, CPU, load."""
     return {'schema_version': SCHEMA_VERSION,
@@ -758,7 +682,7 @@ def meta(args, argv):
             'versions': {'mxnet': mx.__version__, 'mxamp': mxamp.__version__,
                          'numpy': np.__version__, 'python': platform.python_version(),
                          'gluoncv': _version('gluoncv')},
-            'cpu_model': _cpu_model(), 'cpu_count': os.cpu_count(),
+            'cpu_model': hardware.cpu_model(), 'cpu_count': os.cpu_count(),
             'usable_cpus': hardware.usable_cpus(),
             'hardware': hardware.describe(), 'cpu_class': hardware.describe_cpu_class(),
             'DNNL_MAX_CPU_ISA': LAUNCH_ENV.get('DNNL_MAX_CPU_ISA'),

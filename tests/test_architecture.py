@@ -14,20 +14,22 @@ PACKAGE = os.path.join(ROOT, 'mxamp')
 
 # Bottom to top (docs/architecture.rst, "Layers").
 LAYERS = (
-    ('facts', {'hardware', 'kvkeys'}),
+    ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version'}),
     ('precision names', {'dtypes'}),
-    ('policy and graph rewrite', {'policy', 'graph', 'fusion'}),
-    ('fronts', {'gluon', 'inference', 'symbol', 'diagnose'}),
+    ('policy and graph rewrite', {'policy', 'migration', 'graph', 'fusion', 'network_state', 'diagnose'}),
+    ('fronts', {'gluon', 'inference', 'symbol'}),
     ('training', {'optimizer', 'kvstore_transport', 'loss_scaler', 'trainer', 'module'}),
-    ('tools', {'cli', '__main__', '__init__'}),
+    ('tools', {'system_info', 'cli', '__main__', '__init__'}),
 )
 # Edges within a layer, each one way.
 WITHIN = {
-    ('graph', 'policy'), ('fusion', 'graph'),
-    ('inference', 'gluon'), ('inference', 'fusion'), ('diagnose', 'gluon'),
+    ('graph', 'policy'), ('migration', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
+    ('network_state', 'policy'), ('diagnose', 'graph'), ('diagnose', 'policy'),
+    ('diagnose', 'network_state'),
+    ('inference', 'gluon'),
     ('trainer', 'optimizer'), ('trainer', 'kvstore_transport'), ('trainer', 'loss_scaler'),
     ('module', 'optimizer'), ('module', 'kvstore_transport'), ('module', 'loss_scaler'),
-    ('__main__', 'cli'), ('__init__', 'cli'),
+    ('__main__', 'cli'), ('__init__', 'cli'), ('cli', 'system_info'), ('__init__', 'system_info'),
 }
 # The training layer sits beside the fronts: it may not import them.
 BESIDE = ('training', 'fronts')
@@ -35,10 +37,6 @@ BESIDE = ('training', 'fronts')
 KNOWN = {
     ('hardware', 'dtypes'): 'the deprecated hardware.resolve_dtype (mxamp 0.1.0 spelling), '
                             'kept for one release',
-    ('loss_scaler', 'diagnose'): 'naming the parameters whose gradients are not finite: '
-                                 'diagnose reads a Gluon net\'s conversion from mxamp.gluon',
-    ('trainer', 'diagnose'): 'Trainer(diagnose_net=...) traces the first non-finite output '
-                             'of the user\'s net',
 }
 
 

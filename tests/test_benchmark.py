@@ -293,22 +293,6 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
     assert bench.mode_settings('inference', 'mxamp+fusion')['fusion'] == 'MKLDNN'
 
 
-def test_openmp_runtime_is_the_one_libmxnet_links():
-    bench = _load()
-    ours = '/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0'
-    vendored = '/venv/site-packages/scikit_learn.libs/libgomp-a34b3233.so.1.0.0'
-    assert bench.mxnet_openmp_runtime([vendored, ours, '/usr/lib/libc.so.6']) == (ours, None)
-    assert bench.mxnet_openmp_runtime(['/opt/intel/lib/libiomp5.so']) == (
-        '/opt/intel/lib/libiomp5.so', None)
-    path, why = bench.mxnet_openmp_runtime([vendored])
-    assert path is None and vendored in why
-    path, why = bench.mxnet_openmp_runtime([ours, '/opt/intel/lib/libiomp5.so'])
-    assert path is None and why.startswith('several OpenMP runtimes mapped')
-    here = bench.mxnet_openmp_threads()     # this process loaded MXNet
-    assert here['openmp_threads'] >= 1, here
-    assert os.path.basename(here['openmp_runtime']).startswith(bench.MXNET_OPENMP_SONAMES)
-
-
 def test_output_is_written_whole_or_not_at_all(tmp_path):
     bench = _load()
     out = tmp_path / 'bench.json'

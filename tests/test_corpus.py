@@ -10,7 +10,7 @@ import pytest
 import mxnet as mx
 
 from conftest import CORPUS, corpus_rows, input_shapes, require_corpus
-from mxamp import convert_model, convert_symbol
+from mxamp import convert_symbol, convert_with_record
 from mxamp.dtypes import to_float32_numpy
 from mxamp.graph import check_graph
 from mxamp.symbol import make_policy
@@ -113,8 +113,8 @@ def test_bfloat16_outputs_close_to_fp32(row):
                   for a, b in zip(reference, _forward(symbol, inputs, args, auxs))]
     # Built for this CPU (cpu_class='auto'): bfloat16 compute where it has the
     # kernels, bfloat16 parameters with FP32 compute elsewhere.
-    converted, c_args, c_auxs, conversion = convert_model(
-        symbol, args, auxs, 'bfloat16', return_conversion=True, cpu_class='auto')
+    converted, c_args, c_auxs, conversion = convert_with_record(
+        symbol, 'bfloat16', arg_params=args, aux_params=auxs, cpu_class='auto')
     stored_low = [n for n, v in dict(c_args, **c_auxs).items() if v.dtype != np.float32]
     assert sorted(stored_low) == sorted(conversion.lp_params)
     outputs = _forward(converted, inputs, c_args, c_auxs)

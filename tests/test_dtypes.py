@@ -1,18 +1,18 @@
-"""mxamp.dtypes: names, and the float32 <-> bfloat16 casts on every CPU class."""
+"""mxamp.dtypes: names, the float32 <-> bfloat16 casts on every CPU class, and
+bfloat16 data in numpy (ml_dtypes.bfloat16), checked against ml-dtypes and MXNet's own casts."""
+import ml_dtypes
 import numpy as np
 import pytest
 
 import mxnet as mx
 
 from mxamp import dtypes
-from mxamp.dtypes import BFLOAT16, to_float32_numpy
+from mxamp.dtypes import BFLOAT16, NUMPY_BFLOAT16, to_float32_numpy
 
 
 def _nearest_even(values):
-    """float32 -> bfloat16 -> float32 in numpy, round to nearest even (amp_cast's rounding)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32)
+    """float32 -> bfloat16 -> float32 by ml-dtypes: round to nearest even (amp_cast's rounding)."""
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def _values():
@@ -71,3 +71,156 @@ def test_public_casts_agree_whichever_kernel_this_cpu_uses(monkeypatch, generic)
     # float16 never takes the bfloat16 route.
     np.testing.assert_array_equal(dtypes.amp_cast(x, np.float16).asnumpy(),
                                   normal.astype(np.float16))
+
+
+# ---------------------------------------------------------------------------------
+# bfloat16 in numpy: ml_dtypes.bfloat16, and every bit pattern against ml-dtypes and MXNet
+# ---------------------------------------------------------------------------------
+def _every_bfloat16():
+    """All 65,536 bfloat16 bit patterns: zeros, subnormals, normals, infinities, NaNs."""
+    return np.arange(2 ** 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+
+
+def _subnormals():
+    rng = np.random.RandomState(1)
+    magnitudes = rng.randint(1, 0x800000, 2000).astype(np.uint32)
+    # Ties (the dropped half is 0x8000) among them, both parities of the kept bits.
+    magnitudes[:200] = (magnitudes[:200] & ~np.uint32(0xFFFF)) | np.uint32(0x8000)
+    return np.concatenate([magnitudes, magnitudes | np.uint32(0x80000000)]).view(np.float32)
+
+
+def _bits(values):
+    return np.asarray(values).view(np.uint16).astype(np.int64)
+
+
+def _mxamp_bits(values):
+    """float32 values narrowed by mxamp's public cast, as uint16 bit patterns."""
+    return _bits(dtypes.to_numpy(dtypes.cast(mx.nd.array(values), 'bfloat16')))
+
+
+def _mxnet_truncated_bits(values):
+    """MXNet's own ``Cast`` to bfloat16, which truncates toward zero.  (Its front end reads
+    dtype='bfloat16' through numpy, which knows the name once ml_dtypes is imported.)"""
+    return _bits(mx.nd.cast(mx.nd.array(values), dtype='bfloat16').asnumpy())
+
+
+def _ml_dtypes_bits(values):
+    return _bits(np.asarray(values, np.float32).astype(ml_dtypes.bfloat16))
+
+
+def test_to_numpy_hands_out_numpys_bfloat16_with_mxnets_bits():
+    patterns = _every_bfloat16()
+    x = dtypes.from_numpy(patterns)
+    assert x.dtype == BFLOAT16 and x.shape == patterns.shape
+    np.testing.assert_array_equal(x.asnumpy().view(np.uint16), patterns.view(np.uint16))
+    out = dtypes.to_numpy(x)
+    assert out.dtype == NUMPY_BFLOAT16 == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(out.view(np.uint16), patterns.view(np.uint16))
+    # Shapes, and a value computed with, as numpy's own dtype.
+    low = dtypes.cast(mx.nd.array([[1.0, -2.5], [0.15625, 3.0]]), 'bfloat16')
+    grid = dtypes.to_numpy(low)
+    assert grid.shape == (2, 2) and grid.dtype == NUMPY_BFLOAT16
+    assert grid.sum(dtype=np.float32) == np.float32(1.65625)
+    scalar = dtypes.to_numpy(low[0, 1].reshape(()))
+    assert scalar.shape == () and scalar.dtype == NUMPY_BFLOAT16 and float(scalar) == -2.5
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float16, np.int32])
+def test_to_numpy_and_from_numpy_leave_other_dtypes_as_mxnet_has_them(dtype):
+    values = np.arange(6).reshape(2, 3).astype(dtype)
+    x = dtypes.from_numpy(values, ctx=mx.cpu(0))
+    assert x.dtype == dtype and x.context == mx.cpu(0)
+    got = dtypes.to_numpy(x)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, values)
+
+
+def test_from_numpy_refuses_what_is_not_a_numpy_array():
+    with pytest.raises(TypeError,
+                       match=r'^from_numpy\(\): values must be a numpy array, got list$'):
+        dtypes.from_numpy([1.0, 2.0])
+
+
+def test_numpys_bfloat16_names_the_bfloat16_precision():
+    for spelling in (ml_dtypes.bfloat16, NUMPY_BFLOAT16, BFLOAT16, 'bfloat16', 'bf16'):
+        assert dtypes.dtype_name(spelling) == 'bfloat16'
+    assert dtypes.precision_name(ml_dtypes.float8_e4m3fn) is None
+    # MXNet's own dtype stays what mxamp gives MXNet.
+    assert dtypes.numpy_dtype(ml_dtypes.bfloat16) == BFLOAT16
+    assert dtypes.cast(mx.nd.ones(3), ml_dtypes.bfloat16).dtype == BFLOAT16
+
+
+def test_widening_is_exact_for_every_bit_pattern():
+    """Infinities stay infinite, NaNs stay NaN (payloads kept), subnormals exact:
+    what ml-dtypes and MXNet's own Cast to float32 give, bit for bit."""
+    patterns = _every_bfloat16()
+    x = dtypes.from_numpy(patterns)
+    got = to_float32_numpy(x)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), patterns.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(got.view(np.uint32),
+                                  mx.nd.cast(x, dtype='float32').asnumpy().view(np.uint32))
+    assert np.isnan(got).sum() == np.isnan(patterns.astype(np.float32)).sum() == 2 * (2 ** 7 - 1)
+    assert np.isinf(got).sum() == 2
+
+
+@pytest.mark.parametrize('generic', [False, True])
+def test_narrowing_is_mxnets_truncation_or_one_step_up_to_the_nearest(monkeypatch, generic):
+    """Finite float32 values: mxamp's cast gives MXNet's truncated bits or the next
+    ones (the bits order bfloat16 magnitudes), rounding up exactly when the dropped
+    half-word is above half a step; ties go to even (ml-dtypes) with amp_cast and
+    away from zero with MXNet's generic kernels (the 'avx2' route)."""
+    monkeypatch.setattr(dtypes, '_reference_bfloat16_reorders', lambda: generic)
+    normal, ties, near, special = _values()
+    values = np.concatenate([normal, ties, near, special[special != 0], -ties])
+    got, truncated, nearest = _mxamp_bits(values), _mxnet_truncated_bits(values), \
+        _ml_dtypes_bits(values)
+    dropped = values.view(np.uint32) & 0xFFFF
+    tie = dropped == 0x8000
+    np.testing.assert_array_equal(got - truncated, np.where(tie, got - truncated, dropped > 0x8000))
+    np.testing.assert_array_equal(got[~tie], nearest[~tie])
+    np.testing.assert_array_equal(got[tie], truncated[tie] + 1 if generic else nearest[tie])
+    # ml-dtypes' ties go to even: up exactly where the truncated bits are odd.
+    np.testing.assert_array_equal(nearest[tie] - truncated[tie], truncated[tie] & 1)
+    # Zeros stay zero; oneDNN's reorder (amp_cast) gives -0.0 as +0.0.
+    zeros = to_float32_numpy(dtypes.cast(mx.nd.array([0.0, -0.0]), 'bfloat16'))
+    np.testing.assert_array_equal(zeros, [0.0, 0.0])
+
+
+@pytest.mark.parametrize('generic', [False, True])
+def test_narrowing_subnormals_rounds_like_ml_dtypes_or_flushes_to_zero(monkeypatch, generic):
+    """oneDNN's reorder (amp_cast) treats float32 subnormals as zero, as bfloat16
+    hardware does; MXNet's generic kernels round them as they round normal values."""
+    monkeypatch.setattr(dtypes, '_reference_bfloat16_reorders', lambda: generic)
+    values = _subnormals()
+    got, truncated, nearest = _mxamp_bits(values), _mxnet_truncated_bits(values), \
+        _ml_dtypes_bits(values)
+    signed_zero = (values.view(np.uint32) >> 16).astype(np.int64) & 0x8000
+    tie = (values.view(np.uint32) & 0xFFFF) == 0x8000
+    if generic:
+        np.testing.assert_array_equal(got[~tie], nearest[~tie])
+        np.testing.assert_array_equal(got[tie], truncated[tie] + 1)
+    else:
+        assert ((got == nearest) | (got == signed_zero)).all()
+    # The oracle itself: ml-dtypes keeps subnormals, one step at most above MXNet's truncation.
+    assert set(np.unique(nearest - truncated)) <= {0, 1} and (nearest != signed_zero).any()
+
+
+@pytest.mark.parametrize('generic', [False, True])
+def test_narrowing_keeps_nan_and_infinity(monkeypatch, generic):
+    """NaN stays NaN, whatever its payload (a signalling NaN whose payload sits in the
+    dropped half does not become infinite); infinities stay infinite with amp_cast,
+    and become NaN with MXNet's generic kernels (see dtypes._generic_cast)."""
+    monkeypatch.setattr(dtypes, '_reference_bfloat16_reorders', lambda: generic)
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF], np.uint32) \
+        .view(np.float32)
+    infinities = np.array([np.inf, -np.inf], np.float32)
+    assert np.isnan(nans.astype(ml_dtypes.bfloat16).astype(np.float32)).all()
+    assert np.isnan(to_float32_numpy(dtypes.cast(mx.nd.array(nans), 'bfloat16'))).all()
+    got = to_float32_numpy(dtypes.cast(mx.nd.array(infinities), 'bfloat16'))
+    if generic:
+        assert np.isnan(got).all()
+    else:
+        np.testing.assert_array_equal(_bits(got.astype(ml_dtypes.bfloat16)),
+                                      _ml_dtypes_bits(infinities))
+        np.testing.assert_array_equal(got, infinities)

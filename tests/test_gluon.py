@@ -20,6 +20,7 @@ import mxamp.dtypes as dtypes
 import mxamp.hardware as hw
 from conftest import computes_in, needs_bfloat16_compute
 import mxamp.optimizer as mo
+from mxamp.network_state import state_of
 from mxamp.dtypes import BFLOAT16, cast, dtype_name, to_float32_numpy
 
 DTYPES = ['bfloat16', 'float16']
@@ -486,7 +487,7 @@ def test_auto_on_cpu_is_bfloat16_where_the_cpu_computes_it():
         warnings.simplefilter('ignore')   # 'auto' stays in float32: said once per process
         net = mg.convert(make(), 'auto')
     if hw.computes_bfloat16():
-        assert net._mxamp_settings.dtype == 'bfloat16'
+        assert state_of(net).settings.dtype == 'bfloat16'
     else:
         assert not mg.is_converted(net)
         text = mg.summary(net, print_fn=None)
@@ -555,9 +556,9 @@ def test_a_network_is_converted_once_per_device_and_shape_knowledge(monkeypatch)
     mg.convert(net, 'bfloat16')
     # What is stored in low precision is decided by convert, for good, before any rewrite.
     assert rewrites == []
-    assert net._mxamp_settings.lp_params == {p.name for i in (0, 3, 7) for p in (net[i].weight, net[i].bias)}
+    assert state_of(net).settings.lp_params == {p.name for i in (0, 3, 7) for p in (net[i].weight, net[i].bias)}
     with pytest.raises(AttributeError):
-        net._mxamp_settings.lp_params = frozenset()
+        state_of(net).settings.lp_params = frozenset()
     x = data()
     out = net(x).asnumpy()
     # One rewrite, knowing the input's shape, from which the weights' follow.
@@ -585,3 +586,15 @@ def test_a_network_is_converted_once_per_device_and_shape_knowledge(monkeypatch)
     net(x)
     names = {p.name for p in net.collect_params().values()}
     assert [set(shapes) for shapes in rewrites] == [names, names | {'data'}]
+
+
+@pytest.mark.parametrize('dtype', ['float16', 'bfloat16'])
+@pytest.mark.parametrize('hybridize', [True, False])
+def test_low_precision_inputs_are_read_as_their_exact_float32_values(dtype, hybridize):
+    # A low-precision input pipeline: MXNet stopped at the first op ("expected float32, got float16").
+    net = make()
+    mg.convert(net, dtype)
+    if hybridize:
+        net.hybridize()
+    x = cast(data(), dtype)
+    np.testing.assert_array_equal(net(x).asnumpy(), net(cast(x, 'float32')).asnumpy())

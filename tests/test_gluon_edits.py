@@ -1,5 +1,6 @@
 """Tests of editing a converted Gluon net: re-initialising it, replacing or adding
-children, and MXNet's ``optimize_for`` (refused: `mxamp.for_inference` fuses).
+children, and MXNet's ``optimize_for`` and ``hybridize(backend=...)`` (refused:
+`mxamp.for_inference` fuses).
 
 Outputs of an edited net are compared with an FP32 copy of it that loads the
 converted net's checkpoint (``save_parameters`` writes the stored values in
@@ -329,6 +330,12 @@ def test_optimize_for_refuses_and_for_inference_fuses(dtype, deferred):
     net = make(dtype, in_channels=0 if deferred else 4)
     with pytest.raises(RuntimeError, match=r"optimize_for .* call mxamp\.for_inference\(net, x\)"):
         net.optimize_for(X, backend='MKLDNN')
+    # hybridize(backend=...) partitions at the next call as optimize_for does: refused alike.
+    with pytest.raises(RuntimeError, match=r"hybridize\(backend='MKLDNN'\) would fuse it for "
+                                           r"inference .* call mxamp\.for_inference\(net, x\)"):
+        net.hybridize(backend='MKLDNN')
+    net.hybridize(static_alloc=True)     # without a backend: MXNet's own
+    assert net._flags[0] == ('static_alloc', True)
     # Nothing was partitioned: the net still trains (non-zero gradients).
     with autograd.record():
         loss = net(X).sum()

@@ -8,7 +8,7 @@ import pytest
 import mxnet as mx
 
 from conftest import needs_bfloat16_compute
-from mxamp import convert_model, convert_symbol, hardware
+from mxamp import convert_model, convert_symbol, convert_with_record, hardware
 from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy, type_flag
 from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, check_graph, convert_graph,
                          format_report, load_graph, plan_node)
@@ -91,7 +91,8 @@ def test_plan_node_decides_each_rule(op, attrs, policy, states, shapes, expected
 def test_casts_only_at_boundaries_with_low_precision_params():
     symbol = small_cnn()
     args, auxs = params_of(symbol)
-    converted, c_args, c_auxs, conversion = convert_model(symbol, args, auxs, 'bfloat16', return_conversion=True)
+    converted, c_args, c_auxs, conversion = convert_with_record(symbol, 'bfloat16', arg_params=args,
+                                                                 aux_params=auxs)
     cast_nodes = casts(converted)
     # data into the first conv, fc output back to FP32 for the softmax: nothing else.
     assert sorted((n['inputs'][0][0], n['attrs']['dtype']) for n in cast_nodes) == sorted(
@@ -183,8 +184,8 @@ def test_exclude_and_fp32_ops_overrides():
 def test_float16_on_cpu_computes_gemm_in_fp32_between_float16_casts():
     symbol = small_cnn()
     args, auxs = params_of(symbol)
-    converted, c_args, c_auxs, conversion = convert_model(
-        symbol, args, auxs, 'float16', ctx=mx.cpu(), return_conversion=True)
+    converted, c_args, c_auxs, conversion = convert_with_record(
+        symbol, 'float16', arg_params=args, aux_params=auxs, ctx=mx.cpu())
     assert c_args['conv0_weight'].dtype == np.float16  # float16 storage
     graph = nodes(converted)
     conv1 = next(n for n in graph if n['name'] == 'conv1')
@@ -348,8 +349,8 @@ def test_bfloat16_rgb_stem_gets_a_zero_channel():
     symbol = stem_cnn()
     shapes = {'data': (2, 3, 8, 8)}
     args, auxs = params_of(symbol, data_shape=shapes['data'])
-    converted, c_args, c_auxs, conversion = convert_model(
-        symbol, args, auxs, 'bfloat16', input_shapes=shapes, return_conversion=True)
+    converted, c_args, c_auxs, conversion = convert_with_record(
+        symbol, 'bfloat16', arg_params=args, aux_params=auxs, input_shapes=shapes)
     assert set(conversion.node_precision.values()) == {'bfloat16', 'float32'}
     assert all(conversion.node_precision[n] == 'bfloat16' for n in ('stem', 'stem_bn', 'body', 'fc'))
     graph = nodes(converted)
@@ -432,8 +433,8 @@ def test_bfloat16_convolution_without_blocked_kernel_runs_in_float32():
     symbol = stem_cnn(stem_channels=24)
     shapes = {'data': (2, 16, 8, 8)}
     args, auxs = params_of(symbol, data_shape=shapes['data'])
-    converted, c_args, c_auxs, conversion = convert_model(
-        symbol, args, auxs, 'bfloat16', input_shapes=shapes, return_conversion=True)
+    converted, c_args, c_auxs, conversion = convert_with_record(
+        symbol, 'bfloat16', arg_params=args, aux_params=auxs, input_shapes=shapes)
     precision = conversion.node_precision
     assert [precision[n] for n in ('stem', 'stem_bn', 'stem_relu', 'stem_pool', 'body', 'body_bn')] \
         == ['float32'] * 6
@@ -498,8 +499,8 @@ def padded_convolution(kernel, data_shape):
     values = {n: mx.nd.array(rng.randint(-1, 2, s)) for n, s in zip(out.list_arguments(), arg_shapes)}
     head_grad = mx.nd.array(rng.randint(-1, 2, out_shapes[0]))
     args = {n: v for n, v in values.items() if n != 'data'}
-    converted, c_args, _, conversion = convert_model(
-        out, args, {}, 'bfloat16', input_shapes={'data': data_shape}, return_conversion=True)
+    converted, c_args, _, conversion = convert_with_record(
+        out, 'bfloat16', arg_params=args, aux_params={}, input_shapes={'data': data_shape})
     assert next(n for n in conversion.nodes if n.name == 'conv').plan.pad_channels
     return out, values, head_grad, converted, dict(c_args, data=values['data'])
 
@@ -578,8 +579,8 @@ def test_auto_and_float32_mean_for_symbols_what_they_mean_for_gluon(monkeypatch)
         monkeypatch.setattr(hardware, 'cpu_class', lambda: klass)
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')     # 'auto' stays float32: said once per process
-            sym, c_args, c_auxs, conversion = convert_model(symbol, args, auxs, 'auto',
-                                                            ctx=mx.cpu(), return_conversion=True)
+            sym, c_args, c_auxs, conversion = convert_with_record(symbol, 'auto', arg_params=args,
+                                                                  aux_params=auxs, ctx=mx.cpu())
             graph_only = convert_symbol(symbol.tojson(), 'auto', ctx=mx.cpu())
         if expected == 'float32':
             assert conversion is None and sym is symbol and c_args is args and c_auxs is auxs

@@ -378,3 +378,25 @@ def test_the_old_spelling_of_resolve_dtype_still_works_and_says_where_it_went():
     assert old is dtypes.resolve_dtype
     with pytest.raises(AttributeError):
         hardware.no_such_name
+
+
+def test_openmp_runtime_is_the_one_libmxnet_links():
+    ours = '/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0'
+    vendored = '/venv/site-packages/scikit_learn.libs/libgomp-a34b3233.so.1.0.0'
+    assert hardware.mxnet_openmp_runtime([vendored, ours, '/usr/lib/libc.so.6']) == (ours, None)
+    assert hardware.mxnet_openmp_runtime(['/opt/intel/lib/libiomp5.so']) == (
+        '/opt/intel/lib/libiomp5.so', None)
+    path, why = hardware.mxnet_openmp_runtime([vendored])
+    assert path is None and vendored in why
+    path, why = hardware.mxnet_openmp_runtime([ours, '/opt/intel/lib/libiomp5.so'])
+    assert path is None and why.startswith('several OpenMP runtimes mapped')
+    here = hardware.mxnet_openmp_threads()     # this process loaded MXNet
+    assert here['openmp_threads'] >= 1, here
+    assert os.path.basename(here['openmp_runtime']).startswith(hardware.MXNET_OPENMP_SONAMES)
+
+
+def test_performance_variables_are_the_ones_that_change_how_mxnet_computes():
+    env = {'OMP_NUM_THREADS': '2', 'MXNET_ENGINE_TYPE': 'NaiveEngine', 'DNNL_VERBOSE': '1',
+           'HOME': '/root', 'MXAMP_AMX': '0', 'PATH': '/bin'}
+    assert list(hardware.performance_variables(env)) == ['DNNL_VERBOSE', 'MXAMP_AMX', 'MXNET_ENGINE_TYPE',
+                                                  'OMP_NUM_THREADS']

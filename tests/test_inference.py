@@ -199,6 +199,17 @@ def test_trainers_refuse_its_parameters_and_summary_says_fused():
     assert 'inference only' in mxamp.summary(plain, print_fn=None)
 
 
+def test_a_child_added_after_fusing_is_inference_only_too():
+    x = data()
+    net = mxamp.for_inference(make(), x, dtype='bfloat16')
+    head = mx.gluon.nn.Dense(3)
+    head.initialize()
+    net.add(head)
+    net(x)                      # partitioned again, with the child inside the fused graph
+    with pytest.raises(RuntimeError, match="parameter '%s' belongs to" % head.weight.name):
+        mxamp.Trainer(head.collect_params(), 'sgd', {'learning_rate': 0.1})
+
+
 # ---------------------------------------------------------------------------
 # bfloat16 compute: a zero-padded RGB stem under deferred initialisation
 

@@ -278,8 +278,8 @@ def test_names_that_match_nothing_are_refused_naming_the_option(resnet18):
         with pytest.raises(ValueError, match='nosuchnode'):
             mxamp.convert_model(sym, args, auxs, 'auto', exclude=['nosuchnode'], ctx=mx.cpu())
     # What does match is excluded.
-    precision = mxamp.convert_model(sym, args, auxs, 'bfloat16', exclude=['stage4*', 'fc1'],
-                                    return_conversion=True)[3].node_precision
+    precision = mxamp.convert_with_record(sym, 'bfloat16', arg_params=args, aux_params=auxs,
+                                          exclude=['stage4*', 'fc1']).conversion.node_precision
     assert {p for n, p in precision.items() if n.startswith(('stage4', 'fc1'))} == {'float32'}
     assert precision['stage3_unit2_conv2'] == 'bfloat16'
 

@@ -10,6 +10,7 @@ import textwrap
 import time
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -1019,10 +1020,8 @@ def test_dist_training_starts_after_an_inference_pass(tmp_path, dtype, update_on
 # bfloat16 gradients and MXNet's kvstores
 # ---------------------------------------------------------------------------------
 def _bf16_round(values):
-    """float32 -> bfloat16 (round to nearest even) -> float32, in numpy."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32)
+    """float32 -> bfloat16 -> float32, round to nearest even, by ml-dtypes."""
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def _dense_run(dtype, ctxs, kvstore, steps=3, **trainer_kwargs):

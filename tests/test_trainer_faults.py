@@ -9,6 +9,7 @@
 """
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -22,10 +23,8 @@ from mxamp.trainer import Trainer
 
 
 def _bf16_round(values):
-    """float32 -> bfloat16 -> float32, round to nearest even, in numpy."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32)
+    """float32 -> bfloat16 -> float32, round to nearest even, by ml-dtypes."""
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def depthwise_net(dtype='bfloat16', seed=0):

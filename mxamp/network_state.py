@@ -1,0 +1,284 @@
+"""What mxamp keeps on a Gluon network it has seen, and the moves it allows.
+
+One object per block, `NetworkState`, holds everything mxamp decided about a
+network and everything it remembers of it; this module is the only place that
+attaches it (``_mxamp_state``, mxamp's one attribute on a block) and the only
+place that changes it.  The Gluon front (`mxamp.gluon`, `mxamp.inference`)
+drives it; readers below the fronts (`mxamp.diagnose`, and through it the
+trainers' overflow reports) read it without importing a front.
+
+The life cycle of a network, each move a method here::
+
+    FP32 net --mxamp.convert(dtype)-----------> CONVERTED (Settings shared by its tree)
+             --mxamp.convert('float32' or
+               'auto' on a CPU without bf16)---> KEPT_FLOAT32 (the reason, for summary)
+    KEPT_FLOAT32 --mxamp.convert(dtype)-------> CONVERTED
+    CONVERTED --mxamp.convert(...)------------> ValueError: already converted
+    CONVERTED: graph built for a device type (graph_built); a child registered
+               anywhere in the tree (child_registered) makes every graph built
+               before it stale; a converted child joins the tree (join)
+    either --mxamp.for_inference--------------> the same stage, fused_for_inference
+                                                set (what was fused; training refused)
+
+Per parameter, the precision a parameter of a converted tree is stored in is
+decided once; `mxamp.gluon` keeps it on the parameter (``_mxamp_precision``,
+read by `mxamp.dtypes.param_precision`), and `mxamp.fusion` marks the
+parameters of a fused net: those two marks belong to a parameter, not to a
+network, and have one writer each.
+"""
+import collections
+import enum
+from typing import Collection, Dict, Iterable, Optional, Tuple
+
+from . import graph as graph_mod
+from . import hardware
+from .policy import Condition, Policy, emulates_float16
+
+__all__ = ['Stage', 'Settings', 'Tree', 'NetworkState', 'state_of', 'converted_state', 'seen_state', 'attach',
+           'describe_block', 'check_convertible']
+
+# mxamp's one attribute on a block.
+_ATTRIBUTE = '_mxamp_state'
+
+
+class Stage(enum.Enum):
+    """Where a network `mxamp.convert` has seen stands."""
+    #: convert was asked for float32, or 'auto' found no bfloat16 kernels: the net is untouched.
+    KEPT_FLOAT32 = 'kept float32'
+    #: the net computes under a precision policy (its class swapped, see `mxamp.gluon`).
+    CONVERTED = 'converted'
+
+
+class Settings(collections.namedtuple('Settings', [
+        'dtype',            # the target precision
+        'fp32_ops',         # tuple of operator names forced to FP32
+        'lp_ops',           # tuple of operator names forced to low precision
+        'exclude',          # tuple of node-name patterns kept in FP32
+        'lp_ops_only',      # tuple replacing the default low-precision ops, or None (contrib.amp's
+                            # target_dtype_ops, see mxamp.migration)
+        'fp32_conditions',  # tuple of (op, attribute, values) run in FP32 (conditional_fp32_ops)
+        'lp_params',        # frozenset of the parameter names stored in `dtype`
+])):
+    """What one `mxamp.convert` call decided, before converting any block; shared by the whole tree.
+
+    `rules` makes the settings of a call (lp_params still empty);
+    `decided_for` decides, with those rules, which parameters of a graph
+    are stored in low precision.
+    """
+    __slots__ = ()
+
+    @classmethod
+    def rules(cls, dtype: str, fp32_ops: Iterable[str] = (), lp_ops: Iterable[str] = (),
+              exclude: Iterable[str] = (), lp_ops_only: Optional[Iterable[str]] = None,
+              fp32_conditions: Iterable[Condition] = ()) -> 'Settings':
+        """The settings of one convert call, checked (ValueError for an unknown operator)."""
+        settings = cls(dtype, tuple(fp32_ops), tuple(lp_ops), tuple(exclude),
+                       None if lp_ops_only is None else tuple(lp_ops_only),
+                       tuple((op, attribute, tuple(values)) for op, attribute, values in fp32_conditions),
+                       frozenset())
+        settings._any_policy()  # raises here, before any block is touched
+        return settings
+
+    def _any_policy(self) -> Policy:
+        return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops, exclude=self.exclude,
+                      lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions)
+
+    def decided_for(self, fp32_graph: dict, params: Collection[str]) -> 'Settings':
+        """These rules, with the parameters of `fp32_graph` (parsed, `mxamp.graph.load_graph`)
+        among `params` that are stored in low precision."""
+        # Which parameters are stored in low precision depends on operator
+        # classes alone (see storable_params): the policy of any device decides it.
+        return self._replace(lp_params=frozenset(
+            graph_mod.storable_params(fp32_graph, self._any_policy(), params)))
+
+    def policy(self, device_type: str) -> Policy:
+        """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...)."""
+        return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
+                      exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
+                      cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class(),
+                      lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions)
+
+    def same_policy(self, other: 'Settings') -> bool:
+        """Whether a block converted with `self` may join a tree converted with `other`:
+        same dtype and operator rules, and no exclude pattern beyond `other`'s."""
+        def rules(settings):
+            only = None if settings.lp_ops_only is None else set(settings.lp_ops_only)
+            return (settings.dtype, set(settings.fp32_ops), set(settings.lp_ops), only,
+                    set(settings.fp32_conditions))
+        return rules(self) == rules(other) and set(self.exclude) <= set(other.exclude)
+
+    def text(self) -> str:
+        """The settings as the arguments of `mxamp.convert` that made them (those given)."""
+        given = [('fp32_ops', self.fp32_ops), ('lp_ops', self.lp_ops), ('exclude', self.exclude),
+                 ('target_dtype_ops', self.lp_ops_only),
+                 ('conditional_fp32_ops', self.fp32_conditions)]
+        return ', '.join([self.dtype] + ['%s=%s' % (key, list(value)) for key, value in given
+                                         if value])
+
+
+class Tree(object):
+    """What the blocks of one converted tree share: how many children were registered in it.
+
+    A block's graph includes the code of its descendants, and MXNet rebuilds
+    only the graph of the block a child is registered into; each converted
+    block remembers the count its graph was built at
+    (`NetworkState.graph_is_stale`).
+    """
+    __slots__ = ('edits',)
+
+    def __init__(self) -> None:
+        self.edits = 0
+
+
+class NetworkState(object):
+    """What mxamp keeps on one block of a network `mxamp.convert` has seen.
+
+    Made by `kept_float32` or `converted`, attached with `attach`, read with
+    `state_of`.  Illegal moves raise RuntimeError naming the stage.
+
+    Attributes
+    ----------
+    stage : Stage
+    settings : Settings
+        The tree's settings (CONVERTED; RuntimeError otherwise).
+    tree : Tree
+        The tree's edit count (CONVERTED; RuntimeError otherwise).
+    float32_reason : str or None
+        Why the net stayed FP32 (KEPT_FLOAT32).
+    built_for : str or None
+        Device type of the graph built last (CONVERTED), None before the first.
+    fused_for_inference : str or None
+        What `mxamp.for_inference` fused, when it made this net.
+    """
+    __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
+                 '_built_at', 'fused_for_inference')
+
+    def __init__(self, stage: Stage, settings: Optional[Settings] = None,
+                 tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
+        self.stage = stage
+        self._settings = settings
+        self.float32_reason = float32_reason
+        self._tree = tree
+        # device type -> (identity of the FP32 graph, its Conversion); see mxamp.gluon._conversion
+        self._conversions: Dict[str, Tuple[str, graph_mod.Conversion]] = {}
+        self.built_for: Optional[str] = None
+        self._built_at = 0
+        self.fused_for_inference: Optional[str] = None
+
+    @classmethod
+    def kept_float32(cls, reason: str) -> 'NetworkState':
+        """The state of a net convert left in FP32, saying why."""
+        return cls(Stage.KEPT_FLOAT32, float32_reason=reason)
+
+    @classmethod
+    def converted(cls, settings: Settings, tree: Tree) -> 'NetworkState':
+        """The state of one block of a tree converted under `settings`."""
+        return cls(Stage.CONVERTED, settings=settings, tree=tree)
+
+    @property
+    def precision(self) -> str:
+        """The precision convert chose: the settings' dtype, or ``'float32'``."""
+        return self._settings.dtype if self._settings is not None else 'float32'
+
+    def _require_converted(self, move: str) -> Tuple[Settings, Tree]:
+        if self.stage is not Stage.CONVERTED or self._settings is None or self._tree is None:
+            raise RuntimeError('mxamp: %s needs a converted block; this one is %s'
+                               % (move, self.stage.value))
+        return self._settings, self._tree
+
+    @property
+    def settings(self) -> Settings:
+        return self._require_converted('reading its settings')[0]
+
+    @property
+    def tree(self) -> Tree:
+        return self._require_converted('sharing its tree')[1]
+
+    # -- the graph --------------------------------------------------------
+    def graph_built(self, device_type: str) -> None:
+        """Record that the block's graph was (re)built for `device_type`, after every edit so far."""
+        tree = self._require_converted('building a graph')[1]
+        self.built_for = device_type
+        self._built_at = tree.edits
+
+    def graph_is_stale(self, device_type: Optional[str] = None) -> bool:
+        """Whether the graph built last was for another device type than `device_type`
+        (when given), or before a child was registered somewhere in the tree."""
+        tree = self._require_converted('checking a graph')[1]
+        return bool(device_type and device_type != self.built_for) or self._built_at != tree.edits
+
+    def child_registered(self) -> None:
+        """A child was registered somewhere in the tree: every graph built before is stale."""
+        self._require_converted('registering a child')[1].edits += 1
+
+    def join(self, other: 'NetworkState') -> None:
+        """This block, converted on its own, joins `other`'s tree."""
+        self._require_converted('joining a tree')
+        self._tree = other._require_converted('being joined')[1]
+
+    # -- conversions ------------------------------------------------------
+    def conversion_for(self, device_type: str) -> Optional[Tuple[str, graph_mod.Conversion]]:
+        """``(FP32 graph identity, Conversion)`` made last for `device_type`, or None."""
+        return self._conversions.get(device_type)
+
+    def remember_conversion(self, device_type: str, identity: str,
+                            conversion: graph_mod.Conversion) -> None:
+        """Keep `conversion` of the FP32 graph `identity` for `device_type`."""
+        self._require_converted('converting a graph')
+        self._conversions[device_type] = (identity, conversion)
+
+    def last_conversion(self) -> Optional[Tuple[graph_mod.Conversion, str]]:
+        """``(Conversion, device type)`` of the graph built last, None before the first build."""
+        if self.built_for is None or self.built_for not in self._conversions:
+            return None
+        return self._conversions[self.built_for][1], self.built_for
+
+    # -- inference --------------------------------------------------------
+    def mark_fused_for_inference(self, line: str) -> None:
+        """`mxamp.for_inference` made this net: `line` says what it fused."""
+        self.fused_for_inference = line
+
+
+def state_of(block: object) -> Optional[NetworkState]:
+    """The `NetworkState` of `block`, None when mxamp never saw it."""
+    return getattr(block, _ATTRIBUTE, None)
+
+
+def attach(block: object, state: NetworkState) -> None:
+    """Give `block` its state (a new one replaces a KEPT_FLOAT32 one only)."""
+    current = state_of(block)
+    if current is not None and current.stage is Stage.CONVERTED:
+        raise RuntimeError('mxamp: %s already holds a converted state' % describe_block(block))
+    object.__setattr__(block, _ATTRIBUTE, state)
+
+
+def converted_state(block: object) -> NetworkState:
+    """The state of `block`, which `mxamp.convert` converted (TypeError otherwise)."""
+    state = state_of(block)
+    if state is None or state.stage is not Stage.CONVERTED:
+        raise TypeError('%s is not converted by mxamp: call mxamp.convert(net) first'
+                        % describe_block(block))
+    return state
+
+
+def seen_state(block: object) -> NetworkState:
+    """The state of `block`, which `mxamp.convert` has seen: converted or kept float32
+    (TypeError otherwise)."""
+    state = state_of(block)
+    if state is None:
+        raise TypeError('%s was never seen by mxamp.convert' % describe_block(block))
+    return state
+
+
+def describe_block(block: object) -> str:
+    """``HybridSequential 'net_'``: a block as errors and reports name it."""
+    name = getattr(block, 'name', None)
+    return "%s '%s'" % (type(block).__name__, name) if name is not None else type(block).__name__
+
+
+def check_convertible(block: object) -> None:
+    """Raise ValueError when `block` is converted already (convert is one move, once)."""
+    state = state_of(block)
+    if state is not None and state.stage is Stage.CONVERTED:
+        raise ValueError('%s is already converted by mxamp (to %s)'
+                         % (describe_block(block), state.settings.dtype))
