@@ -8,6 +8,10 @@ partial output file.  Parameters are checked against the graph before anything
 is written: unknown or missing ones (``--allow-missing`` accepts the latter)
 and shapes the graph rejects.  ``--for-inference`` also fuses the converted
 graph with MXNet's oneDNN backend (`mxamp.fusion.fuse_symbol`).
+
+``mxamp info`` prints one screen about this machine and install for a bug
+report (`mxamp.system_info`): versions, the CPU class and what lowered it,
+what ``dtype='auto'`` picks here and why.
 """
 import argparse
 import os
@@ -27,6 +31,21 @@ EXIT_INTERNAL_ERROR = 1
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(EXIT_BAD_INPUT, '%s: error: %s\n' % (self.prog, message))
+
+
+class _Version(argparse.Action):
+    """``--version``: mxamp's version and the MXNet it runs on (imported only then)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, help=None):
+        super(_Version, self).__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                                       help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import mxnet as mx
+
+        from ._version import __version__
+        sys.stdout.write('mxamp %s (MXNet %s)\n' % (__version__, mx.__version__))
+        parser.exit()
 
 
 def _dtype(text):
@@ -53,11 +72,16 @@ def _input_shape(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog='mxamp', description='Mixed precision for Apache MXNet 1.9.1.')
+    # allow_abbrev=False: an option is matched whole (--par is not --params).
+    parser = _Parser(prog='mxamp', description='Mixed precision for Apache MXNet 1.9.1.',
+                     allow_abbrev=False)
+    parser.add_argument('--version', action=_Version,
+                        help="print mxamp's version and MXNet's, and exit")
     commands = parser.add_subparsers(dest='command', metavar='COMMAND')
     commands.required = True
     convert = commands.add_parser(
-        'convert', help='convert a symbol file (and parameters) to float16 or bfloat16',
+        'convert', allow_abbrev=False,
+        help='convert a symbol file (and parameters) to float16 or bfloat16',
         description='Rewrite an FP32 MXNet symbol to mixed precision: low-precision compute ops, '
                     'FP32 softmax/normalisation/reductions/losses, casts only at precision boundaries.')
     convert.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')
@@ -102,7 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument('--report', action='store_true',
                          help='print per-operator precision counts and the casts inserted (and '
                               'the fused nodes, with --for-inference)')
+    commands.add_parser(
+        'info', allow_abbrev=False,
+        help="print this machine's facts for a bug report (versions, CPU class, what "
+             "dtype='auto' picks and why)",
+        description="One screen to paste into a bug report: mxamp's, MXNet's, numpy's and "
+                    "Python's versions, the CPU and its class (and what lowered it), AMX, what "
+                    "dtype='auto' picks here and why, the GPUs MXNet sees, OpenMP threads, "
+                    "MXNet's build features and the environment variables that change them.")
     return parser
+
+
+def _info(args):
+    from .system_info import collect, format_info
+    print(format_info(collect()))
 
 
 def _convert(args):
@@ -185,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .graph import GraphError, error_line
     try:
-        _convert(args)
+        {'convert': _convert, 'info': _info}[args.command](args)
     except (GraphError, ValueError, OSError) as err:
         sys.stderr.write('mxamp: error: %s\n' % str(err).splitlines()[0])
         return EXIT_BAD_INPUT

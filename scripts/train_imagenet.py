@@ -25,7 +25,21 @@ BatchNorm and biases)::
         --momentum 0.875 --wd 3.0517578125e-05 --no-wd --save-dir runs/r50_fp16
 
 The same with the Symbol API: ``--symbol resnet --num-layers 50`` instead of
-``--model``.  On a CPU: ``--dtype auto`` (or ``bfloat16``).  The log and the
+``--model``.  gluoncv's and NVIDIA's spellings work too, with their meaning, or
+stop with one line naming this script's (the table at the end of ``--help``);
+a ResNet-50 v1b run with mixup written as gluoncv's model-zoo commands are::
+
+    python scripts/train_imagenet.py --rec-train train.rec --rec-train-idx train.idx \\
+        --rec-val val.rec --rec-val-idx val.idx --use-rec --model resnet50_v1b \\
+        --mode hybrid --lr 0.4 --lr-mode cosine --num-epochs 200 --batch-size 128 \\
+        --num-gpus 8 -j 60 --warmup-epochs 5 --dtype float16 --last-gamma --no-wd \\
+        --label-smoothing --mixup --save-dir runs/r50_mixup --logging-file r50_mixup.log
+
+Evaluate a saved model (NVIDIA's ``--mode val``) without training: ``--mode val
+--load runs/r50_fp16/resnet50_v1b-best.params --data-val val.rec`` (without
+``--load``: the newest checkpoint in ``--save-dir``).
+
+On a CPU: ``--dtype auto`` (or ``bfloat16``).  The log and the
 summary say how the precision ran (native, or bfloat16 storage with FP32
 compute) and on which CPU class.  Continue after an interruption, bit-exactly:
 add ``--resume``.  It continues the run that the checkpoint records: a setting
@@ -74,21 +88,30 @@ with ``--resume`` continues every worker from the newest epoch that all of
 them hold (a worker killed during a save lacks that epoch's copy; then it reads
 rank 0's copy if it sees ``--save-dir``, else all go back one epoch).
 
-Outputs in ``--save-dir`` (``<prefix>`` is ``--save-prefix``, by default the
-model name): ``<prefix>-<epoch>.params`` (FP32 values, loadable by an FP32
-network), ``<prefix>-<epoch>.states`` (optimizer state, FP32 master weights,
-loss scaler), ``<prefix>-<epoch>.json`` (epoch, step, seeds, metrics, the run's
-settings and those changed by ``--resume-override``),
-``<prefix>-metrics.csv`` (one row per epoch: learning rate and loss scale at
-its end, training loss, validation top-1/top-5, img/s, seconds, steps skipped
-for inf/NaN gradients in the epoch and in total, peak RSS),
-``<prefix>-summary.json`` and ``train.log``.  Bad input (missing data, unknown
-model or dtype, nothing to resume) prints one line and exits with status 2.
+Outputs in ``--save-dir`` (by default ``runs/<prefix>``; ``<prefix>`` is
+``--save-prefix``, by default the model name): ``<prefix>-<epoch>.params``
+(FP32 values, loadable by an FP32 network), ``<prefix>-<epoch>.states``
+(optimizer state, FP32 master weights, loss scaler), ``<prefix>-<epoch>.json``
+(epoch, step, seeds, metrics, the run's settings and those changed by
+``--resume-override``), ``<prefix>-best.params`` and ``<prefix>-best.json``
+(the epoch with the best validation top-1 so far), ``<prefix>-metrics.csv``
+(one row per epoch: learning rate and loss scale at its end, training loss,
+validation top-1/top-5, img/s, seconds, steps skipped for inf/NaN gradients in
+the epoch and in total, peak RSS), ``<prefix>-summary.json`` (``--mode val``:
+``<prefix>-eval.json``) and ``train.log`` (or ``--logging-file``).  Every JSON
+file is valid JSON: a figure that does not exist (no validation) is ``null``.
+``--json-log PATH`` adds a log in JSON lines for other tools (dllogger's
+layout, see ``--help``).  Bad input (missing data, unknown model or dtype,
+nothing to resume, another tool's spelling that means something else here)
+prints one line and exits with status 2.
 
 Internals relied on (MXNet 1.9.1 and mxamp):
 
 * ``gluon.nn.Conv2D._channels`` (the stem's width, to replace it for small
   images);
+* ``gluon.Block._children`` (the residual blocks that ``--last-gamma`` walks)
+  and ``Block._collect_params_with_prefix`` (the names of ``save_parameters``,
+  which ``--load`` checks);
 """
 import os
 import sys
@@ -101,6 +124,7 @@ for _path in (_HERE, os.path.dirname(_HERE)):   # imagenet/, digits_rec; the rep
 
 # mxamp before any MXNet operator runs: it selects oneDNN's AMX kernels at import.
 import mxamp  # noqa: E402
+from imagenet import spellings  # noqa: E402
 from imagenet.fit import close_logging, train  # noqa: E402
 from imagenet.options import PROG, UsageError, build_parser, check_args  # noqa: E402
 from imagenet.report import format_summary  # noqa: E402
@@ -112,7 +136,9 @@ def main(argv=None):
     """Command-line entry point; returns the exit status."""
     showwarning = warnings.showwarning   # train() routes warnings into its log
     try:
-        args = build_parser(__doc__.splitlines()[0]).parse_args(argv)
+        words, read = spellings.translate(sys.argv[1:] if argv is None else list(argv))
+        args = build_parser(__doc__.splitlines()[0], spellings.HELP).parse_args(words)
+        args.spellings_read = read
         check_args(args)
         if args.plot:
             for other in args.compare:

@@ -10,6 +10,7 @@ import pytest
 import mxnet as mx
 
 from conftest import CORPUS, require_corpus
+import mxamp
 from mxamp import cli, hardware
 from mxamp.dtypes import BFLOAT16
 from mxamp.inference import fused_nodes
@@ -308,3 +309,27 @@ def test_for_inference_errors_exit_2_and_write_nothing(model, tmp_path, capsys):
         status, out, err = convert(capsys, *argv)
         assert status == 2 and err.count('\n') == 1 and err.startswith(message), err
         assert not any(name.startswith('x') for name in os.listdir(str(tmp_path)))
+
+
+def test_version_prints_mxamps_and_mxnets_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(['--version'])
+    assert exited.value.code == 0
+    out, err = capsys.readouterr()
+    assert out == 'mxamp %s (MXNet %s)\n' % (mxamp.__version__, mx.__version__) and not err
+    assert out.startswith('mxamp 0.1.0 ')
+    # As a user types it: the module and the console script.
+    result = subprocess.run([sys.executable, '-m', 'mxamp', '--version'], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == out, result.stderr
+
+
+def test_info_prints_the_facts_of_a_bug_report(capsys):
+    assert cli.main(['info']) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith('mxamp %s, MXNet %s' % (mxamp.__version__, mx.__version__)), out
+    # The class this machine has and what 'auto' picks here, as mxamp decides them.
+    assert "CPU class: '%s'" % hardware.cpu_class() in out
+    auto = mxamp.dtypes.resolve_dtype('auto', mx.cpu())
+    assert "dtype='auto' on the CPU: %s" % auto in out
+    assert not err

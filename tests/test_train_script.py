@@ -194,7 +194,7 @@ def test_warnings_reach_the_console_and_train_log(tmp_path, capsys):
     import warnings
     with warnings.catch_warnings():            # restores warnings.showwarning
         warnings.simplefilter('always')
-        fit.setup_logging(str(tmp_path), None)
+        fit.setup_logging(str(tmp_path / 'train.log'), None)
         try:
             warnings.warn('mxamp: a test warning', RuntimeWarning)
         finally:

@@ -1,8 +1,11 @@
 """Checkpoint files: writing them atomically, listing, pruning, cleaning up after a
-killed run, and choosing the one a resume continues from (`resume_point`).
+killed run, and choosing the one a resume continues from (`resume_point`); the
+best validation's parameters (`save_best`).
 
 A checkpoint of epoch E is ``<prefix>-<E>.params``, ``.states`` and ``.json``
-(`paths`); it counts once its JSON exists.
+(`paths`); it counts once its JSON exists.  ``<prefix>-best.params`` and
+``<prefix>-best.json`` (`best_paths`) sit beside them: no checkpoint, no
+states, the parameters of the epoch with the best validation top-1 so far.
 """
 import json
 import logging
@@ -10,14 +13,22 @@ import os
 import re
 
 from .distributed import common_epochs
-from .options import UsageError
+from .jsonio import dump_json
+from .options import OLD_SAVE_DIR, UsageError
 
 _LOG = logging.getLogger('train_imagenet')
 
 
 def paths(directory, prefix, epoch):
+    """The checkpoint of epoch `epoch`: its ``.params``, ``.states`` and ``.json``."""
     stem = os.path.join(directory, '%s-%04d' % (prefix, epoch))
     return stem + '.params', stem + '.states', stem + '.json'
+
+
+def best_paths(directory, prefix):
+    """The best validation's ``<prefix>-best.params`` and ``<prefix>-best.json``."""
+    stem = os.path.join(directory, '%s-best' % prefix)
+    return stem + '.params', stem + '.json'
 
 
 def _fsync(path):
@@ -50,8 +61,8 @@ def save_checkpoint(runner, directory, prefix, epoch, meta):
         os.replace(params_file + tmp, params_file)
         os.replace(states_file + tmp, states_file)
         with open(json_file + tmp, 'w') as handle:
-            json.dump(dict(meta, epoch=epoch, params=os.path.basename(params_file),
-                           states=os.path.basename(states_file)), handle, indent=1)
+            dump_json(dict(meta, epoch=epoch, params=os.path.basename(params_file),
+                           states=os.path.basename(states_file)), handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(json_file + tmp, json_file)
@@ -60,6 +71,36 @@ def save_checkpoint(runner, directory, prefix, epoch, meta):
         for path in (params_file + tmp, states_file + tmp, json_file + tmp):
             if os.path.exists(path):
                 os.remove(path)
+
+
+def save_best(runner, directory, prefix, epoch, metrics):
+    """Write epoch `epoch`'s parameters as the best so far (its `metrics`, the row of
+    the metrics CSV, in the JSON); returns the params file's path.
+
+    Atomic like `save_checkpoint`: the old JSON goes first, so the JSON present
+    always describes the parameters beside it.
+    """
+    params_file, json_file = best_paths(directory, prefix)
+    tmp = '.tmp-%d' % os.getpid()
+    try:
+        runner.save_params(params_file + tmp)
+        _fsync(params_file + tmp)
+        if os.path.exists(json_file):
+            os.remove(json_file)
+        os.replace(params_file + tmp, params_file)
+        with open(json_file + tmp, 'w') as handle:
+            dump_json({'epoch': epoch, 'params': os.path.basename(params_file),
+                       'val_top1': metrics['val_top1'], 'val_top5': metrics['val_top5'],
+                       'metrics': metrics}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(json_file + tmp, json_file)
+        _fsync(directory)
+    finally:
+        for path in (params_file + tmp, json_file + tmp):
+            if os.path.exists(path):
+                os.remove(path)
+    return params_file
 
 
 _TMP_NAME = re.compile(r'\.tmp-(\d+)(\.mxamp-\d+\.tmp)?$')
@@ -153,6 +194,15 @@ def resume_point(args, save_dir, prefix, rank, dist_kvstore):
     if available:
         epoch = available[-1]
         return epoch, save_dir if epoch in own else args.save_dir
+    old = [e for e in (list_checkpoints(OLD_SAVE_DIR, prefix) if not args.save_dir_given
+                       else []) if args.resume_epoch in (None, e)]
+    if old:
+        # A run of mxamp 0.1.0, whose default --save-dir was params/: not started anew.
+        raise UsageError('%s: no checkpoint of %s, but %s holds epoch(s) %s of it (the default '
+                         '--save-dir of mxamp 0.1.0): add --save-dir %s'
+                         % ('--resume' if args.resume_epoch is None else
+                            '--resume-epoch %d' % args.resume_epoch, where, OLD_SAVE_DIR,
+                            ', '.join(map(str, old)), OLD_SAVE_DIR))
     if args.resume_epoch is not None:
         raise UsageError('--resume-epoch %d: no checkpoint of that epoch of %s'
                          % (args.resume_epoch, where))

@@ -28,12 +28,18 @@ class DataSpec(object):
         self.__dict__.update(fields)
 
 
-def _index_of(rec, flag):
-    idx = os.path.splitext(rec)[0] + '.idx'
+def _index_of(rec, idx, flag):
+    """`rec`'s index (`idx`, or the .idx beside it) and its number of records."""
     if not os.path.isfile(rec):
         raise UsageError('%s %s: no such file' % (flag, rec))
-    if not os.path.isfile(idx):
-        raise UsageError('%s %s: its index %s is missing (im2rec writes both)' % (flag, rec, idx))
+    if idx is not None:
+        if not os.path.isfile(idx):
+            raise UsageError('%s-idx %s: no such file' % (flag, idx))
+    else:
+        idx = os.path.splitext(rec)[0] + '.idx'
+        if not os.path.isfile(idx):
+            raise UsageError('%s %s: its index %s is missing (im2rec writes both; or name it '
+                             'with %s-idx)' % (flag, rec, idx, flag))
     with open(idx) as handle:
         count = sum(1 for line in handle if line.strip())
     return idx, count
@@ -54,7 +60,9 @@ def resolve_data(args):
     elif args.dataset == 'digits':
         spec.num_classes, spec.image_shape = 10, (1, 8, 8)
     elif not args.synthetic:
-        if not args.data_train:
+        if args.mode == 'val' and not args.data_val:
+            raise UsageError('--mode val evaluates on --data-val: give it (or --dataset digits)')
+        if not args.data_train and args.mode != 'val':
             raise UsageError('--data-train is required (or --dataset digits, or --synthetic)')
         spec.train_rec, spec.val_rec = args.data_train, args.data_val
     if args.num_classes is not None:
@@ -62,9 +70,10 @@ def resolve_data(args):
     if args.image_shape is not None:
         spec.image_shape = _parse_shape(args.image_shape)
     if spec.train_rec:
-        spec.train_idx, spec.num_train = _index_of(spec.train_rec, '--data-train')
+        spec.train_idx, spec.num_train = _index_of(spec.train_rec, args.data_train_idx,
+                                                   '--data-train')
     if spec.val_rec:
-        spec.val_idx, spec.num_val = _index_of(spec.val_rec, '--data-val')
+        spec.val_idx, spec.num_val = _index_of(spec.val_rec, args.data_val_idx, '--data-val')
     channels = spec.image_shape[0]
     if channels not in (1, 3):
         raise UsageError('--image-shape: 1 or 3 channels, got %d' % channels)

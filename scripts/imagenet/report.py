@@ -177,6 +177,12 @@ def percent(fraction):
 
 
 def format_summary(summary):
+    """The line a run ends with: its figures, or with ``--mode val`` the evaluation's."""
+    if summary['mode'] == 'val':
+        return ('%s %s [%s] (%s): evaluated %s on %d images: top-1 %s, top-5 %s, %.1f img/s'
+                % (summary['model'], summary['dtype'], summary['compute'], summary['path'],
+                   summary['params'], summary['images'], percent(summary['val_top1']),
+                   percent(summary['val_top5']), summary['img_per_sec']))
     return ('%s %s [%s] (%s): top-1 %s, top-5 %s, %.1f img/s, %d skipped steps in all, '
             'loss scale %g, peak RSS %.0f MiB, %.1f s of training'
             % (summary['model'], summary['dtype'], summary['compute'], summary['path'],

@@ -3,7 +3,8 @@ the comparison that lets a resume continue it or refuses it
 (`check_resume_settings`).
 
 Which options count is `imagenet.options`' classification (`RESUME_CHECKED`,
-`RESUME_FIXED`, `RESUME_FREE`).
+`RESUME_FIXED`, `RESUME_FREE`); settings added since a checkpoint was written
+count with the value its version ran with (`IMPLIED_BEFORE`).
 """
 import json
 import logging
@@ -14,6 +15,11 @@ from .distributed import refusing_workers
 from .options import UsageError
 
 _LOG = logging.getLogger('train_imagenet')
+
+# Settings that checkpoints of earlier versions of this script do not record, and the
+# value those versions ran with (they had no such option): compared like recorded ones.
+IMPLIED_BEFORE = {'--last-gamma': False, '--warmup-lr': 0.0, '--mixup': False,
+                  '--mixup-alpha': 0.2, '--mixup-off-epoch': 0}
 
 
 def run_settings(args, spec, dtype, contexts, num_workers, base_lr):
@@ -44,6 +50,7 @@ def run_settings(args, spec, dtype, contexts, num_workers, base_lr):
         '--symbol': args.symbol,
         '--num-layers': args.num_layers,
         '--resnet-version': args.resnet_version,
+        '--last-gamma': args.last_gamma,
         '--dtype': dtype,
         '--loss-scale': loss_scale,
         '--batch-size': args.batch_size,
@@ -59,7 +66,11 @@ def run_settings(args, spec, dtype, contexts, num_workers, base_lr):
         '--lr-decay-epoch': ','.join(str(int(e)) for e in args.lr_decay_epoch.split(',')
                                      if e.strip()),
         '--warmup-epochs': args.warmup_epochs,
+        '--warmup-lr': args.warmup_lr,
         '--label-smoothing': args.label_smoothing,
+        '--mixup': args.mixup,
+        '--mixup-alpha': args.mixup_alpha,
+        '--mixup-off-epoch': args.mixup_off_epoch,
         '--seed': args.seed,
         '--num-gpus': sum(c.device_type == 'gpu' for c in contexts),
         '--kv-store': args.kv_store,
@@ -77,16 +88,17 @@ def _show(value):
 
 
 def _recorded_settings(meta):
-    """A checkpoint's settings.  An earlier version of this script recorded none; what
-    its other fields say stands in for them."""
+    """A checkpoint's settings, with `IMPLIED_BEFORE` where it lacks them.  An earlier
+    version of this script recorded none; what its other fields say stands in for
+    them."""
     if 'settings' in meta:
-        return meta['settings']
+        return {**IMPLIED_BEFORE, **meta['settings']}
     stored = {name: meta[key] for key, name in (('dtype', '--dtype'), ('seed', '--seed'),
                                                 ('num_workers', 'DMLC_NUM_WORKER'))
               if key in meta}
     if 'path' in meta:
         stored['--symbol'] = 'resnet' if meta['path'] == 'symbol' else None
-    return stored
+    return {**IMPLIED_BEFORE, **stored}
 
 
 def compare_settings(stored, current, overrides):
