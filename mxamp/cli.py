@@ -146,7 +146,7 @@ def _convert(args):
     import mxnet as mx
 
     from .graph import GraphError, format_report, load_graph
-    from .fusion import format_fusions, fused_nodes
+    from .fusion import describe_fusion
     from .policy import canonical_ops
     from .symbol import Names, ParameterError, load_params, save_model
     from .symbol import _convert as convert_checked
@@ -193,7 +193,7 @@ def _convert(args):
     if args.report and conversion is not None:
         print(format_report(conversion))
         if args.for_inference:
-            print(format_fusions(fused_nodes(symbol)))
+            print(describe_fusion(symbol))
     for path in written:
         print('wrote %s' % path)
     if dtype == 'bfloat16' and args.cpu_class is None and cpu_class() == AVX2:

@@ -56,8 +56,9 @@ from . import policy as policy_mod
 from .dtypes import DTypeLike, numpy_dtype, precision_name, type_flag
 from .policy import FLOAT32, LOW
 
-__all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'PAD_SUFFIX',
-           'check_graph', 'convert_graph', 'error_line', 'find_casts', 'format_report',
+__all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'NO_FOLD_SUFFIX',
+           'PAD_SUFFIX',
+           'assemble_graph', 'check_graph', 'convert_graph', 'error_line', 'find_casts', 'format_report',
            'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
 
 # Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
@@ -65,6 +66,22 @@ __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', '
 CAST_SUFFIX = '_mxamp_cast_'
 # Tag on the nodes that add a zero input channel to a convolution (see Policy.layout).
 PAD_SUFFIX = '_mxamp_pad_'
+# Tag on the identity node between a bfloat16 convolution and its BatchNorm.  MXNet
+# 1.9.1's oneDNN backend folds a BatchNorm that directly follows a convolution
+# into the convolution's weights and bias, truncating them to bfloat16 (mshadow
+# keeps the upper 16 bits): biased values, 3.1% relative error against FP32 on a
+# trained ResNet-20 where the unfused graph has 0.46% (AMX Xeon, README
+# "Inference").  It does that wherever a graph is partitioned: ``Module`` bound
+# for inference does it by default.  An ``amp_cast`` to bfloat16 of the bfloat16
+# output keeps the pair apart.  It runs in place; its gradient is one reorder,
+# about 2.5% of a ResNet-50 training step (AMX Xeon, 2 cores), so only graphs
+# that leave mxamp get it (the Symbol front; Gluon graphs are never partitioned
+# by MXNet on their own).  MXNet's oneDNN backend removes ``_copy`` nodes, and a
+# ``Cast`` copies (40% slower training steps).  MXNet's ``save``/``tojson`` drop
+# an ``amp_cast`` unless given ``remove_amp_cast=False`` (mxamp's writers give
+# it).  `mxamp.fusion` folds such a pair itself, rounded to nearest, and drops
+# the identity.
+NO_FOLD_SUFFIX = '_mxamp_no_fold'
 
 # Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a generic one,
 # slower even than the FP32 operator, while ``Activation`` with the same act_type
@@ -103,6 +120,7 @@ InputRecord = collections.namedtuple('InputRecord', [
     'output',        # that node's output index
     'cast',          # the CastRecord of the cast it reads through, None if none
     'pad',           # names of the nodes appending its zero channel (the last feeds the node), or ()
+    'no_fold',       # name of the identity node it reads through (see NO_FOLD_SUFFIX), or None
 ])
 
 
@@ -492,6 +510,16 @@ class _Builder(object):
             self.casts[nid] = CastRecord(name, producer, entry[1], self.state[entry], target)
         return self.cast_cache[key]
 
+    def keep_unfolded(self, entry):
+        """`entry` (a bfloat16 convolution's output) through the identity ``amp_cast``
+        of NO_FOLD_SUFFIX; returns the new entry and the node's name."""
+        name = self.nodes[entry[0]]['name'] + NO_FOLD_SUFFIX
+        while name in self.names:
+            name += '_'
+        nid = self.add({'op': 'amp_cast', 'name': name, 'attrs': {'dtype': 'bfloat16'},
+                        'inputs': [[entry[0], entry[1], 0]]}, [self.state[entry]])
+        return (nid, 0), name
+
     def pad_channels(self, entry, name, zero_shape=None):
         """`entry` (N, C, ...) with a zero channel appended: (N, C + 1, ...).
 
@@ -558,7 +586,7 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
 def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable[str] = (),
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                  portable: bool = True) -> Conversion:
+                  portable: bool = True, keep_batchnorm: bool = False) -> Conversion:
     """Rewrite an FP32 graph to mixed precision.
 
     Parameters
@@ -584,6 +612,12 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         ``save``/``tojson``/``save_checkpoint`` with their defaults.  False:
         activations are cast with ``amp_cast`` (much faster on CPU); such a graph
         must be saved with ``remove_amp_cast=False``.
+    keep_batchnorm : bool
+        True: each BatchNorm reads a bfloat16 convolution through an identity
+        (NO_FOLD_SUFFIX), so that MXNet's oneDNN backend, wherever it
+        partitions the graph (``Module`` bound for inference), cannot fold
+        them with truncated values.  For graphs that leave mxamp (the Symbol
+        front); it costs about 2.5% of a training step (ResNet-50, AMX Xeon).
 
     Returns
     -------
@@ -627,6 +661,10 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         pads = [()] * len(inputs)
         if plan.pad_channels:
             inputs, pads = out.pad_convolution(node['name'], inputs, input_shapes[1])
+        no_fold = None
+        if keep_batchnorm and node['op'] == 'BatchNorm' and out.state[inputs[0]] == 'bfloat16' and \
+                out.nodes[inputs[0][0]]['op'] == 'Convolution':
+            inputs[0], no_fold = out.keep_unfolded(inputs[0])
         new_node = dict(node, inputs=[[e[0], e[1], 0] for e in inputs])
         if plan.activation is not None:
             new_node = _as_onednn_activation(new_node, plan.activation)
@@ -637,11 +675,11 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         for k, state in enumerate(plan.outputs):
             new_entry[(nid, k)] = out.to((new_id, k), state)
         records.append(NodeRecord(node['name'], new_node['op'], plan, tuple(
-            InputRecord(nodes[src]['name'], k, cast, pad)
-            for (src, k, _), cast, pad in zip(node['inputs'], casts, pads))))
+            InputRecord(nodes[src]['name'], k, cast, pad, no_fold if pos == 0 else None)
+            for pos, ((src, k, _), cast, pad) in enumerate(zip(node['inputs'], casts, pads)))))
 
     heads = [out.to(new_entry[(nid, k)], 'float32') for nid, k, _ in graph['heads']]
-    converted, kept = _assemble(out.nodes, heads, graph.get('attrs'))
+    converted, kept = assemble_graph(out.nodes, heads, graph.get('attrs'))
     # Every node and variable of the FP32 graph feeds an output, so the
     # converted graph keeps them all; of the casts, those nothing reads are gone.
     return Conversion(symbol=_symbol_from_graph(converted), dtype=low, lp_params=frozenset(lp_params),
@@ -651,8 +689,15 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
                       shapes={nodes[nid]['name']: shape for nid, shape in variable_shapes.items()})
 
 
-def _assemble(nodes, heads, attrs):
-    """A JSON graph of the reachable part of `nodes` (dead casts dropped), and the indices kept."""
+def assemble_graph(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Tuple[int, int]],
+                   attrs: Optional[Mapping[str, Any]]) -> Tuple[Dict[str, Any], List[int]]:
+    """A JSON graph of the part of `nodes` that `heads` reach, and the old indices kept.
+
+    `nodes` are JSON nodes in topological order, whose inputs are ``[node, output,
+    version]`` entries; `heads` are ``(node, output)`` pairs; `attrs` the graph's
+    attributes (MXNet 1.9.1's version when None).  Unreachable nodes (dead casts,
+    the variables of a folded BatchNorm) are dropped and the rest renumbered.
+    """
     reachable = set()
     stack = [nid for nid, _ in heads]
     while stack:
@@ -775,7 +820,10 @@ def _record_problems(record, graph, types, low):
             continue
         for pos, (entry, read) in enumerate(zip(nodes[nid]['inputs'], record_node.inputs)):
             named.update(read.pad)
-            expected = read.pad[-1] if read.pad else read.cast.name if read.cast else read.source
+            if read.no_fold:
+                named.add(read.no_fold)
+            expected = (read.no_fold or (read.pad[-1] if read.pad else None)
+                        or (read.cast.name if read.cast else read.source))
             if nodes[entry[0]]['name'] != expected:
                 problems.append("'%s' input %d is recorded as reading '%s' but reads '%s'"
                                 % (name, pos, expected, nodes[entry[0]]['name']))

@@ -61,10 +61,11 @@ from . import dtypes
 from . import gluon as gluon_mod
 from .dtypes import DTypeLike
 from .fusion import (BACKEND, FIX, REFUSAL, check_trainable_params, check_trainable_symbol,
-                     format_fusions, fuse_symbol, fused_nodes, mark_inference_only)
+                     describe_fusion, fold_batchnorm, format_fusions, fuse_symbol, fused_nodes,
+                     mark_inference_only)
 from .network_state import describe_block, seen_state
 
-__all__ = ['for_inference', 'fuse_symbol', 'fused_nodes', 'format_fusions',
+__all__ = ['for_inference', 'fuse_symbol', 'fold_batchnorm', 'fused_nodes', 'format_fusions',
            'check_trainable_params', 'check_trainable_symbol']
 
 # --------------------------------------------------------------------------
@@ -80,13 +81,22 @@ class _InferenceOnly(object):
                                % (describe_block(self), REFUSAL, FIX))
         return super(_InferenceOnly, self).forward(x, *args)
 
-    # MXNet 1.9.1: _build_cache partitions the graph (with the backend
-    # for_inference set, HybridBlock._backend) whenever it was cleared: after
-    # load_parameters, or a child registered anywhere in the tree.  As in
-    # for_inference, an unfused build comes first: a child's deferred or FP32
-    # parameters get their shapes and mxamp dtype before the backend reads
-    # them (it refuses a float32 weight in a bfloat16 graph).  A child's
-    # parameters are part of the fused graph from then on: they get the mark too.
+    # MXNet 1.9.1: _build_cache partitions the graph with the backend
+    # for_inference set (HybridBlock._backend) whenever the graph was cleared:
+    # at for_inference, after load_parameters, after a child was registered
+    # anywhere in the tree.  Three steps:
+    # 1. an unfused build: deferred parameters (a new child's too) get their
+    #    shapes and their mxamp dtype before the backend reads them (it refuses
+    #    a float32 weight in a bfloat16 graph);
+    # 2. BatchNorm after bfloat16 convolutions folded by mxamp (fold_batchnorm:
+    #    MXNet's own fold truncates).  The folded weights and biases are
+    #    Parameters of the CachedOp only, not of the net (never saved, never
+    #    trained): MXNet's _build_cache takes its parameters from
+    #    _cached_op_args when that list is not empty, as (is_input, Parameter)
+    #    pairs, and keeps a backend's new parameters the same way;
+    # 3. the build with the backend, over that graph.
+    # A child's parameters are part of the fused graph from then on: they get
+    # the inference-only mark too.
     def _build_cache(self, *args):
         backend = self._backend
         if backend:
@@ -95,16 +105,49 @@ class _InferenceOnly(object):
                 super(_InferenceOnly, self)._build_cache(*args)
             finally:
                 self._backend = backend
+            data, graph = self._cached_graph
+            params = {param.name: param for param in self.collect_params().values()
+                      if param._data is not None}
+            state = seen_state(self)
+            folded, values, count = fold_batchnorm(
+                graph, {name: param.list_data()[0] for name, param in params.items()},
+                state.float32_originals)
             self._clear_cached_op()
+            if count:
+                # Only the folded weights' FP32 values are needed again (a later rebuild).
+                used = set(folded.list_inputs())
+                state.keep_float32_originals({name: value for name, value
+                                              in state.float32_originals.items()
+                                              if name not in used})
+                self._cached_graph = data, folded
+                params.update((name, _cached_op_parameter(name, value))
+                              for name, value in values.items())
+                used = set(folded.list_inputs())
+                self._cached_op_args = [(False, param) for name, param in params.items()
+                                        if name in used]
         super(_InferenceOnly, self)._build_cache(*args)
+        if backend:
+            seen_state(self).mark_fused_for_inference(
+                '%s; inference only (training through it raises)'
+                % describe_fusion(self._cached_graph[1]))
         mark_inference_only(self.collect_params().values(), describe_block(self))
 
     def load_parameters(self, *args, **kwargs):
         """``load_parameters`` whose values the fused graph uses from the next call on."""
         super(_InferenceOnly, self).load_parameters(*args, **kwargs)
+        # The FP32 values for_inference kept are not these: fold what was loaded.
+        seen_state(self).keep_float32_originals({})
         # Partition again at the next call: a fused convolution keeps the
         # BatchNorm-folded weights it computed from the previous values.
         self._clear_cached_op()
+
+
+def _cached_op_parameter(name, value):
+    """A Parameter holding `value`, for a CachedOp's inputs only (MXNet 1.9.1 makes the
+    same for a backend's new parameters, with the same ``_load_init``)."""
+    param = mx.gluon.Parameter(name, grad_req='null', shape=value.shape, dtype=value.dtype)
+    param._load_init(value, value.context)
+    return param
 
 
 def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = 'auto') -> HybridBlock:
@@ -120,9 +163,13 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     Works on a fresh net under deferred initialisation, after training, after
     ``load_parameters``.  Where the net computes in FP32, outputs match the
     unfused converted net up to the reordered arithmetic of the folded
-    BatchNorm; where convolutions compute in bfloat16 (CPUs with bfloat16
-    kernels), fused outputs are measurably less accurate than unfused ones
-    (README, "Inference", has the figures and the likely cause).
+    BatchNorm.  Where convolutions compute in bfloat16 (CPUs with bfloat16
+    kernels), mxamp folds their BatchNorm itself (`fold_batchnorm`: MXNet's
+    fold truncates), from the FP32 values when it converts `net` here (it
+    keeps those of the folded weights, 4 bytes each, until
+    ``load_parameters``), else from the stored bfloat16 ones; fused outputs
+    are as close to FP32 as unfused ones (README, "Inference", has the
+    figures).
 
     The result cannot be trained: a call under ``autograd.record()`` (train or
     predict mode) raises RuntimeError, and so does `mxamp.Trainer` on its
@@ -200,21 +247,29 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
                              'another precision (give dtype=\'auto\' to keep it, or convert an '
                              'FP32 copy)' % (describe_block(net), kept, dtype))
     else:
+        # The FP32 values, before convert rounds them: BatchNorm folds start from them.
+        float32 = {param.name: param.list_data()[0] for param in net.collect_params().values()
+                   if param._data is not None and dtypes.name_of_array(param) == 'float32'}
         gluon_mod.convert(net, dtype)
+        state = seen_state(net)
+        state.keep_float32_originals({
+            param.name: float32[param.name] for param in net.collect_params().values()
+            if param.name in float32 and param._data is not None
+            and dtypes.name_of_array(param) in dtypes.LOW_PRECISION})
     backend = BACKEND if device == 'cpu' else None
     flags = dict(static_alloc=True, static_shape=True)
-    # Unfused first: deferred parameters get their shapes and their mxamp dtype,
-    # so that the backend partitions a graph whose parameters are final.
-    net.hybridize(True, backend=None, clear=True, **flags)
-    net._build_cache(*inputs)
-    if backend:
+    base = type(net)
+    # The inference class first: its _build_cache builds unfused, folds, then fuses.
+    net.__class__ = gluon_mod._mixed_class(_InferenceOnly, base)
+    try:
         # HybridBlock's own: a converted block's hybridize refuses a backend to its users.
         HybridBlock.hybridize(net, True, backend=backend, clear=True, **flags)
         net._build_cache(*inputs)
-        line = format_fusions(fused_nodes(net._cached_graph[1]))
-    else:
-        line = 'not fused (MXNet 1.9.1 has no oneDNN backend on %s)' % device
-    net.__class__ = gluon_mod._mixed_class(_InferenceOnly, type(net))
-    seen_state(net).mark_fused_for_inference('%s; inference only (training through it raises)' % line)
-    mark_inference_only(net.collect_params().values(), describe_block(net))
+    except Exception:
+        net.__class__ = base
+        raise
+    if not backend:
+        seen_state(net).mark_fused_for_inference(
+            'not fused (MXNet 1.9.1 has no oneDNN backend on %s); inference only (training '
+            'through it raises)' % device)
     return net

@@ -18,7 +18,10 @@ The life cycle of a network, each move a method here::
                anywhere in the tree (child_registered) makes every graph built
                before it stale; a converted child joins the tree (join)
     either --mxamp.for_inference--------------> the same stage, fused_for_inference
-                                                set (what was fused; training refused)
+                                                set (what was fused; training refused);
+                                                of an FP32 net, the FP32 values its
+                                                BatchNorm folds start from (float32_originals,
+                                                dropped by load_parameters)
 
 Per parameter, the precision a parameter of a converted tree is stored in is
 decided once; `mxamp.gluon` keeps it on the parameter (``_mxamp_precision``,
@@ -28,7 +31,7 @@ network, and have one writer each.
 """
 import collections
 import enum
-from typing import Collection, Dict, Iterable, Optional, Tuple
+from typing import Any, Collection, Dict, Iterable, Optional, Tuple
 
 from . import graph as graph_mod
 from . import hardware
@@ -149,9 +152,13 @@ class NetworkState(object):
         Device type of the graph built last (CONVERTED), None before the first.
     fused_for_inference : str or None
         What `mxamp.for_inference` fused, when it made this net.
+    float32_originals : dict of str to NDArray
+        For a net `mxamp.for_inference` converted from FP32: the FP32 values of
+        the low-precision parameters its BatchNorm folds start from
+        (`mxamp.fusion.fold_batchnorm`); empty otherwise.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
-                 '_built_at', 'fused_for_inference')
+                 '_built_at', 'fused_for_inference', 'float32_originals')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -164,6 +171,7 @@ class NetworkState(object):
         self.built_for: Optional[str] = None
         self._built_at = 0
         self.fused_for_inference: Optional[str] = None
+        self.float32_originals: Dict[str, Any] = {}
 
     @classmethod
     def kept_float32(cls, reason: str) -> 'NetworkState':
@@ -237,6 +245,11 @@ class NetworkState(object):
     def mark_fused_for_inference(self, line: str) -> None:
         """`mxamp.for_inference` made this net: `line` says what it fused."""
         self.fused_for_inference = line
+
+    def keep_float32_originals(self, values: Dict[str, Any]) -> None:
+        """Keep `values` (parameter name to FP32 NDArray) for BatchNorm folds; replaces
+        what was kept.  An empty dict: the stored values are the ones to fold from."""
+        self.float32_originals = dict(values)
 
 
 def state_of(block: object) -> Optional[NetworkState]:

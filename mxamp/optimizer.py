@@ -295,7 +295,10 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     master restarts from the weight's value (widened exactly).  Elements where
     they agree keep their FP32 master value.  In place, no host sync: five
     elementwise passes (the master narrowed and widened back, the weight
-    widened, compared, selected), about 46 bytes of memory traffic per value.
+    widened, compared, selected), about 46 bytes of memory traffic per value:
+    on ResNet-50 v1 (25.5M values, 2 cores) 1.27 s per step on an AVX2 AMD
+    EPYC (9.2% of a batch-16 bfloat16 step) and 0.13 s on an AMX Xeon (10-12%
+    of its 1.2 s step; README, "...you change the weights during training").
 
     Parameters
     ----------

@@ -708,6 +708,7 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
                          "has nothing it can fuse%s"
                          % (names.for_inference, dtype,
                             ' (float16 for a CPU: %s)' % names.cpu if dtype == 'float16' else ''))
+    originals = None
     if dtype == 'float32':
         symbol, conversion = graph.symbol, None
     else:
@@ -718,14 +719,18 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
             assert aux_params is not None   # `aux_params or {}` above
             shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
         shapes.update(input_shapes)
+        # keep_batchnorm: Module's inference bind would fold BatchNorm with truncated values.
         conversion = convert_graph(graph, policy, params=params if cast_params else (),
-                                   input_types=input_types, shapes=shapes, portable=portable)
+                                   input_types=input_types, shapes=shapes, portable=portable,
+                                   keep_batchnorm=True)
         symbol = conversion.symbol
         if arg_params is not None:
+            originals = dict(arg_params)
             arg_params, aux_params = _cast_params(arg_params, conversion), _cast_params(aux_params, conversion)
     if for_inference:
+        # BatchNorm folds start from the FP32 values, so each folded value is rounded once.
         symbol, fused_args, fused_auxs = fuse_symbol(symbol, arg_params, aux_params, input_shapes,
-                                                     names.input_shapes)
+                                                     names.input_shapes, originals)
         if arg_params is not None:
             arg_params, aux_params = fused_args, fused_auxs
     return symbol, arg_params, aux_params, conversion

@@ -1,6 +1,7 @@
 """The ``mxamp convert`` tool: outputs, report, and one clear line (exit 2) for bad input."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -289,7 +290,10 @@ def test_for_inference_writes_a_fused_model_and_reports_the_fusions(model, tmp_p
             "1 _sg_mkldnn_fully_connected") in out
     symbol, args, auxs = mx.model.load_checkpoint(out_prefix, 0)
     assert fused_nodes(symbol) == {'_sg_mkldnn_conv': 2, '_sg_mkldnn_fully_connected': 1}
-    assert args['conv0_weight'].dtype == BFLOAT16
+    # On a CPU computing bfloat16, mxamp folded bn0 into conv0 itself, and says so.
+    folded = hardware.cpu_class() in ('avx512_bf16', 'amx')
+    assert ('1 BatchNorm folded into bfloat16 convolutions by mxamp' in out) == folded
+    assert args['conv0_mxamp_folded_weight' if folded else 'conv0_weight'].dtype == BFLOAT16
     module = mx.mod.Module(symbol, context=mx.cpu())
     module.bind(data_shapes=[('data', (4, 16, 8, 8))], label_shapes=[('softmax_label', (4,))],
                 for_training=False)
@@ -329,7 +333,8 @@ def test_info_prints_the_facts_of_a_bug_report(capsys):
     out, err = capsys.readouterr()
     assert out.startswith('mxamp %s, MXNet %s' % (mxamp.__version__, mx.__version__)), out
     # The class this machine has and what 'auto' picks here, as mxamp decides them.
-    assert "CPU class: '%s'" % hardware.cpu_class() in out
+    # "CPU class: 'amx' class CPU ..." or, lowered, "CPU class: CPU limited by ... to class 'avx2'".
+    assert re.search(r"^CPU class: .*'%s'" % hardware.cpu_class(), out, re.M), out
     auto = mxamp.dtypes.resolve_dtype('auto', mx.cpu())
     assert "dtype='auto' on the CPU: %s" % auto in out
     assert not err
