@@ -147,7 +147,7 @@ def _reference_bfloat16_reorders():
     oneDNN 2.4.4 has jit bfloat16 reorders from avx512_core up; below it (CPU
     class ``'avx2'``) ``amp_cast`` runs a reference loop, far slower than
     MXNet's generic ``Cast``, even with the extra work of the rounded narrowing
-    of :func:`_generic_cast` (README, "Supported hardware", has the
+    of :func:`_generic_cast` (docs/hardware.rst has the
     measurements).  Decided once per process, as oneDNN decides its ISA once.
     """
     return hardware.cpu_class() == hardware.AVX2

@@ -235,7 +235,7 @@ def fold_batchnorm(symbol: GraphLike, arrays: Mapping[str, mx.nd.NDArray],
     bfloat16 conversion keeps the upper 16 bits): every folded value is biased
     towards zero, and the bias adds up layer after layer (measured on a trained
     ResNet-20, AMX Xeon: 3.1% relative error against FP32 where the unfused
-    bfloat16 net has 0.46%; README, "Inference").  Here the fold is computed in
+    bfloat16 net has 0.46%; docs/inference.rst).  Here the fold is computed in
     float64 from the values the graph uses and rounded once, to nearest, to
     bfloat16: weight ``w * gamma / sqrt(var + eps)``, bias ``beta + (b - mean)
     * gamma / sqrt(var + eps)`` (gamma 1 under ``fix_gamma``).  The backend then
@@ -249,7 +249,7 @@ def fold_batchnorm(symbol: GraphLike, arrays: Mapping[str, mx.nd.NDArray],
     random ResNet-20 with wide BatchNorm statistics (the worst case measured)
     that gave 3 times the unfused net's error at the output (7.6% against
     2.5%), against 1.2 times from the FP32 originals; on trained weights both
-    match the unfused net (README, "Inference").
+    match the unfused net (docs/inference.rst).
 
     Parameters
     ----------

@@ -23,8 +23,8 @@ inputs accepted in FP32 and graph outputs cast back to FP32.  Casts of
 parameters and graph inputs are ``Cast`` nodes.  Casts of activations are
 ``amp_cast`` nodes unless ``portable=True``: MXNet 1.9.1's ``amp_cast`` converts
 oneDNN blocked tensors with one reorder, far faster than ``Cast`` (which first
-reorders to a plain layout and then converts element by element; README, "The
-graph rewrite", has the measurement), but MXNet's
+reorders to a plain layout and then converts element by element;
+docs/policy.rst, "The graph rewrite", has the measurement), but MXNet's
 ``tojson``/``save``/``export`` drop ``amp_cast`` nodes by default, so graphs
 meant to be saved by anyone use ``Cast`` only.
 
@@ -70,8 +70,8 @@ PAD_SUFFIX = '_mxamp_pad_'
 # 1.9.1's oneDNN backend folds a BatchNorm that directly follows a convolution
 # into the convolution's weights and bias, truncating them to bfloat16 (mshadow
 # keeps the upper 16 bits): biased values, 3.1% relative error against FP32 on a
-# trained ResNet-20 where the unfused graph has 0.46% (AMX Xeon, README
-# "Inference").  It does that wherever a graph is partitioned: ``Module`` bound
+# trained ResNet-20 where the unfused graph has 0.46% (AMX Xeon,
+# docs/inference.rst).  It does that wherever a graph is partitioned: ``Module`` bound
 # for inference does it by default.  An ``amp_cast`` to bfloat16 of the bfloat16
 # output keeps the pair apart.  It runs in place; its gradient is one reorder,
 # about 2.5% of a ResNet-50 training step (AMX Xeon, 2 cores), so only graphs
@@ -85,8 +85,8 @@ NO_FOLD_SUFFIX = '_mxamp_no_fold'
 
 # Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a generic one,
 # slower even than the FP32 operator, while ``Activation`` with the same act_type
-# runs through oneDNN, far faster (measured on avx512_bf16: README, "Performance
-# on a CPU", unary activations).  The rewrite runs them as ``Activation`` nodes
+# runs through oneDNN, far faster (measured on avx512_bf16: docs/performance.rst,
+# unary activations).  The rewrite runs them as ``Activation`` nodes
 # (same name, same math) when they compute in bfloat16.
 ONEDNN_ACTIVATIONS = {'relu': 'relu', 'sigmoid': 'sigmoid', 'tanh': 'tanh'}
 

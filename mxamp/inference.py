@@ -168,7 +168,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     fold truncates), from the FP32 values when it converts `net` here (it
     keeps those of the folded weights, 4 bytes each, until
     ``load_parameters``), else from the stored bfloat16 ones; fused outputs
-    are as close to FP32 as unfused ones (README, "Inference", has the
+    are as close to FP32 as unfused ones (docs/inference.rst has the
     figures).
 
     The result cannot be trained: a call under ``autograd.record()`` (train or

@@ -108,7 +108,7 @@ def _finite_flags(arrays):
       float32 first: ``multi_sum_sq`` adds float16 in float16, which overflows,
       and rejects bfloat16), then ``multi_all_finite`` on the per-array sums:
       on a CPU, MXNet 1.9.1's ``multi_all_finite`` is many times slower than
-      widening and ``multi_sum_sq`` (README, "Performance on a CPU", has the
+      widening and ``multi_sum_sq`` (docs/performance.rst has the
       measurements).  A sum of squares is non-finite when any element is, and
       also when it exceeds float32's range (float32 elements around 1e19;
       float16 ones cannot reach it): such gradients count as overflow too.
@@ -181,7 +181,7 @@ class LossScaler(object):
     the descent is faster.  The rule depends on the overflow verdicts alone
     (which the workers agree on), so every worker keeps the same scale.
 
-    Early skipped steps cost accuracy, not only time (README, "Training", has
+    Early skipped steps cost accuracy, not only time (docs/training.rst has
     the measurements): the start is where they happen.
 
     A loss that is not finite is not a gradient overflow.  When a step is

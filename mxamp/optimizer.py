@@ -57,8 +57,8 @@ touched keep their full FP32 master value.  A changed weight restarts from its
 low-precision value (what the weight holds; the FP32 digits below it are not
 recoverable from it): to restore a master copy exactly, load the trainer's
 states saved with the parameters.  The check is five memory-bound
-elementwise passes per weight, no host sync (README, "What happens when... you
-change the weights", has its cost on ResNet-50); ``follow_weights=False`` turns
+elementwise passes per weight, no host sync (docs/training.rst, "Changing the
+weights during training", has its cost on ResNet-50); ``follow_weights=False`` turns
 it off for loops that never change weights outside the optimizer.
 """
 # Annotations stay unevaluated, as in the modules below this one that kvstore
@@ -298,7 +298,7 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     widened, compared, selected), about 46 bytes of memory traffic per value:
     on ResNet-50 v1 (25.5M values, 2 cores) 1.27 s per step on an AVX2 AMD
     EPYC (9.2% of a batch-16 bfloat16 step) and 0.13 s on an AMX Xeon (10-12%
-    of its 1.2 s step; README, "...you change the weights during training").
+    of its 1.2 s step; docs/training.rst, "Changing the weights during training").
 
     Parameters
     ----------

@@ -272,8 +272,8 @@ BFLOAT16_CPU_KERNELS = _names('''
 ''')
 
 # Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), measured slower
-# than the FP32 op between two amp_casts, op by op on avx512_bf16 (README, "The
-# precision policy", has the method and the factors).  The oneDNN-backed ops
+# than the FP32 op between two amp_casts, op by op on avx512_bf16 (docs/policy.rst
+# has the method and the factors).  The oneDNN-backed ops
 # (Activation, LeakyReLU, Pooling, Concat, stack, elemwise_add, add_n, reshapes,
 # slices, SequenceMask) measured faster in bfloat16: they stay there.
 BFLOAT16_CPU_SLOW = _names('''
@@ -294,12 +294,12 @@ BFLOAT16_CPU_OPS = BFLOAT16_CPU_KERNELS - BFLOAT16_CPU_SLOW
 # DNNL_MAX_CPU_ISA=AVX2 on AVX-512 machines: Convolution, FullyConnected,
 # Deconvolution, BatchNorm, Pooling, Activation and LeakyReLU raise ("could not
 # create a primitive descriptor iterator"); elementwise ops, Concat and softmax
-# run through reference kernels, many times slower than FP32 (README,
-# "Supported hardware").  'avx512' (no AVX512-BF16): oneDNN emulates bfloat16,
+# run through reference kernels, many times slower than FP32
+# (docs/hardware.rst).  'avx512' (no AVX512-BF16): oneDNN emulates bfloat16,
 # slower than FP32 by oneDNN's own estimate (not measured on such a CPU by this
 # project).  Both therefore compute nothing in bfloat16.  'amx' uses the table
-# measured on 'avx512_bf16': the project's AMX measurements (README,
-# "Performance") ran with it.  Which classes compute bfloat16 at all is
+# measured on 'avx512_bf16': the project's AMX measurements (docs/hardware.rst,
+# docs/performance.rst) ran with it.  Which classes compute bfloat16 at all is
 # mxamp.hardware's answer (computes_bfloat16), so that 'auto', the scripts and
 # this table agree.
 BFLOAT16_CPU_OPS_BY_CLASS = {
@@ -336,8 +336,8 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     an even count still gets the blocked kernel (an odd one does not).  The
     fallback is slower than FP32: an RGB stem runs fastest in bfloat16 on 4
     channels, and ResNeXt-50's grouped convolutions (4 and 8 channels per
-    group) fastest in FP32 (README, "Convolution layouts under bfloat16", has
-    the measurements).
+    group) fastest in FP32 (docs/policy.rst, "Convolution layouts under
+    bfloat16", has the measurements).
 
     Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
     ``'pad_channels'`` (an odd number of input channels below 16 with output

@@ -318,7 +318,7 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
         Input shapes, e.g. ``{'data': (1, 3, 224, 224)}``; each name must be a
         variable of the graph outside `params`.  Under bfloat16 they let
         convolutions that oneDNN cannot run in blocked bfloat16 layouts (a
-        3-channel stem) get the layout that is fast (see the README,
+        3-channel stem) get the layout that is fast (see docs/policy.rst,
         "Convolution layouts under bfloat16"); ``__shape__`` attributes serve
         the same purpose.
     portable : bool

@@ -96,8 +96,8 @@ SIMULATED_FLAGS = {
 #: The class this run simulates, or None (set by pytest_configure).
 SIMULATED_CPU_CLASS = None
 
-# What MXNet 1.9.1 says where oneDNN has no bfloat16 primitive (README, "Supported
-# hardware"): the errors a simulated class meets when a test runs its graphs.
+# What MXNet 1.9.1 says where oneDNN has no bfloat16 primitive (docs/hardware.rst):
+# the errors a simulated class meets when a test runs its graphs.
 _MISSING_KERNEL = ('could not create a primitive descriptor', 'Unknown type enum 12',
                    'unknown type for MKLDNN')
 

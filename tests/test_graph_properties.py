@@ -102,9 +102,9 @@ def test_random_graphs_keep_invariants_and_stay_close(steps, outputs, dtype):
         assert error < 0.05, error
 
 
-# What each op of the random graphs computes in, written from README.rst ("The
-# precision policy": its class table, the bfloat16 CPU kernels, the slow kernels
-# kept in FP32), not read from mxamp: a misclassified op in mxamp.policy fails
+# What each op of the random graphs computes in, written from docs/policy.rst
+# ("Classes of operators": its class table, the bfloat16 CPU kernels, the slow
+# kernels kept in FP32), not read from mxamp: a misclassified op in mxamp.policy fails
 # here, where check_graph, which applies the converter's own decisions, passes.
 # Per op: (float16, bfloat16 on a CPU that computes it).  'low': the target
 # dtype; 'follows': its (first) input's precision; 'widest': low only if every
@@ -133,7 +133,7 @@ DTYPE_NAMES = {np.dtype(np.float32): 'float32', np.dtype(np.float16): 'float16',
 
 # (dtype, the policy's arguments, whether the target computes in the dtype):
 # float16 for a GPU; bfloat16 for a CPU that computes it and for one that only
-# stores it (README "Supported hardware": every op then computes in FP32).
+# stores it (docs/hardware.rst: every op then computes in FP32).
 TARGETS = [('float16', {}, True),
            ('bfloat16', {'cpu_class': 'avx512_bf16'}, True),
            ('bfloat16', {'cpu_class': 'avx2'}, False)]
