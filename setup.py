@@ -17,6 +17,9 @@ import os
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
+# mxamp's own oneDNN 3 convolution, built when it can be (mxamp_build.py, csrc/).
+from mxamp_build import BinaryDistribution, BuildOwnConv, BuildWithOwnConv
+
 # The start-up hook: a module and a .pth file that imports it at every interpreter start
 # (site.py runs the .pth files of site-packages), so numpy's aliases are back before
 # anyone's first `import mxnet` (see _mxamp_numpy_aliases.py).
@@ -67,6 +70,8 @@ setup(
         # wheels for glibc >= 2.27 only, so pip would build them from source on older systems.
         'ml-dtypes==0.2.0; python_version < "3.9"',
         'ml-dtypes==0.5.1; python_version >= "3.9"',
+        # oneDNN 3 for mxamp's own convolution (mxamp.own_conv); GNU OpenMP, like MXNet 1.9.1.
+        'onednn-cpu-gomp==2023.2.0; platform_system == "Linux" and platform_machine == "x86_64"',
         'gluoncv==0.10.5.post0',
         'opencv-python<4.12',
         'tqdm',
@@ -81,7 +86,9 @@ setup(
                  'sphinx==7.4.7; python_version >= "3.9"'],
     },
     entry_points={'console_scripts': ['mxamp = mxamp.cli:main']},
-    cmdclass={'build_py': BuildPyWithStartupHook},
+    cmdclass={'build_py': BuildPyWithStartupHook, 'build': BuildWithOwnConv,
+              'build_own_conv': BuildOwnConv},
+    distclass=BinaryDistribution,
     classifiers=[
         'Programming Language :: Python :: 3',
         'Topic :: Scientific/Engineering :: Artificial Intelligence',

@@ -2,7 +2,8 @@
 
 What mxamp would do here and why: versions, the CPU and its class (and what
 lowered it), AMX, what ``dtype='auto'`` picks, the GPUs MXNet sees, the OpenMP
-threads MXNet computes with, MXNet's build features, and the environment
+threads MXNet computes with, MXNet's build features, mxamp's own convolution
+(built, on, its oneDNN), and the environment
 variables it was started with that change any of it.  Like PyTorch's ``collect_env``: a user
 pastes it into an issue.
 
@@ -22,7 +23,7 @@ import platform
 import warnings
 from typing import Any, Dict, Optional
 
-from . import dtypes, hardware
+from . import dtypes, hardware, own_conv
 from ._version import __version__
 
 __all__ = ['collect', 'format_info']
@@ -87,8 +88,9 @@ def collect() -> Dict[str, Any]:
         description, what lowered it, AMX enabled), ``auto`` (what
         ``dtype='auto'`` picks on the CPU, and on a GPU when MXNet sees one, with
         why), ``gpus`` (count), ``openmp`` (`mxamp.hardware.mxnet_openmp_threads`),
-        ``mxnet_features`` and ``environment`` (the variables that change how
-        MXNet computes).
+        ``mxnet_features``, ``environment`` (the variables that change how
+        MXNet computes) and ``own_conv`` (`mxamp.own_conv.describe`: built, on,
+        its oneDNN).
     """
     import mxnet as mx
     import numpy as np
@@ -102,7 +104,7 @@ def collect() -> Dict[str, Any]:
            'lowered_by': hardware.class_lowered_by(), 'amx_enabled': hardware.enable_amx()}
     return {'versions': versions, 'cpu': cpu, 'auto': _auto(), 'gpus': hardware.gpu_count(),
             'openmp': hardware.mxnet_openmp_threads(), 'mxnet_features': _features(),
-            'environment': hardware.performance_variables()}
+            'environment': hardware.performance_variables(), 'own_conv': own_conv.describe()}
 
 
 def format_info(info: Dict[str, Any]) -> str:
@@ -132,6 +134,7 @@ def format_info(info: Dict[str, Any]) -> str:
     features = info['mxnet_features']
     lines.append('MXNet build: %s' % ', '.join(
         '%s %s' % (name, 'on' if on else 'off') for name, on in features.items()))
+    lines.append(info['own_conv'])
     environment = info['environment']
     lines.append('environment: %s' % (' '.join('%s=%s' % kv for kv in environment.items())
                                       or 'none of OMP_*, KMP_*, MXNET_*, DNNL_*, MXAMP_* set'))

@@ -14,7 +14,7 @@ PACKAGE = os.path.join(ROOT, 'mxamp')
 
 # Bottom to top (docs/architecture.rst, "Layers").
 LAYERS = (
-    ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version'}),
+    ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version', 'own_conv'}),
     ('precision names', {'dtypes'}),
     ('policy and graph rewrite', {'policy', 'migration', 'graph', 'fusion', 'network_state', 'diagnose'}),
     ('fronts', {'gluon', 'inference', 'symbol'}),

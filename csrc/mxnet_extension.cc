@@ -1,0 +1,508 @@
+// MXNet 1.9.1 extension library (mx.library.load) registering mxamp's own convolution.
+//
+// Registers one operator, "_mxamp_convolution", with the attributes of MXNet's Convolution
+// (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
+// workspace, cudnn_tune and cudnn_off accepted and ignored) and its gradient
+// "_backward__mxamp_convolution", whose inputs MXNet fixes as (output gradient, data, weight,
+// [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
+//
+// The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
+// see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
+// carry: MXNet's write request (kWriteTo / kAddTo / kNullOp) never reaches an extension, so the
+// gradients are always written, never added (grad_req='add' is not honoured), and a gradient
+// MXNet does not want is computed anyway unless MXNet passes no array for it.
+//
+// Besides the ABI, three C functions for mxamp.own_conv (ctypes): the oneDNN version, its
+// instruction set on this CPU, and the kernels a given convolution runs.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mxnet_lib_api_v11.h"
+#include "onednn_conv.h"
+
+namespace {
+
+using mxamp::ConvSpec;
+
+constexpr const char* kOpName = "_mxamp_convolution";
+
+// The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
+// after the failing call.
+thread_local std::string last_error;
+
+int fail(const std::string& message) {
+  last_error = message;
+  return 0;
+}
+
+// "(3, 3)", "[3,3]", "3" or "(3,)" -> {3, 3} / {3}.
+std::vector<int64_t> parse_tuple(const std::string& key, const std::string& text) {
+  std::vector<int64_t> values;
+  const char* p = text.c_str();
+  while (*p) {
+    if (*p == '(' || *p == ')' || *p == '[' || *p == ']' || *p == ',' || *p == ' ') {
+      ++p;
+      continue;
+    }
+    char* end = nullptr;
+    long long value = std::strtoll(p, &end, 10);
+    if (end == p) throw std::invalid_argument(key + "=" + text + " is not a tuple of integers");
+    values.push_back(value);
+    p = end;
+  }
+  return values;
+}
+
+int64_t parse_int(const std::string& key, const std::string& text) {
+  char* end = nullptr;
+  long long value = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0')
+    throw std::invalid_argument(key + "=" + text + " is not an integer");
+  return value;
+}
+
+bool parse_bool(const std::string& key, const std::string& text) {
+  if (text == "True" || text == "true" || text == "1") return true;
+  if (text == "False" || text == "false" || text == "0") return false;
+  throw std::invalid_argument(key + "=" + text + " is not a boolean");
+}
+
+// The operator's attributes, before the data shape is known.
+struct Attributes {
+  std::vector<int64_t> kernel, stride, dilate, pad;
+  int64_t num_filter = 0;
+  int64_t num_group = 1;
+  bool no_bias = false;
+
+  int num_inputs() const { return no_bias ? 2 : 3; }
+
+  // The spec for data of `shape` and type `dtype_flag`; MXNet's defaults fill what is unset.
+  ConvSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
+    ConvSpec s;
+    s.data_shape.assign(shape, shape + ndim);
+    const size_t spatial = kernel.size();
+    s.kernel = kernel;
+    s.stride = stride.empty() ? std::vector<int64_t>(spatial, 1) : stride;
+    s.dilate = dilate.empty() ? std::vector<int64_t>(spatial, 1) : dilate;
+    s.pad = pad.empty() ? std::vector<int64_t>(spatial, 0) : pad;
+    s.num_filter = num_filter;
+    s.num_group = num_group;
+    s.no_bias = no_bias;
+    s.dtype_flag = dtype_flag;
+    s.validate();
+    return s;
+  }
+};
+
+Attributes parse_attributes(const char* const* keys, const char* const* vals, int num) {
+  Attributes a;
+  bool has_kernel = false, has_num_filter = false;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;  // MXNet's own annotations (__profiler_scope__...)
+    if (key == "kernel") {
+      a.kernel = parse_tuple(key, value);
+      has_kernel = true;
+    } else if (key == "stride") {
+      a.stride = parse_tuple(key, value);
+    } else if (key == "dilate") {
+      a.dilate = parse_tuple(key, value);
+    } else if (key == "pad") {
+      a.pad = parse_tuple(key, value);
+    } else if (key == "num_filter") {
+      a.num_filter = parse_int(key, value);
+      has_num_filter = true;
+    } else if (key == "num_group") {
+      a.num_group = parse_int(key, value);
+    } else if (key == "no_bias") {
+      a.no_bias = parse_bool(key, value);
+    } else if (key == "layout") {
+      if (value != "None" && value != "NCW" && value != "NCHW" && value != "NCDHW")
+        throw std::invalid_argument("layout=" + value +
+                                    ": mxamp's convolution takes NCW, NCHW or NCDHW only");
+    } else if (key != "workspace" && key != "cudnn_tune" && key != "cudnn_off") {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  if (!has_kernel || !has_num_filter)
+    throw std::invalid_argument("kernel and num_filter are required");
+  const size_t spatial = a.kernel.size();
+  if (spatial < 1 || spatial > 3) throw std::invalid_argument("kernel must have 1 to 3 dimensions");
+  for (const auto* part : {&a.stride, &a.dilate, &a.pad}) {
+    if (!part->empty() && part->size() != spatial)
+      throw std::invalid_argument("stride, dilate and pad must have as many dimensions as kernel");
+  }
+  return a;
+}
+
+// Every pointer of one _opCallFCompute call that the convolution uses.
+struct Call {
+  Attributes attributes;
+  const int64_t** inshapes;
+  int* indims;
+  void** indata;
+  int* intypes;
+  int num_in;
+  const int64_t** outshapes;
+  int* outdims;
+  void** outdata;
+  int num_out;
+  mxamp::Scratch scratch;
+};
+
+void check_same_shape(const char* what, const int64_t* shape, int ndim,
+                      const std::vector<int64_t>& expected) {
+  if (static_cast<size_t>(ndim) == expected.size() &&
+      std::equal(expected.begin(), expected.end(), shape))
+    return;
+  std::string got, want;
+  for (int i = 0; i < ndim; ++i) got += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < expected.size(); ++i) want += (i ? ", " : "") + std::to_string(expected[i]);
+  throw std::invalid_argument(std::string(what) + " has shape (" + got + "), expected (" + want +
+                              ")");
+}
+
+void check_one_type(const int* types, int count) {
+  for (int i = 1; i < count; ++i) {
+    if (types[i] != types[0])
+      throw std::invalid_argument("inputs of different data types (flags " +
+                                  std::to_string(types[0]) + " and " + std::to_string(types[i]) +
+                                  ")");
+  }
+}
+
+int compute_forward(const Call& c) {
+  const int n = c.attributes.num_inputs();
+  if (c.num_in != n || c.num_out != 1)
+    throw std::invalid_argument("expected " + std::to_string(n) + " inputs and 1 output");
+  check_one_type(c.intypes, n);
+  const ConvSpec spec = c.attributes.spec(c.inshapes[0], c.indims[0], c.intypes[0]);
+  check_same_shape("weight", c.inshapes[1], c.indims[1], spec.weight_shape());
+  if (!spec.no_bias) check_same_shape("bias", c.inshapes[2], c.indims[2], {spec.num_filter});
+  check_same_shape("output", c.outshapes[0], c.outdims[0], spec.output_shape());
+  mxamp::ForwardArrays arrays = {c.indata[0], c.indata[1], spec.no_bias ? nullptr : c.indata[2],
+                                 c.outdata[0]};
+  mxamp::convolution_forward(spec, arrays, c.scratch);
+  return 1;
+}
+
+int compute_backward(const Call& c) {
+  const int n = c.attributes.num_inputs();
+  // MXNet's gradient node: inputs (output gradient, forward inputs..., forward output).
+  if (c.num_in != n + 2 || c.num_out != n)
+    throw std::invalid_argument("expected " + std::to_string(n + 2) + " inputs and " +
+                                std::to_string(n) + " outputs");
+  check_one_type(c.intypes, n + 1);
+  const ConvSpec spec = c.attributes.spec(c.inshapes[1], c.indims[1], c.intypes[1]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.output_shape());
+  check_same_shape("weight", c.inshapes[2], c.indims[2], spec.weight_shape());
+  mxamp::BackwardArrays arrays = {c.indata[0], c.indata[1], c.indata[2], c.outdata[0],
+                                  c.outdata[1], spec.no_bias ? nullptr : c.outdata[2]};
+  mxamp::convolution_backward(spec, arrays, c.scratch);
+  return 1;
+}
+
+int parse_counts(const Attributes& a, int* num_in, int* num_out) {
+  *num_in = a.num_inputs();
+  *num_out = 1;
+  return 1;
+}
+
+// Arrays handed to MXNet, which frees them through _opCallFree.
+template <typename T>
+T* allocate(size_t count) {
+  T* p = static_cast<T*>(std::malloc(sizeof(T) * (count ? count : 1)));
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+unsigned int* copy_shape(const std::vector<int64_t>& shape) {
+  unsigned int* out = allocate<unsigned int>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) out[i] = static_cast<unsigned int>(shape[i]);
+  return out;
+}
+
+// Weight and bias shapes from the data shape (MXNet gives unknown ones as ndim <= 0), and the
+// output shape.
+int infer_shape(const Attributes& a, unsigned int** inshapes, int* indims, int num_in,
+                unsigned int*** mod_inshapes, int** mod_indims, unsigned int*** outshapes,
+                int** outdims, int num_out) {
+  if (num_in != a.num_inputs() || num_out != 1)
+    throw std::invalid_argument("expected " + std::to_string(a.num_inputs()) + " inputs");
+  if (indims[0] != static_cast<int>(a.kernel.size()) + 2)
+    throw std::invalid_argument(
+        "the data shape is unknown or has the wrong number of dimensions; mxamp's "
+        "convolution infers the weight shape from it and needs it first");
+  std::vector<int64_t> data(inshapes[0], inshapes[0] + indims[0]);
+  // The data type changes no shape: float32 stands in for it.
+  const ConvSpec spec = a.spec(data.data(), indims[0], mxamp::kFlagFloat32);
+  std::vector<std::vector<int64_t>> inputs = {data, spec.weight_shape()};
+  if (!spec.no_bias) inputs.push_back({spec.num_filter});
+  for (int i = 1; i < num_in; ++i) {
+    if (indims[i] > 0) {
+      std::vector<int64_t> given(inshapes[i], inshapes[i] + indims[i]);
+      check_same_shape(i == 1 ? "weight" : "bias", given.data(), indims[i], inputs[i]);
+    }
+  }
+  *mod_indims = allocate<int>(num_in);
+  *mod_inshapes = allocate<unsigned int*>(num_in);
+  for (int i = 0; i < num_in; ++i) {
+    (*mod_indims)[i] = static_cast<int>(inputs[i].size());
+    (*mod_inshapes)[i] = copy_shape(inputs[i]);
+  }
+  const std::vector<int64_t> output = spec.output_shape();
+  *outdims = allocate<int>(1);
+  *outshapes = allocate<unsigned int*>(1);
+  (*outdims)[0] = static_cast<int>(output.size());
+  (*outshapes)[0] = copy_shape(output);
+  return 1;
+}
+
+// One data type for data, weight, bias and output, from whichever is known.
+int infer_type(const Attributes&, int* intypes, int num_in, int* outtypes, int num_out) {
+  int known = -1;
+  for (int i = 0; i < num_in; ++i) {
+    if (intypes[i] < 0) continue;
+    if (known >= 0 && intypes[i] != known)
+      throw std::invalid_argument("inputs of different data types (flags " +
+                                  std::to_string(known) + " and " + std::to_string(intypes[i]) +
+                                  "): data, weight and bias must share one");
+    known = intypes[i];
+  }
+  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagFloat16 &&
+      known != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("data type flag " + std::to_string(known) +
+                                ": mxamp's convolution computes float32, float16 and bfloat16");
+  for (int i = 0; i < num_in; ++i) intypes[i] = known;
+  for (int i = 0; i < num_out; ++i) outtypes[i] = known;
+  return 1;
+}
+
+// The functions MXNet gets for the operator and passes back on each call, in their real types.
+typedef int (*RawParse)(const Attributes&, int* num_in, int* num_out);
+typedef int (*RawInferShape)(const Attributes&, unsigned int**, int*, int, unsigned int***,
+                             int**, unsigned int***, int**, int);
+typedef int (*RawInferType)(const Attributes&, int*, int, int*, int);
+typedef int (*RawCompute)(const Call&);
+
+const char* forward_ctx[] = {"cpu"};
+const char* backward_ctx[] = {"cpu"};
+mxnet::ext::fcomp_t forward_fp[] = {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_forward)};
+mxnet::ext::fcomp_t backward_fp[] = {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_backward)};
+
+}  // namespace
+
+#pragma GCC visibility push(default)
+extern "C" {
+
+int _opVersion() { return MX_LIBRARY_VERSION; }
+
+mxnet::ext::MXReturnValue initialize(int version) {
+  // 1.9.x only: the ABI (checked by MXNet through _opVersion) is that of 1.9.
+  if (version / 100 != 109) {
+    last_error = "mxamp's convolution is built for MXNet 1.9, not " + std::to_string(version);
+    return mxnet::ext::MX_FAIL;
+  }
+  return mxnet::ext::MX_SUCCESS;
+}
+
+int _msgSize() { return last_error.empty() ? 0 : 1; }
+
+void _msgGet(int, const char** msg) { *msg = last_error.c_str(); }
+
+int _opRegSize() { return 1; }
+
+void _opRegGet(int, const char** name, int* isSGop, const char*** forward_ctx_out,
+               mxnet::ext::fcomp_t** forward_fp_out, int* forward_count,
+               const char*** backward_ctx_out, mxnet::ext::fcomp_t** backward_fp_out,
+               int* backward_count, const char*** create_op_ctx,
+               mxnet::ext::createOpState_t** create_op_fp, int* create_op_count,
+               mxnet::ext::parseAttrs_t* parse, mxnet::ext::inferType_t* type,
+               mxnet::ext::inferSType_t* stype, mxnet::ext::inferShape_t* shape,
+               mxnet::ext::mutateInputs_t* mutate) {
+  *name = kOpName;
+  *isSGop = 0;
+  *forward_ctx_out = forward_ctx;
+  *forward_fp_out = forward_fp;
+  *forward_count = 1;
+  *backward_ctx_out = backward_ctx;
+  *backward_fp_out = backward_fp;
+  *backward_count = 1;
+  *create_op_ctx = nullptr;
+  *create_op_fp = nullptr;
+  *create_op_count = 0;
+  *parse = reinterpret_cast<mxnet::ext::parseAttrs_t>(&parse_counts);
+  *type = reinterpret_cast<mxnet::ext::inferType_t>(&infer_type);
+  *shape = reinterpret_cast<mxnet::ext::inferShape_t>(&infer_shape);
+  *stype = nullptr;  // MXNet's default: dense arrays only
+  *mutate = nullptr;
+}
+
+void _opCallFree(void* ptr) { std::free(ptr); }
+
+int _opCallParseAttrs(mxnet::ext::parseAttrs_t parseAttrs, const char* const* keys,
+                      const char* const* vals, int num, int* num_in, int* num_out) {
+  last_error.clear();
+  try {
+    return reinterpret_cast<RawParse>(parseAttrs)(parse_attributes(keys, vals, num), num_in,
+                                                  num_out);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+int _opCallInferShape(mxnet::ext::inferShape_t inferShape, const char* const* keys,
+                      const char* const* vals, int num, unsigned int** inshapes, int* indims,
+                      int num_in, unsigned int*** mod_inshapes, int** mod_indims,
+                      unsigned int*** outshapes, int** outdims, int num_out) {
+  last_error.clear();
+  try {
+    return reinterpret_cast<RawInferShape>(inferShape)(parse_attributes(keys, vals, num),
+                                                       inshapes, indims, num_in, mod_inshapes,
+                                                       mod_indims, outshapes, outdims, num_out);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+int _opCallInferType(mxnet::ext::inferType_t inferType, const char* const* keys,
+                     const char* const* vals, int num, int* intypes, int num_in, int* outtypes,
+                     int num_out) {
+  last_error.clear();
+  try {
+    return reinterpret_cast<RawInferType>(inferType)(parse_attributes(keys, vals, num), intypes,
+                                                     num_in, outtypes, num_out);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+int _opCallInferSType(mxnet::ext::inferSType_t, const char* const*, const char* const*, int,
+                      int*, int, int*, int) {
+  return fail("mxamp's convolution registers no storage-type function");
+}
+
+int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const char* const* vals,
+                    int num, const int64_t** inshapes, int* indims, void** indata, int* intypes,
+                    size_t*, const char** indev_type, int*, int num_in,
+                    const int64_t** outshapes, int* outdims, void** outdata, int*, size_t*,
+                    const char**, int*, int num_out, mxnet::ext::xpu_malloc_t cpu_malloc,
+                    void* cpu_alloc, mxnet::ext::xpu_malloc_t, void*, void*,
+                    mxnet::ext::sparse_malloc_t, void*, int* instypes, int*, void**, void**,
+                    void**, void**, int64_t*, int64_t*, int64_t*, int64_t*, void*, void*) {
+  last_error.clear();
+  try {
+    for (int i = 0; i < num_in; ++i) {
+      if (std::strcmp(indev_type[i], "cpu") != 0 || instypes[i] != 0)
+        throw std::invalid_argument("mxamp's convolution takes dense CPU arrays only");
+    }
+    Call call = {parse_attributes(keys, vals, num), inshapes, indims, indata, intypes, num_in,
+                 outshapes, outdims, outdata, num_out,
+                 [cpu_malloc, cpu_alloc](size_t bytes) -> void* {
+                   if (bytes > static_cast<size_t>(INT32_MAX))
+                     throw std::runtime_error("needs " + std::to_string(bytes) +
+                                              " bytes of temporary memory; MXNet gives at most "
+                                              "2 GiB to an extension");
+                   return cpu_malloc(cpu_alloc, static_cast<int>(bytes));
+                 }};
+    return reinterpret_cast<RawCompute>(fcomp)(call);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+int _opCallMutateInputs(mxnet::ext::mutateInputs_t, const char* const*, const char* const*, int,
+                        int**, int*) {
+  return fail("mxamp's convolution mutates no input");
+}
+
+int _opCallCreateOpState(mxnet::ext::createOpState_t, const char* const*, const char* const*, int,
+                         const char*, int, unsigned int**, int*, int, const int*, void**) {
+  return fail("mxamp's convolution is stateless");
+}
+
+void _opCallDestroyOpState(void*) {}
+
+int _opCallFStatefulCompute(int, void*, const int64_t**, int*, void**, int*, size_t*,
+                            const char**, int*, int, const int64_t**, int*, void**, int*, size_t*,
+                            const char**, int*, int, mxnet::ext::xpu_malloc_t, void*,
+                            mxnet::ext::xpu_malloc_t, void*, void*, mxnet::ext::sparse_malloc_t,
+                            void*, int*, int*, void**, void**, void**, void**, int64_t*, int64_t*,
+                            int64_t*, int64_t*, void*, void*) {
+  return fail("mxamp's convolution is stateless");
+}
+
+// No partitioners and no graph passes; MXNet looks these up all the same.
+int _partRegSize() { return 0; }
+int _partRegGetCount(int, const char**) { return 0; }
+void _partRegGet(int, int, const char**, mxnet::ext::supportedOps_t*,
+                 mxnet::ext::createSelector_t*, mxnet::ext::reviewSubgraph_t*, const char**) {}
+int _partCallSupportedOps(mxnet::ext::supportedOps_t, const char*, int, int*, const char* const*,
+                          const char* const*, int) {
+  return 0;
+}
+int _partCallCreateSelector(mxnet::ext::createSelector_t, const char*, void**,
+                            const char* const*, const char* const*, int) {
+  return 0;
+}
+void _partCallSelect(void*, int, int*) {}
+void _partCallSelectInput(void*, int, int, int*) {}
+void _partCallSelectOutput(void*, int, int, int*) {}
+void _partCallFilter(void*, int*, int, int**, int*) {}
+void _partCallReset(void*) {}
+int _partCallReviewSubgraph(mxnet::ext::reviewSubgraph_t, const char*, int, int*,
+                            const char* const*, const char* const*, int, char***, char***, int*,
+                            const char* const*, int, void* const*, const int64_t* const*,
+                            const int*, const int*, const size_t*, const char* const*, const int*,
+                            const char* const*, int, void* const*, const int64_t* const*,
+                            const int*, const int*, const size_t*, const char* const*,
+                            const int*) {
+  return 0;
+}
+int _passRegSize() { return 0; }
+void _passRegGet(int, mxnet::ext::graphPass_t*, const char**) {}
+int _passCallGraphPass(mxnet::ext::graphPass_t, const char*, char**, const char* const*,
+                       const char* const*, int, const char*, const char* const*, int,
+                       void* const*, const int64_t* const*, const int*, const int*,
+                       const size_t*, const char* const*, const int*, const char* const*, int,
+                       void* const*, const int64_t* const*, const int*, const int*,
+                       const size_t*, const char* const*, const int*, mxnet::ext::nd_malloc_t,
+                       const void*) {
+  return 0;
+}
+
+// For mxamp.own_conv (ctypes).  Strings live until the next call on the same thread.
+const char* mxamp_own_conv_onednn_version() {
+  static const std::string version = mxamp::onednn_version();
+  return version.c_str();
+}
+
+const char* mxamp_own_conv_cpu_isa() {
+  static const std::string isa = mxamp::onednn_cpu_isa();
+  return isa.c_str();
+}
+
+// The kernels of one convolution (attributes as MXNet passes them), or null: see the last error.
+const char* mxamp_own_conv_kernels(const char* const* keys, const char* const* vals, int num,
+                                   const int64_t* data_shape, int ndim, int dtype_flag) {
+  thread_local std::string text;
+  last_error.clear();
+  try {
+    text = mxamp::describe_kernels(parse_attributes(keys, vals, num).spec(data_shape, ndim,
+                                                                          dtype_flag));
+    return text.c_str();
+  } catch (const std::exception& e) {
+    fail(e.what());
+    return nullptr;
+  }
+}
+
+const char* mxamp_own_conv_last_error() { return last_error.c_str(); }
+
+}  // extern "C"
+#pragma GCC visibility pop

@@ -1,0 +1,439 @@
+// mxamp's own convolution on oneDNN 3 (see onednn_conv.h).
+//
+// Each distinct convolution (shape, attributes, data type) gets its oneDNN primitives once,
+// kept for the life of the process.  The primitives choose their own memory layouts
+// (format "any"); MXNet's arrays are plain, so an argument whose chosen layout differs is
+// reordered through MXNet's temporary space on the way in (inputs) or out (outputs).
+#include "onednn_conv.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+namespace mxamp {
+namespace {
+
+using dnnl::memory;
+
+constexpr size_t kAlignment = 64;  // cache line; what oneDNN's own allocations use
+
+size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// oneDNN streams are not thread-safe; MXNet may run operators on several worker threads.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+const char* dtype_name(int flag) {
+  switch (flag) {
+    case kFlagFloat32: return "float32";
+    case kFlagFloat16: return "float16";
+    case kFlagBFloat16: return "bfloat16";
+    default: return "unsupported";
+  }
+}
+
+memory::data_type onednn_type(int flag) {
+  switch (flag) {
+    case kFlagFloat32: return memory::data_type::f32;
+    case kFlagFloat16: return memory::data_type::f16;
+    case kFlagBFloat16: return memory::data_type::bf16;
+    default:
+      throw std::invalid_argument("data type flag " + std::to_string(flag) +
+                                  ": mxamp's convolution computes float32, float16 and bfloat16");
+  }
+}
+
+// A dense row-major descriptor: MXNet's layout of an array of these dimensions.
+memory::desc plain_desc(const memory::dims& dims, memory::data_type type) {
+  memory::dims strides(dims.size());
+  memory::dim stride = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= dims[i];
+  }
+  return memory::desc(dims, type, strides);
+}
+
+memory::desc any_desc(const memory::dims& dims, memory::data_type type) {
+  return memory::desc(dims, type, memory::format_tag::any);
+}
+
+// One array argument of a primitive: where it lives in MXNet and in the layout oneDNN chose.
+struct Argument {
+  int onednn_arg;           // DNNL_ARG_SRC, ...
+  int slot;                 // index of the caller's pointer
+  bool is_output;
+  memory::desc user;        // MXNet's plain layout
+  memory::desc chosen;      // the primitive's layout
+  bool reordered;           // user != chosen: converted through scratch memory
+  dnnl::reorder convert;    // user -> chosen for inputs, chosen -> user for outputs
+  size_t offset;            // of the chosen-layout copy in the scratch memory
+};
+
+// One oneDNN primitive with its arguments and the scratch memory it needs per call.
+class Step {
+ public:
+  Step(dnnl::primitive primitive, const dnnl::primitive_desc_base& pd,
+       const std::vector<std::pair<int, int>>& inputs,
+       const std::vector<std::pair<int, int>>& outputs,
+       const std::unordered_map<int, memory::desc>& user_layouts)
+      : primitive_(std::move(primitive)), impl_(pd.impl_info_str()) {
+    auto add = [&](int arg, int slot, bool is_output) {
+      Argument a;
+      a.onednn_arg = arg;
+      a.slot = slot;
+      a.is_output = is_output;
+      a.user = user_layouts.at(arg);
+      a.chosen = pd.query_md(dnnl::query::exec_arg_md, arg);
+      a.reordered = a.user != a.chosen;
+      a.offset = 0;
+      if (a.reordered) {
+        a.convert = is_output ? dnnl::reorder(dnnl::reorder::primitive_desc(
+                                    cpu_engine(), a.chosen, cpu_engine(), a.user))
+                              : dnnl::reorder(dnnl::reorder::primitive_desc(
+                                    cpu_engine(), a.user, cpu_engine(), a.chosen));
+        a.offset = bytes_;
+        bytes_ += aligned(a.chosen.get_size());
+      }
+      arguments_.push_back(a);
+    };
+    for (const auto& in : inputs) add(in.first, in.second, false);
+    for (const auto& out : outputs) add(out.first, out.second, true);
+    scratchpad_ = pd.scratchpad_desc();
+    scratchpad_offset_ = bytes_;
+    bytes_ += aligned(scratchpad_.get_size());
+  }
+
+  size_t scratch_bytes() const { return bytes_; }
+  const std::string& impl() const { return impl_; }
+  int reorders() const {
+    int count = 0;
+    for (const auto& a : arguments_) count += a.reordered;
+    return count;
+  }
+
+  // `slots`: the caller's pointers; `scratch`: scratch_bytes() bytes, 64-byte aligned.
+  void run(void* const* slots, char* scratch) const {
+    dnnl::engine& engine = cpu_engine();
+    dnnl::stream& stream = thread_stream();
+    std::unordered_map<int, memory> args;
+    std::vector<std::pair<const Argument*, memory>> pending_outputs;
+    for (const auto& a : arguments_) {
+      memory user(a.user, engine, slots[a.slot]);
+      if (!a.reordered) {
+        args.emplace(a.onednn_arg, user);
+        continue;
+      }
+      memory chosen(a.chosen, engine, scratch + a.offset);
+      if (a.is_output) {
+        pending_outputs.emplace_back(&a, user);
+      } else {
+        a.convert.execute(stream, user, chosen);
+      }
+      args.emplace(a.onednn_arg, chosen);
+    }
+    if (scratchpad_.get_size() > 0) {
+      args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratchpad_, engine, scratch + scratchpad_offset_));
+    }
+    primitive_.execute(stream, args);
+    for (auto& out : pending_outputs) {
+      out.first->convert.execute(stream, args.at(out.first->onednn_arg), out.second);
+    }
+    stream.wait();
+  }
+
+ private:
+  dnnl::primitive primitive_;
+  std::string impl_;
+  std::vector<Argument> arguments_;
+  memory::desc scratchpad_;
+  size_t scratchpad_offset_ = 0;
+  size_t bytes_ = 0;
+};
+
+// Slots of the caller's pointers (ForwardArrays / BackwardArrays, in order).
+enum ForwardSlot { kFwdData, kFwdWeight, kFwdBias, kFwdOutput };
+enum BackwardSlot { kBwdOutputGrad, kBwdData, kBwdWeight, kBwdDataGrad, kBwdWeightGrad,
+                    kBwdBiasGrad };
+
+// The primitives of one convolution; backward ones are made on the first backward call.
+class Convolution {
+ public:
+  explicit Convolution(const ConvSpec& spec) : spec_(spec) {
+    const memory::data_type type = onednn_type(spec.dtype_flag);
+    const size_t spatial = spec.kernel.size();
+    memory::dims data(spec.data_shape.begin(), spec.data_shape.end());
+    const std::vector<int64_t> out_shape = spec.output_shape();
+    memory::dims output(out_shape.begin(), out_shape.end());
+    memory::dims weight = {spec.num_filter, spec.data_shape[1] / spec.num_group};
+    if (spec.num_group > 1) {
+      // oneDNN's grouped weights (G, O/G, I/G, ...) are MXNet's (O, I/G, ...) in the same bytes.
+      weight = {spec.num_group, spec.num_filter / spec.num_group,
+                spec.data_shape[1] / spec.num_group};
+    }
+    weight.insert(weight.end(), spec.kernel.begin(), spec.kernel.end());
+    for (size_t i = 0; i < spatial; ++i) {
+      strides_.push_back(spec.stride[i]);
+      dilates_.push_back(spec.dilate[i] - 1);  // oneDNN counts the holes, MXNet the spacing
+      padding_.push_back(spec.pad[i]);
+    }
+    plain_ = {{DNNL_ARG_SRC, plain_desc(data, type)},
+              {DNNL_ARG_DIFF_SRC, plain_desc(data, type)},
+              {DNNL_ARG_WEIGHTS, plain_desc(weight, type)},
+              {DNNL_ARG_DIFF_WEIGHTS, plain_desc(weight, type)},
+              {DNNL_ARG_BIAS, plain_desc({spec.num_filter}, type)},
+              {DNNL_ARG_DIFF_BIAS, plain_desc({spec.num_filter}, type)},
+              {DNNL_ARG_DST, plain_desc(output, type)},
+              {DNNL_ARG_DIFF_DST, plain_desc(output, type)}};
+    // MEASUREMENT ONLY (to be removed): MXAMP_OWN_CONV_LAYOUT=plain forces MXNet's layouts.
+    const char* layout = std::getenv("MXAMP_OWN_CONV_LAYOUT");
+    const bool force_plain = layout && std::string(layout) == "plain";
+    any_data_ = force_plain ? plain_desc(data, type) : any_desc(data, type);
+    any_weight_ = force_plain ? plain_desc(weight, type) : any_desc(weight, type);
+    any_output_ = force_plain ? plain_desc(output, type) : any_desc(output, type);
+    bias_ = spec.no_bias ? memory::desc() : plain_desc({spec.num_filter}, type);
+
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    forward_pd_ = dnnl::convolution_forward::primitive_desc(
+        cpu_engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+        any_data_, any_weight_, bias_, any_output_, strides_, dilates_, padding_, padding_, attr);
+    std::vector<std::pair<int, int>> inputs = {{DNNL_ARG_SRC, kFwdData},
+                                               {DNNL_ARG_WEIGHTS, kFwdWeight}};
+    if (!spec.no_bias) inputs.emplace_back(DNNL_ARG_BIAS, kFwdBias);
+    forward_.reset(new Step(dnnl::convolution_forward(forward_pd_), forward_pd_, inputs, {{DNNL_ARG_DST, kFwdOutput}}, plain_));
+  }
+
+  const Step& forward() const { return *forward_; }
+
+  // Both backward steps, made once (the caller holds the cache lock).
+  void make_backward() {
+    if (backward_data_) return;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::convolution_backward_data::primitive_desc data_pd(
+        cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, any_output_,
+        strides_, dilates_, padding_, padding_, forward_pd_, attr);
+    backward_data_.reset(new Step(dnnl::convolution_backward_data(data_pd), data_pd,
+                                  {{DNNL_ARG_DIFF_DST, kBwdOutputGrad},
+                                   {DNNL_ARG_WEIGHTS, kBwdWeight}},
+                                  {{DNNL_ARG_DIFF_SRC, kBwdDataGrad}}, plain_));
+    dnnl::convolution_backward_weights::primitive_desc weights_pd(
+        cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, bias_,
+        any_output_, strides_, dilates_, padding_, padding_, forward_pd_, attr);
+    std::vector<std::pair<int, int>> outputs = {{DNNL_ARG_DIFF_WEIGHTS, kBwdWeightGrad}};
+    if (!spec_.no_bias) outputs.emplace_back(DNNL_ARG_DIFF_BIAS, kBwdBiasGrad);
+    backward_weights_.reset(new Step(dnnl::convolution_backward_weights(weights_pd), weights_pd,
+                                     {{DNNL_ARG_SRC, kBwdData},
+                                      {DNNL_ARG_DIFF_DST, kBwdOutputGrad}},
+                                     outputs, plain_));
+  }
+
+  const Step& backward_data() const { return *backward_data_; }
+  const Step& backward_weights() const { return *backward_weights_; }
+  bool has_backward() const { return static_cast<bool>(backward_data_); }
+
+ private:
+  ConvSpec spec_;
+  memory::dims strides_, dilates_, padding_;
+  std::unordered_map<int, memory::desc> plain_;
+  memory::desc any_data_, any_weight_, any_output_, bias_;
+  dnnl::convolution_forward::primitive_desc forward_pd_;
+  std::unique_ptr<Step> forward_, backward_data_, backward_weights_;
+};
+
+// The key of a spec in the cache: every field, flattened.
+std::vector<int64_t> cache_key(const ConvSpec& spec) {
+  std::vector<int64_t> key;
+  key.reserve(5 + spec.data_shape.size() + 4 * spec.kernel.size());
+  key.push_back(spec.dtype_flag);
+  key.push_back(spec.num_filter);
+  key.push_back(spec.num_group);
+  key.push_back(spec.no_bias);
+  key.push_back(static_cast<int64_t>(spec.data_shape.size()));
+  for (const auto* part : {&spec.data_shape, &spec.kernel, &spec.stride, &spec.dilate, &spec.pad})
+    key.insert(key.end(), part->begin(), part->end());
+  return key;
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t v : key) h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+
+std::mutex cache_mutex;
+std::unordered_map<std::vector<int64_t>, std::unique_ptr<Convolution>, KeyHash> cache;
+
+std::string describe_spec(const ConvSpec& spec) {
+  std::ostringstream out;
+  auto tuple = [&](const std::vector<int64_t>& v) {
+    out << "(";
+    for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
+    out << ")";
+  };
+  out << dtype_name(spec.dtype_flag) << " data ";
+  tuple(spec.data_shape);
+  out << " kernel ";
+  tuple(spec.kernel);
+  out << " stride ";
+  tuple(spec.stride);
+  out << " dilate ";
+  tuple(spec.dilate);
+  out << " pad ";
+  tuple(spec.pad);
+  out << " num_filter " << spec.num_filter << " num_group " << spec.num_group;
+  return out.str();
+}
+
+// The cached primitives of `spec`, made on first use; with_backward: backward ones too.
+Convolution& primitives(const ConvSpec& spec, bool with_backward) {
+  std::vector<int64_t> key = cache_key(spec);
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto found = cache.find(key);
+  try {
+    if (found == cache.end()) {
+      spec.validate();
+      found = cache.emplace(std::move(key), std::unique_ptr<Convolution>(new Convolution(spec)))
+                  .first;
+    }
+    if (with_backward) found->second->make_backward();
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error("oneDNN " + onednn_version() + " has no " +
+                             std::string(with_backward ? "backward " : "forward ") +
+                             "kernel for the " + describe_spec(spec) + " convolution on this CPU (" +
+                             onednn_cpu_isa() + "): " + e.what());
+  }
+  return *found->second;
+}
+
+char* scratch_memory(const Scratch& scratch, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  // MXNet's temporary space is 64-byte aligned already; ask for slack in case it is not.
+  char* raw = static_cast<char*>(scratch(bytes + kAlignment));
+  if (raw == nullptr) throw std::runtime_error("MXNet gave no temporary memory");
+  uintptr_t address = reinterpret_cast<uintptr_t>(raw);
+  return raw + (aligned(address) - address);
+}
+
+}  // namespace
+
+void ConvSpec::validate() const {
+  const size_t spatial = kernel.size();
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(what + " (" + describe_spec(*this) + ")");
+  };
+  if (spatial < 1 || spatial > 3) fail("kernel must have 1 to 3 dimensions");
+  if (data_shape.size() != spatial + 2)
+    fail("data must have " + std::to_string(spatial + 2) + " dimensions for a " +
+         std::to_string(spatial) + "-D kernel");
+  if (stride.size() != spatial || dilate.size() != spatial || pad.size() != spatial)
+    fail("stride, dilate and pad must have as many dimensions as kernel");
+  onednn_type(dtype_flag);
+  for (int64_t d : data_shape)
+    if (d <= 0) fail("data shape must be known and positive");
+  for (size_t i = 0; i < spatial; ++i) {
+    if (kernel[i] <= 0 || stride[i] <= 0 || dilate[i] <= 0 || pad[i] < 0)
+      fail("kernel, stride and dilate must be positive and pad non-negative");
+  }
+  if (num_filter <= 0) fail("num_filter must be positive");
+  if (num_group <= 0 || data_shape[1] % num_group != 0 || num_filter % num_group != 0)
+    fail("num_group must divide both the input channels and num_filter");
+  for (int64_t d : output_shape())
+    if (d <= 0) fail("the kernel does not fit in the padded data");
+}
+
+std::vector<int64_t> ConvSpec::output_shape() const {
+  std::vector<int64_t> shape = {data_shape[0], num_filter};
+  for (size_t i = 0; i < kernel.size(); ++i) {
+    const int64_t extent = dilate[i] * (kernel[i] - 1) + 1;
+    shape.push_back((data_shape[i + 2] + 2 * pad[i] - extent) / stride[i] + 1);
+  }
+  return shape;
+}
+
+std::vector<int64_t> ConvSpec::weight_shape() const {
+  std::vector<int64_t> shape = {num_filter, data_shape[1] / num_group};
+  shape.insert(shape.end(), kernel.begin(), kernel.end());
+  return shape;
+}
+
+void convolution_forward(const ConvSpec& spec, const ForwardArrays& arrays,
+                         const Scratch& scratch) {
+  const Step& step = primitives(spec, false).forward();
+  void* slots[] = {const_cast<void*>(arrays.data), const_cast<void*>(arrays.weight),
+                   const_cast<void*>(arrays.bias), arrays.output};
+  step.run(slots, scratch_memory(scratch, step.scratch_bytes()));
+}
+
+void convolution_backward(const ConvSpec& spec, const BackwardArrays& arrays,
+                          const Scratch& scratch) {
+  const Convolution& conv = primitives(spec, true);
+  void* slots[] = {const_cast<void*>(arrays.output_grad), const_cast<void*>(arrays.data),
+                   const_cast<void*>(arrays.weight), arrays.data_grad, arrays.weight_grad,
+                   arrays.bias_grad};
+  // One scratch block serves both steps: they run one after the other.
+  const bool data_wanted = arrays.data_grad != nullptr;
+  const bool weights_wanted = arrays.weight_grad != nullptr;
+  size_t bytes = 0;
+  if (data_wanted) bytes = conv.backward_data().scratch_bytes();
+  if (weights_wanted && conv.backward_weights().scratch_bytes() > bytes)
+    bytes = conv.backward_weights().scratch_bytes();
+  char* memory = scratch_memory(scratch, bytes);
+  if (data_wanted) conv.backward_data().run(slots, memory);
+  if (weights_wanted) conv.backward_weights().run(slots, memory);
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
+}
+
+std::string onednn_cpu_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    default: return "unknown";
+  }
+}
+
+std::string describe_kernels(const ConvSpec& spec) {
+  Convolution& conv = primitives(spec, true);
+  std::ostringstream out;
+  auto step = [&](const char* name, const Step& s) {
+    out << name << "=" << s.impl() << " (" << s.reorders() << " reorders) ";
+  };
+  step("forward", conv.forward());
+  step("backward_data", conv.backward_data());
+  step("backward_weights", conv.backward_weights());
+  std::string text = out.str();
+  text.pop_back();
+  return text;
+}
+
+}  // namespace mxamp

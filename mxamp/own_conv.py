@@ -1,0 +1,347 @@
+"""mxamp's own convolution on oneDNN 3: the built library, its switch and its operator.
+
+MXNet 1.9.1 computes convolutions with the oneDNN 2.4 built into it, whose
+backward kernels are far behind oneDNN 3's on AMX CPUs.  mxamp builds, when it
+is installed, a small C++ library (``csrc/``) that runs convolutions on oneDNN
+3.2 (the ``onednn-cpu-gomp`` wheel, GNU OpenMP like MXNet) and registers them
+in MXNet as one operator, ``_mxamp_convolution``, with MXNet's
+``Convolution`` attributes and a gradient.  This module owns loading that
+library (once per process), the switch that keeps it off, what it says about
+itself (:func:`status`, :func:`describe`, for ``mxamp info``), and the calls
+that put the operator into NDArray code, Symbol graphs and hybridized Gluon
+blocks (:func:`convolution`).  Which convolutions of a network use it is not
+decided here.
+
+How it plugs into MXNet
+-----------------------
+Through MXNet's extension-library ABI (``MXLoadLib``, what
+``mx.library.load`` calls; ``MX_LIBRARY_VERSION`` 11 in 1.9.1), implemented by
+the library directly: the operator is a native MXNet operator, scheduled by
+MXNet's engine on its own worker threads like ``Convolution``, usable in
+``mx.nd``, ``mx.sym`` and hybridized Gluon, with no Python in the call.  The
+other way, ``mx.operator.CustomOp`` calling the library through ctypes, pays
+for Python, the GIL and MXNet's custom-operator thread on every call; measured
+on this project's 2-core AVX2 machine, it costs more per call than the whole
+extension operator does (see ``DESIGN_MEASUREMENTS`` below).
+
+The operator takes and returns MXNet's plain layouts (NCW/NCHW/NCDHW data,
+OIHW weights).  oneDNN 3 picks its own layout for each primitive; an argument
+whose layout differs is reordered through MXNet's temporary space inside the
+call.  Both libraries link the same ``libgomp.so.1``, and the operator runs on
+the MXNet worker thread that called it, so it computes on that thread's OpenMP
+team, with MXNet's thread count: one pool, no oversubscription.
+
+What MXNet's extension ABI does not carry: the write request.  Gradients are
+always written, never added, so ``grad_req='add'`` is not honoured for the
+operator's inputs; MXNet's partial shape inference needs the data shape
+first (the weight shape is inferred from it).
+
+Environment variables
+---------------------
+MXAMP_OWN_CONV
+    ``0`` (or ``false``, ``no``, ``off``) keeps the library unloaded:
+    :func:`available` answers False and :func:`convolution` raises.
+
+MXNet internals relied on
+-------------------------
+``MXLoadLib`` and ``NNGetOpHandle`` of MXNet's C API (through
+``mxnet.base._LIB``), and ``mxnet.ndarray.register._make_ndarray_function`` /
+``mxnet.symbol.register._make_symbol_function``, which make the operator's
+Python functions.  ``mx.library.load`` would do the same and then regenerate
+every operator's Python function (2.4 s measured here), undoing any monkey
+patch of ``mx.nd`` (``mxnet.contrib.amp.init``'s).
+"""
+import ctypes
+import importlib.metadata
+import logging
+import os
+import threading
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
+
+import mxnet as mx
+from mxnet.base import _LIB, c_str, check_call, mx_uint
+from mxnet.ndarray.register import _make_ndarray_function
+from mxnet.symbol.register import _make_symbol_function
+
+__all__ = ['OP_NAME', 'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe',
+           'convolution', 'kernels', 'library_path']
+
+logger = logging.getLogger('mxamp')
+
+#: The operator's name in MXNet (its gradient: ``_backward__mxamp_convolution``).
+OP_NAME = '_mxamp_convolution'
+
+_NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
+_LIBRARY_NAME = 'libmxamp_own_conv.so'
+# Written by the build (mxamp_build.py) when it could not build the library: the reason.
+_NOT_BUILT_NOTE = 'own_conv_not_built.txt'
+_ONEDNN_DISTRIBUTION = 'onednn-cpu-gomp'
+_ONEDNN_SONAME = 'libdnnl.so.3'
+_OFF_VALUES = ('0', 'false', 'no', 'off')
+# MXNet's type flags (mshadow) of the data types the operator computes in.
+_DTYPE_FLAGS = {'float32': 0, 'float16': 2, 'bfloat16': 12}
+
+
+class OwnConvUnavailable(RuntimeError):
+    """mxamp's own convolution cannot run in this process; the message says why."""
+
+
+class OwnConvStatus(NamedTuple):
+    """Where mxamp's own convolution stands in this process.
+
+    Attributes
+    ----------
+    built : bool
+        The library was built when mxamp was installed.
+    enabled : bool
+        Not switched off by ``MXAMP_OWN_CONV``.
+    loaded : bool
+        Loaded and registered in MXNet: the operator can run.
+    onednn_version : str or None
+        The oneDNN it runs on ("3.2.0"), when loaded.
+    cpu_isa : str or None
+        The instruction set oneDNN 3 uses on this CPU ("avx2", "avx512_core_amx"...), when loaded.
+    reason : str or None
+        Why it cannot run, when it cannot.
+    """
+
+    built: bool
+    enabled: bool
+    loaded: bool
+    onednn_version: Optional[str]
+    cpu_isa: Optional[str]
+    reason: Optional[str]
+
+
+class _Loaded(NamedTuple):
+    library: Any
+    nd_function: Callable[..., Any]
+    sym_function: Callable[..., Any]
+    onednn_version: str
+    cpu_isa: str
+
+
+_lock = threading.Lock()
+_loaded: Optional[_Loaded] = None
+_failure: Optional[str] = None
+_failure_said = False
+
+
+def library_path() -> str:
+    """Where the built library is (or would be): ``mxamp/_native/libmxamp_own_conv.so``."""
+    return os.path.join(_NATIVE_DIR, _LIBRARY_NAME)
+
+
+def _switched_off() -> bool:
+    return os.environ.get('MXAMP_OWN_CONV', '1').strip().lower() in _OFF_VALUES
+
+
+def _not_built_reason() -> str:
+    try:
+        with open(os.path.join(_NATIVE_DIR, _NOT_BUILT_NOTE)) as handle:
+            why = handle.read().strip()
+    except OSError:
+        why = 'no build ran'
+    return ('not built when mxamp was installed (%s); install a C++ compiler and reinstall '
+            'mxamp to build it' % why)
+
+
+def _onednn_library() -> str:
+    """The path of oneDNN 3's shared library, from the onednn-cpu-gomp wheel's file list."""
+    try:
+        files = importlib.metadata.distribution(_ONEDNN_DISTRIBUTION).files or []
+    except importlib.metadata.PackageNotFoundError:
+        raise OwnConvUnavailable('%s is not installed (it carries oneDNN 3)'
+                                 % _ONEDNN_DISTRIBUTION) from None
+    for entry in files:
+        if entry.name == _ONEDNN_SONAME:
+            return os.path.normpath(str(entry.locate()))
+    raise OwnConvUnavailable('%s lists no %s' % (_ONEDNN_DISTRIBUTION, _ONEDNN_SONAME))
+
+
+def _load() -> _Loaded:
+    path = library_path()
+    if not os.path.exists(path):
+        raise OwnConvUnavailable(_not_built_reason())
+    onednn = _onednn_library()
+    try:
+        # By absolute path, before MXNet opens ours: the dynamic loader then finds the
+        # library's dependency on libdnnl.so.3 already loaded (matched by soname).
+        ctypes.CDLL(onednn)
+    except OSError as error:
+        raise OwnConvUnavailable('cannot load %s: %s' % (onednn, error)) from None
+    try:
+        check_call(_LIB.MXLoadLib(c_str(path), mx_uint(0)))
+    except mx.base.MXNetError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else 'MXNetError'
+        raise OwnConvUnavailable('MXNet refused %s: %s' % (path, first_line)) from None
+    library = ctypes.CDLL(path)
+    for name in ('mxamp_own_conv_onednn_version', 'mxamp_own_conv_cpu_isa',
+                 'mxamp_own_conv_last_error', 'mxamp_own_conv_kernels'):
+        getattr(library, name).restype = ctypes.c_char_p
+    handle = ctypes.c_void_p()
+    check_call(_LIB.NNGetOpHandle(c_str(OP_NAME), ctypes.byref(handle)))
+    return _Loaded(library=library,
+                   nd_function=_make_ndarray_function(handle, OP_NAME, OP_NAME),
+                   sym_function=_make_symbol_function(handle, OP_NAME, OP_NAME),
+                   onednn_version=library.mxamp_own_conv_onednn_version().decode(),
+                   cpu_isa=library.mxamp_own_conv_cpu_isa().decode())
+
+
+def _ensure_loaded() -> Optional[_Loaded]:
+    """The loaded library, loading it on the first call; None when it cannot run."""
+    global _loaded, _failure
+    if _switched_off():
+        return None
+    with _lock:
+        if _loaded is None and _failure is None:
+            try:
+                _loaded = _load()
+            except OwnConvUnavailable as error:
+                _failure = str(error)
+        return _loaded
+
+
+def status() -> OwnConvStatus:
+    """Where mxamp's own convolution stands: built, switched on, loaded, its oneDNN.
+
+    Loads the library on the first call (about 20 ms; no operator runs) unless
+    ``MXAMP_OWN_CONV`` switches it off.
+    """
+    built = os.path.exists(library_path())
+    if _switched_off():
+        return OwnConvStatus(built, False, False, None, None,
+                             'switched off (MXAMP_OWN_CONV=%s)' % os.environ['MXAMP_OWN_CONV'])
+    loaded = _ensure_loaded()
+    if loaded is None:
+        return OwnConvStatus(built, True, False, None, None, _failure)
+    return OwnConvStatus(built, True, True, loaded.onednn_version, loaded.cpu_isa, None)
+
+
+def available() -> bool:
+    """Whether the operator can run in this process.
+
+    The first time it cannot, says why once in the ``mxamp`` log (a warning,
+    or an info line when ``MXAMP_OWN_CONV`` switched it off).
+    """
+    global _failure_said
+    state = status()
+    if not state.loaded and not _failure_said:
+        _failure_said = True
+        level = logging.INFO if not state.enabled else logging.WARNING
+        logger.log(level, "mxamp: own oneDNN 3 convolution off, MXNet's Convolution runs instead: %s",
+                   state.reason)
+    return state.loaded
+
+
+def describe() -> str:
+    """One line for ``mxamp info``: the state of mxamp's own convolution.
+
+    Example
+    -------
+    >>> mxamp.own_conv.describe()  # doctest: +ELLIPSIS
+    'own convolution: ...'
+    """
+    state = status()
+    if state.loaded:
+        return 'own convolution: on (oneDNN %s, %s)' % (state.onednn_version, state.cpu_isa)
+    return 'own convolution: off, %s' % state.reason
+
+
+def _require() -> _Loaded:
+    loaded = _ensure_loaded()
+    if loaded is None:
+        raise OwnConvUnavailable("mxamp's own convolution is off: %s" % status().reason)
+    return loaded
+
+
+def _tuple(value: Any) -> Tuple[int, ...]:
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+
+
+def _attributes(kernel: Sequence[int], num_filter: int, stride: Optional[Sequence[int]],
+                dilate: Optional[Sequence[int]], pad: Optional[Sequence[int]], num_group: int,
+                no_bias: bool) -> dict:
+    attributes = {'kernel': _tuple(kernel), 'num_filter': int(num_filter),
+                  'num_group': int(num_group), 'no_bias': bool(no_bias)}
+    for key, value in (('stride', stride), ('dilate', dilate), ('pad', pad)):
+        if value is not None:
+            attributes[key] = _tuple(value)
+    return attributes
+
+
+def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[int],
+                num_filter: int, stride: Optional[Sequence[int]] = None,
+                dilate: Optional[Sequence[int]] = None, pad: Optional[Sequence[int]] = None,
+                num_group: int = 1, name: Optional[str] = None) -> Any:
+    """A convolution on mxamp's own oneDNN 3 operator, like ``Convolution``.
+
+    Takes NDArrays (runs now, records for autograd) or Symbols (builds a graph
+    node, for the Symbol API and hybridized Gluon blocks, whose
+    ``hybrid_forward`` passes either).  The attributes are MXNet
+    ``Convolution``'s; layouts NCW, NCHW and NCDHW only.
+
+    Parameters
+    ----------
+    data, weight, bias : NDArray or Symbol
+        ``(N, C, spatial...)``, ``(num_filter, C / num_group, kernel...)`` and
+        ``(num_filter,)``; no bias when `bias` is None.
+    kernel, stride, dilate, pad : tuple of int
+        One per spatial dimension (1 to 3); stride and dilate default to 1, pad to 0.
+    num_filter, num_group : int
+        Output channels and groups (``num_group == C`` is depthwise).
+    name : str, optional
+        The node's name (Symbols only).
+
+    Returns
+    -------
+    NDArray or Symbol
+
+    Raises
+    ------
+    OwnConvUnavailable
+        When the operator cannot run here (:func:`status` says why).
+    """
+    loaded = _require()
+    attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, bias is None)
+    inputs = [data, weight] + ([] if bias is None else [bias])
+    if isinstance(data, mx.sym.Symbol):
+        return loaded.sym_function(*inputs, name=name, **attributes)
+    return loaded.nd_function(*inputs, **attributes)
+
+
+def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int,
+            stride: Optional[Sequence[int]] = None, dilate: Optional[Sequence[int]] = None,
+            pad: Optional[Sequence[int]] = None, num_group: int = 1, no_bias: bool = False,
+            dtype: str = 'float32') -> str:
+    """The oneDNN kernels one convolution runs, and how many arguments each reorders.
+
+    Makes the convolution's primitives (forward and both backward ones) without
+    running them, as the operator would on its first call.
+
+    Returns
+    -------
+    str
+        ``'forward=<impl> (<n> reorders) backward_data=... backward_weights=...'``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown `dtype`, or attributes oneDNN has no kernel for on this
+        CPU (bfloat16 without AVX-512, for one), with oneDNN's reason.
+    OwnConvUnavailable
+        When the library cannot run here.
+    """
+    loaded = _require()
+    if dtype not in _DTYPE_FLAGS:
+        raise ValueError('dtype=%r: expected one of %s' % (dtype, ', '.join(sorted(_DTYPE_FLAGS))))
+    attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, no_bias)
+    keys = [key.encode() for key in attributes]
+    values = [str(value).encode() for value in attributes.values()]
+    shape = (ctypes.c_int64 * len(data_shape))(*data_shape)
+    text = loaded.library.mxamp_own_conv_kernels(
+        (ctypes.c_char_p * len(keys))(*keys), (ctypes.c_char_p * len(values))(*values),
+        len(keys), shape, len(data_shape), _DTYPE_FLAGS[dtype])
+    if text is None:
+        raise ValueError(loaded.library.mxamp_own_conv_last_error().decode())
+    return text.decode()

@@ -1,0 +1,246 @@
+"""mxamp's own oneDNN 3 convolution (mxamp.own_conv), stage A: the plumbing, on any CPU.
+
+In float32 it must give MXNet's ``Convolution``: the output and both
+gradients (data, weight, bias), on every convolution shape of the gluoncv
+networks tests/test_gluon_zoo.py converts (their input sizes, batch 2), plus
+1-D, 3-D and dilated ones the zoo lacks.  Different kernels sum in different
+orders: errors are normalised by the largest value and held to 1e-5 (float32
+roundoff is 6e-8; the largest seen is ~2e-6, on long weight-gradient sums).
+The switch (``MXAMP_OWN_CONV``), the state it reports for ``mxamp info``, and
+what a missing build says are tested where they can be on every machine.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd
+
+import mxamp
+from mxamp import hardware, own_conv
+
+pytestmark = pytest.mark.skipif(not own_conv.available(),
+                                reason='own convolution off here: %s' % own_conv.status().reason)
+
+TOLERANCE = 1e-5
+
+
+def zoo_shapes():
+    """Every distinct Convolution of the zoo tests' networks: (data shape, attributes)."""
+    import gluoncv
+    from test_gluon_zoo import QUICK, SLOW
+    found = {}
+    for name, size, kwargs, _ in QUICK + SLOW:
+        net = gluoncv.model_zoo.get_model(name, pretrained=False, **kwargs)
+        out = net(mx.sym.var('data'))
+        symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+        internals = symbol.get_internals()
+        arg_shapes, out_shapes, _ = internals.infer_shape_partial(data=(2, 3, size, size))
+        shape_of = dict(zip(internals.list_outputs(), out_shapes))
+        shape_of.update(zip(internals.list_arguments(), arg_shapes))
+        nodes = json.loads(symbol.tojson())['nodes']
+        for node in nodes:
+            if node['op'] != 'Convolution':
+                continue
+            producer, k = nodes[node['inputs'][0][0]], node['inputs'][0][1]
+            entry = producer['name'] if producer['op'] == 'null' else '%s_output%s' % (
+                producer['name'], '' if '%s_output' % producer['name'] in shape_of else k)
+            attrs = node['attrs']
+            key = (tuple(shape_of[entry]),) + tuple(sorted(
+                (name, attrs[name]) for name in ('kernel', 'stride', 'pad', 'dilate', 'num_group',
+                                                 'num_filter', 'no_bias') if name in attrs))
+            found[key] = name
+    return sorted(found)
+
+
+def attributes(key):
+    """own_conv.convolution's keywords for a zoo_shapes() key, and whether it has a bias."""
+    values = dict(key[1:])
+    evaluate = {name: eval(values[name]) for name in ('kernel', 'stride', 'pad', 'dilate')
+                if name in values}
+    keywords = dict(evaluate, num_filter=int(values['num_filter']),
+                    num_group=int(values.get('num_group', 1)))
+    return keywords, values.get('no_bias', 'False') != 'True'
+
+
+def compare(data_shape, keywords, with_bias, seed=0):
+    """Normalised errors of the own operator against MXNet's: output, d data, d weight, d bias."""
+    rng = np.random.RandomState(seed)
+    channels = data_shape[1] // keywords.get('num_group', 1)
+    kernel = tuple(keywords['kernel'])
+    arrays = [mx.nd.array(rng.uniform(-1, 1, data_shape)),
+              mx.nd.array(rng.uniform(-0.5, 0.5, (keywords['num_filter'], channels) + kernel))]
+    if with_bias:
+        arrays.append(mx.nd.array(rng.uniform(-1, 1, (keywords['num_filter'],))))
+    results, head = [], None
+    for convolution in (own_conv.convolution, mx.nd.Convolution):
+        inputs = [array.copy() for array in arrays]
+        for array in inputs:
+            array.attach_grad()
+        with autograd.record():
+            if convolution is mx.nd.Convolution:
+                out = mx.nd.Convolution(*inputs, no_bias=not with_bias, **keywords)
+            else:
+                out = own_conv.convolution(*inputs, **keywords)
+        if head is None:
+            head = mx.nd.array(np.random.RandomState(seed + 1).uniform(-1, 1, out.shape))
+        out.backward(head)
+        results.append([out.asnumpy()] + [array.grad.asnumpy() for array in inputs])
+    own, reference = results
+    return [float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(own, reference)]
+
+
+
+def test_every_zoo_convolution_matches_mxnet_in_float32():
+    shapes = zoo_shapes()
+    assert len(shapes) > 300                   # the zoo's 15 networks
+    worst = 0.0
+    for key in shapes:
+        keywords, with_bias = attributes(key)
+        errors = compare(key[0], keywords, with_bias)
+        assert max(errors) < TOLERANCE, (key, errors)
+        worst = max(worst, max(errors))
+    assert worst > 0                            # the comparison compares
+
+
+@pytest.mark.parametrize('data_shape,keywords', [
+    ((2, 4, 17), dict(kernel=(3,), num_filter=6, stride=(2,), pad=(1,))),
+    ((2, 3, 6, 7, 8), dict(kernel=(3, 3, 3), num_filter=5, pad=(1, 1, 1))),
+    ((2, 8, 15, 15), dict(kernel=(3, 3), num_filter=8, dilate=(2, 2), pad=(2, 2))),
+    ((2, 8, 9, 9), dict(kernel=(3, 3), num_filter=8, num_group=8, stride=(2, 2))),
+    ((1, 6, 5, 5), dict(kernel=(1, 1), num_filter=4, num_group=2)),
+])
+@pytest.mark.parametrize('with_bias', [True, False])
+def test_other_dimensions_dilation_and_groups_match_mxnet(data_shape, keywords, with_bias):
+    assert max(compare(data_shape, keywords, with_bias)) < TOLERANCE
+
+
+def test_in_a_symbol_graph_and_a_hybridized_block():
+    data, weight = mx.sym.var('data'), mx.sym.var('weight')
+    out = own_conv.convolution(data, weight, kernel=(3, 3), num_filter=4, pad=(1, 1), name='own')
+    assert json.loads(out.tojson())['nodes'][-1]['op'] == own_conv.OP_NAME
+    x = mx.nd.random.uniform(shape=(2, 3, 8, 8))
+    w = mx.nd.random.uniform(shape=(4, 3, 3, 3))
+    executor = out.bind(mx.cpu(), {'data': x, 'weight': w},
+                        args_grad={'data': mx.nd.zeros(x.shape), 'weight': mx.nd.zeros(w.shape)})
+    executor.forward(is_train=True)
+    executor.backward(mx.nd.ones((2, 4, 8, 8)))
+    reference = mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, pad=(1, 1), no_bias=True)
+    assert np.allclose(executor.outputs[0].asnumpy(), reference.asnumpy(), atol=1e-5)
+
+    class Own(mx.gluon.HybridBlock):
+        def __init__(self):
+            super(Own, self).__init__()
+            with self.name_scope():
+                self.weight = self.params.get('weight', shape=(4, 3, 3, 3))
+
+        def hybrid_forward(self, F, x, weight):
+            return own_conv.convolution(x, weight, kernel=(3, 3), num_filter=4, pad=(1, 1))
+    block = Own()
+    block.initialize()
+    block.weight.set_data(w)
+    block.hybridize()
+    assert np.allclose(block(x).asnumpy(), reference.asnumpy(), atol=1e-5)
+
+
+def test_kernels_names_the_implementations_and_reorders():
+    text = own_conv.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, pad=(1, 1))
+    assert text.startswith('forward=') and ' backward_data=' in text and ' backward_weights=' in text
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        own_conv.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, dtype='int8')
+
+
+def test_info_says_it_is_on_with_its_onednn():
+    state = own_conv.status()
+    assert state.built and state.enabled and state.loaded and state.onednn_version.startswith('3.')
+    line = own_conv.describe()
+    assert line == 'own convolution: on (oneDNN %s, %s)' % (state.onednn_version, state.cpu_isa)
+    assert line in mxamp.system_info.format_info(mxamp.system_info.collect())
+
+
+def run_python(code, **environment):
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, **environment))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_mxamp_own_conv_0_switches_it_off():
+    out = run_python(
+        'import mxamp.own_conv as oc, mxnet as mx\n'
+        'print(oc.available(), oc.describe())\n'
+        'try:\n'
+        '    oc.convolution(mx.nd.ones((1, 1, 3, 3)), mx.nd.ones((1, 1, 1, 1)), kernel=(1, 1),'
+        ' num_filter=1)\n'
+        'except oc.OwnConvUnavailable as error:\n'
+        '    print(error)\n', MXAMP_OWN_CONV='0')
+    assert out.splitlines() == [
+        'False own convolution: off, switched off (MXAMP_OWN_CONV=0)',
+        "mxamp's own convolution is off: switched off (MXAMP_OWN_CONV=0)"]
+
+
+def test_without_a_build_it_says_why_once(tmp_path):
+    (tmp_path / 'own_conv_not_built.txt').write_text('no C++ compiler (g++, or $CXX)\n')
+    result = subprocess.run([sys.executable, '-c',
+                             'import logging, mxamp.own_conv as oc\n'
+                             'logging.basicConfig(format="%%(message)s")\n'
+                             'oc._NATIVE_DIR = %r\n'
+                             'print(oc.available(), oc.available())\n'
+                             'print(oc.describe())\n' % str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    why = ('not built when mxamp was installed (no C++ compiler (g++, or $CXX)); install a C++ '
+           'compiler and reinstall mxamp to build it')
+    assert result.stdout.splitlines() == ['False False', 'own convolution: off, ' + why]
+    assert [line for line in result.stderr.splitlines() if 'own oneDNN 3' in line] == [
+        "mxamp: own oneDNN 3 convolution off, MXNet's Convolution runs instead: " + why]
+
+
+def bfloat16_errors(data_shape, keywords, seed=0):
+    """Normalised errors against FP32 of the output and both gradients, in bfloat16, of the
+    own operator and of MXNet's: ([own...], [mxnet...])."""
+    from mxamp.dtypes import cast, to_float32_numpy
+    rng = np.random.RandomState(seed)
+    kernel = tuple(keywords['kernel'])
+    arrays = [mx.nd.array(rng.uniform(-1, 1, data_shape)),
+              mx.nd.array(rng.uniform(-0.5, 0.5, (keywords['num_filter'], data_shape[1]) + kernel))]
+    results, head = [], None
+    for convolution, dtype in ((mx.nd.Convolution, 'float32'), (own_conv.convolution, 'bfloat16'),
+                               (mx.nd.Convolution, 'bfloat16')):
+        inputs = [cast(array, dtype) for array in arrays]
+        for array in inputs:
+            array.attach_grad()
+        with autograd.record():
+            out = (convolution(*inputs, no_bias=True, **keywords)
+                   if convolution is mx.nd.Convolution else convolution(*inputs, **keywords))
+        if head is None:
+            head = mx.nd.array(np.random.RandomState(seed + 1).uniform(-1, 1, out.shape))
+        out.backward(cast(head, dtype))
+        results.append([to_float32_numpy(a) for a in [out] + [array.grad for array in inputs]])
+    reference, own, mxnet = results
+    error = lambda got: [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, reference)]
+    return error(own), error(mxnet)
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+def test_bfloat16_is_as_close_to_float32_as_mxnets_bfloat16():
+    # Stage B's correctness half, on the zoo's convolutions that MXNet runs in blocked
+    # bfloat16 kernels (channels a multiple of 16, no groups; 290 shapes): within bfloat16
+    # rounding, as MXNet's own bfloat16 kernels are (each error at most twice MXNet's, or
+    # 2**-7).  One shape is off in both: SSD's 3x3 stride-2 convolution of a 1x1 input,
+    # whose weight gradient (taps that see only padding) oneDNN 2.4 returns as NaN and
+    # oneDNN 3.2 as garbage (1e15 to 1e28, run to run), in bfloat16 only
+    # (measured on an AMX Xeon).
+    off = []
+    for key in zoo_shapes():
+        keywords, _ = attributes(key)
+        if key[0][1] % 16 or keywords.get('num_group', 1) != 1:
+            continue
+        own, mxnet = bfloat16_errors(key[0], keywords)
+        if not all(a <= max(2 * b, 2.0 ** -7) for a, b in zip(own, mxnet)):
+            off.append((key[0], keywords['kernel'], keywords.get('stride'), own, mxnet))
+    # (Uninitialised memory: it may also come out right, so "at most this one".)
+    assert all(entry[:3] == ((2, 128, 1, 1), (3, 3), (2, 2)) for entry in off), off
