@@ -59,7 +59,7 @@ from .policy import FLOAT32, LOW
 __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'NO_FOLD_SUFFIX',
            'PAD_SUFFIX',
            'assemble_graph', 'check_graph', 'convert_graph', 'error_line', 'find_casts', 'format_report',
-           'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
+           'infer_entry_shapes', 'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
 
 # Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
 # that comes without its Conversion.
@@ -178,6 +178,8 @@ class LoadedGraph(dict):
     def __init__(self, graph: Mapping[str, Any], symbol: mx.sym.Symbol) -> None:
         dict.__init__(self, graph)
         self.symbol = symbol
+        # (heads, Symbol) of every op output, made by `_outputs_probe` when first needed.
+        self._outputs_probe: Optional[Tuple[List[List[int]], Optional[mx.sym.Symbol]]] = None
 
 
 #: A graph as `load_graph` reads it: an ``mx.sym.Symbol``, its JSON text, or the parsed
@@ -313,6 +315,27 @@ def _output_counts(graph):
     return [rows[i + 1] - rows[i] for i in range(len(graph['nodes']))]
 
 
+def _outputs_probe(graph):
+    """``(heads, Symbol)``: every output of every op node of `graph` as a graph output,
+    for MXNet's type and shape inference of all entries at once.  Built once per
+    `LoadedGraph` (kept on it: both inferences of a conversion share it)."""
+    probe = getattr(graph, '_outputs_probe', None)
+    if probe is not None:
+        return probe
+    nodes = graph['nodes']
+    counts = _output_counts(graph)
+    heads = [[nid, k, 0] for nid, node in enumerate(nodes) if node['op'] != 'null'
+             for k in range(counts[nid])]
+    symbol = None
+    if heads:
+        probe_graph = dict(graph, heads=heads)
+        probe_graph.pop('node_row_ptr', None)
+        symbol = _symbol_from_graph(probe_graph)
+    if isinstance(graph, LoadedGraph):
+        graph._outputs_probe = (heads, symbol)
+    return heads, symbol
+
+
 def infer_entry_types(graph: Mapping[str, Any], input_types: Optional[Mapping[str, DTypeLike]] = None
                       ) -> Dict[Tuple[int, int], Optional[str]]:
     """Dtype name (or None when unknown or not floating) of every entry of `graph`.
@@ -321,18 +344,13 @@ def infer_entry_types(graph: Mapping[str, Any], input_types: Optional[Mapping[st
     ``__dtype__`` attribute, else `input_types` (name to dtype), else float32.
     """
     nodes = graph['nodes']
-    counts = _output_counts(graph)
-    heads = [[nid, k, 0] for nid, node in enumerate(nodes) if node['op'] != 'null'
-             for k in range(counts[nid])]
+    heads, symbol = _outputs_probe(graph)
     types = {}
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             types[(nid, 0)] = _variable_type(node, input_types)
     if not heads:
         return types
-    probe = dict(graph, heads=heads)
-    probe.pop('node_row_ptr', None)
-    symbol = _symbol_from_graph(probe)
     arguments = set(symbol.list_arguments())
     known = {}
     for nid, node in enumerate(nodes):
@@ -376,6 +394,32 @@ def infer_variable_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str
     names.update(given)
     return {nid: names[node['name']] for nid, node in enumerate(nodes)
             if node['op'] == 'null' and node['name'] in names}
+
+
+def infer_entry_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str, Sequence[int]]] = None
+                       ) -> Dict[Tuple[int, int], Tuple[int, ...]]:
+    """Known shapes of the op outputs of `graph`: ``{(node index, output index): shape}``.
+
+    From `shapes` (variable names to shapes, as for `infer_variable_shapes`) by
+    MXNet's partial inference; outputs with unknown (0) dimensions are left
+    out, and a graph whose shapes do not infer gives none.  The policy reads a
+    convolution's data shape from them (`mxamp.policy.Policy.layout`).
+    """
+    given = {name: tuple(shape) for name, shape in (shapes or {}).items()
+             if shape is not None and all(shape)}
+    if not given:
+        return {}
+    heads, symbol = _outputs_probe(graph)
+    if not heads:
+        return {}
+    try:
+        known = {name: shape for name, shape in given.items()
+                 if name in set(symbol.list_arguments() + symbol.list_auxiliary_states())}
+        _, out_shapes, _ = symbol.infer_shape_partial(**known)
+    except mx.base.MXNetError:
+        return {}
+    return {(nid, k): tuple(shape) for (nid, k, _), shape in zip(heads, out_shapes or [])
+            if shape and all(shape)}
 
 
 def _variable_type(node, input_types):
@@ -632,6 +676,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     nodes = graph['nodes']
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
+    entry_shapes = infer_entry_shapes(graph, shapes)
     lp_params = storable_params(graph, policy, params)
     low = policy.dtype
     out = _Builder(low, portable)
@@ -652,7 +697,8 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
             new_entry[(nid, 0)] = (out.add(node, [state]), 0)
             continue
         inputs = [new_entry[(src, k)] for src, k, _ in node['inputs']]
-        input_shapes = [variable_shapes.get(src) for src, _, _ in node['inputs']]
+        input_shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
+                        for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
                          [t == 'float32' for t in original])
         inputs = [entry if dtype is None else out.to(entry, dtype)
@@ -748,6 +794,7 @@ def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Poli
     types = infer_entry_types(graph, input_types)
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
+    entry_shapes = infer_entry_shapes(graph, shapes)
     low = policy.dtype
     cast_names = {cast.name for cast in (record.cast_nodes if record else find_casts(graph, types))}
     problems = _record_problems(record, graph, types, low) if record else []
@@ -770,7 +817,7 @@ def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Poli
             continue
         # A cast of a low-precision weight reads as that weight's shape.
         input_shapes = [variable_shapes.get(_through_casts(nodes, src, cast_names))
-                        for src, _, _ in node['inputs']]
+                        or entry_shapes.get((src, k)) for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, states, input_shapes,
                          [_state(types.get((nid, k)), low) is not None for k in range(counts[nid])])
         bad = [pos for pos, (state, dtype) in enumerate(zip(states, plan.inputs))

@@ -82,8 +82,11 @@ def _names(text):
 
 
 # The GEMM-based ops: compute-bound, the ops low precision pays for.
+# (_mxamp_convolution: mxamp's own oneDNN 3 convolution, registered in MXNet once
+# mxamp.own_conv loads its library; it has bfloat16 kernels where Convolution does.)
 _GEMM = _names('''
-    Convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm _linalg_gemm2
+    Convolution _mxamp_convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm
+    _linalg_gemm2
     _contrib_interleaved_matmul_selfatt_qk _contrib_interleaved_matmul_selfatt_valatt
     _contrib_interleaved_matmul_encdec_qk _contrib_interleaved_matmul_encdec_valatt
     _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
@@ -258,7 +261,7 @@ _FLOAT32_OUTPUTS = {
 # free on 4-D input), Dropout, dot/batch_dot/linalg, RNN, Embedding, LayerNorm,
 # UpSampling, Crop, softmax-output losses (all fail).
 BFLOAT16_CPU_KERNELS = _names('''
-    Convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
+    Convolution _mxamp_convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
     Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
     _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
     slice_like broadcast_like broadcast_axis broadcast_to BlockGrad _copy make_loss
@@ -339,16 +342,29 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     group) fastest in FP32 (docs/policy.rst, "Convolution layouts under
     bfloat16", has the measurements).
 
+    A convolution whose input is smaller than its stride in some spatial
+    dimension (SSD's 3x3 stride-2 convolutions of a 1x1 map) gets a broken
+    bfloat16 weight gradient from oneDNN, 2.4 and 3.2 alike: NaN, or values
+    up to 1e36, changing from run to run, for the taps that see only padding
+    (measured on an AMX Xeon: ssd_300_mobilenet0.25 at 128x128 gets NaN
+    gradients in two layers at every step).  It runs in FP32, at no cost worth
+    naming: such maps are a few values.
+
     Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
     ``'pad_channels'`` (an odd number of input channels below 16 with output
     channels a multiple of 16: add a zero input channel, exact) or
     ``'float32'``.
     """
+    if attrs.get('layout', 'None') not in ('None', 'NCW', 'NCHW', 'NCDHW'):
+        return BLOCKED    # channels-last: not oneDNN's path in MXNet 1.9.1, left alone
+    data = input_shapes[0] if input_shapes else None
+    if data and len(data) > 2 and all(data):
+        strides = _int_tuple(attrs.get('stride'), len(data) - 2)
+        if any(size < stride for size, stride in zip(data[2:], strides)):
+            return FLOAT32
     weight = input_shapes[1] if input_shapes and len(input_shapes) > 1 else None
     if not weight or len(weight) < 3 or not all(weight):
         return BLOCKED
-    if attrs.get('layout', 'None') not in ('None', 'NCW', 'NCHW', 'NCDHW'):
-        return BLOCKED    # channels-last: not oneDNN's path in MXNet 1.9.1, left alone
     out_channels, in_per_group = weight[0], weight[1]
     groups = int(attrs.get('num_group', 1))
     if in_per_group == 1 and groups == out_channels:
@@ -360,6 +376,14 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     if groups == 1 and in_per_group < 16:
         return BLOCKED if in_per_group % 2 == 0 else PAD_CHANNELS
     return FLOAT32
+
+
+def _int_tuple(text, length):
+    """An attribute such as ``'(2, 2)'`` (or None: all ones) as `length` ints."""
+    if not text or text in ('()', 'None'):
+        return (1,) * length
+    values = tuple(int(v) for v in str(text).strip('()[] ').split(',') if v.strip())
+    return values if len(values) == length else (values + (1,) * length)[:length]
 
 
 # Layout rules on input shapes, per op, under bfloat16 on a CPU.

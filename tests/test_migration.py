@@ -343,7 +343,8 @@ def test_policy_lp_ops_only_and_fp32_conditions():
 
 
 def test_default_lp_ops_is_what_target_dtype_ops_replaces():
-    assert policy_mod.default_lp_ops('bfloat16') == {'Convolution', 'Deconvolution', 'FullyConnected'}
+    assert policy_mod.default_lp_ops('bfloat16') == {'Convolution', '_mxamp_convolution', 'Deconvolution',
+                                                     'FullyConnected'}
     assert set(contrib_amp.list_lp16_ops('float16')) <= policy_mod.default_lp_ops('float16')
     assert 'BatchNorm' not in policy_mod.default_lp_ops('float16')
 
