@@ -8,7 +8,8 @@ loss-scaling `Trainer` (Gluon) and `ModuleTrainer` (``mx.mod.Module``) train
 what they produce; `for_inference` (and ``convert_model(..., for_inference=True)``)
 fuses a converted network with oneDNN for inference (`mxamp.inference`).
 `convert_with_record` also returns the record of every decision, `policy_lists`
-shows the policy's operator lists, and `mxamp.migration` translates MXNet
+shows the policy's operator lists, `profile` measures where a network's step
+time goes, layer by layer, and says what to change (`ProfileReport`), and `mxamp.migration` translates MXNet
 ``contrib.amp``'s keywords, which the Symbol front takes with their meaning.
 """
 import os
@@ -40,7 +41,9 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .loss_scaler import LossScaler  # noqa: E402
     from .module import Float32Init, ModuleTrainer  # noqa: E402
     from .trainer import Trainer  # noqa: E402
+    from .profiling import ProfileReport, profile  # noqa: E402
 
 __all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'Float32Init', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer', 'convert_with_record', 'ConversionResult',
-           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'own_conv', '__version__']
+           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'own_conv', 'profile',
+           'ProfileReport', '__version__']

@@ -12,6 +12,11 @@ graph with MXNet's oneDNN backend (`mxamp.fusion.fuse_symbol`).
 ``mxamp info`` prints one screen about this machine and install for a bug
 report (`mxamp.system_info`): versions, the CPU class and what lowered it,
 what ``dtype='auto'`` picks here and why.
+
+``mxamp profile IN-symbol.json --input-shape data=1,3,224,224 [--params IN.params]``
+measures where the step time of an FP32 graph goes, converted and in FP32,
+layer by layer, and prints the report with its verdicts (`mxamp.profile`);
+``--json`` and ``--plot`` also write it as JSON and as a PNG.
 """
 import argparse
 import os
@@ -134,7 +139,60 @@ def build_parser() -> argparse.ArgumentParser:
                     "Python's versions, the CPU and its class (and what lowered it), AMX, what "
                     "dtype='auto' picks here and why, the GPUs MXNet sees, OpenMP threads, "
                     "MXNet's build features and the environment variables that change them.")
+    profile = commands.add_parser(
+        'profile', allow_abbrev=False,
+        help='measure where the step time of a symbol file goes, layer by layer, converted '
+             'against FP32, and say what to change',
+        description="Run an FP32 symbol converted to --dtype and in FP32, a few steps each, "
+                    "under MXNet's profiler and (in a child process) oneDNN's verbose output, "
+                    "and print one row per layer (precision, oneDNN kernel and its ISA, time), "
+                    "the totals and verdicts in plain words.")
+    profile.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')
+    profile.add_argument('--input-shape', action='append', required=True, type=_input_shape,
+                         metavar='NAME=D1,D2,...',
+                         help='shape of a data input, e.g. data=16,3,224,224 (the first '
+                              'dimension is the batch); repeat for each input')
+    profile.add_argument('--params', metavar='IN.params',
+                         help='its parameters (arg:/aux: keys); default: random ones (the time '
+                              'does not depend on their values)')
+    profile.add_argument('--dtype', default='auto', type=_dtype,
+                         metavar='{auto,float16,bfloat16,float32}',
+                         help="the precision measured against FP32 (default auto: this machine's "
+                              'fastest; float32 measures FP32 alone)')
+    profile.add_argument('--train', action='store_true',
+                         help='measure a training step (forward, backward, SGD update) instead '
+                              'of inference')
+    profile.add_argument('--iterations', type=int, default=5, metavar='N',
+                         help='measured steps per precision (default 5)')
+    profile.add_argument('--no-kernels', dest='kernels', action='store_false',
+                         help="skip the child process that reads oneDNN's verbose output (no "
+                              'kernel names, no kernel verdicts)')
+    profile.add_argument('--json', metavar='OUT.json', help='also write the report as JSON')
+    profile.add_argument('--plot', metavar='OUT.png',
+                         help='also draw time per operator class, FP32 against the low '
+                              'precision (needs matplotlib)')
     return parser
+
+
+def _profile(args):
+    from .profiling import profile_checkpoint
+
+    _check_file(args.symbol, 'symbol file')
+    if args.params:
+        _check_file(args.params, 'params file')
+    if args.iterations < 1:
+        raise ValueError('--iterations %d: expected 1 or more' % args.iterations)
+    shapes = dict(args.input_shape)
+    if len(shapes) != len(args.input_shape):
+        raise ValueError('--input-shape: an input is given twice')
+    report = profile_checkpoint(args.symbol, args.params, shapes, dtype=args.dtype,
+                                train=args.train, iterations=args.iterations,
+                                kernels=args.kernels)
+    print(report.table())
+    if args.json:
+        print('wrote %s' % report.write_json(args.json))
+    if args.plot:
+        print('wrote %s' % report.plot(args.plot))
 
 
 def _info(args):
@@ -222,7 +280,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .graph import GraphError, error_line
     try:
-        {'convert': _convert, 'info': _info}[args.command](args)
+        {'convert': _convert, 'info': _info, 'profile': _profile}[args.command](args)
     except (GraphError, ValueError, OSError) as err:
         sys.stderr.write('mxamp: error: %s\n' % str(err).splitlines()[0])
         return EXIT_BAD_INPUT

@@ -14,12 +14,12 @@ PACKAGE = os.path.join(ROOT, 'mxamp')
 
 # Bottom to top (docs/architecture.rst, "Layers").
 LAYERS = (
-    ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version', 'own_conv'}),
+    ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version', 'own_conv', 'verdict_rules'}),
     ('precision names', {'dtypes'}),
     ('policy and graph rewrite', {'policy', 'migration', 'graph', 'fusion', 'network_state', 'diagnose'}),
     ('fronts', {'gluon', 'inference', 'symbol'}),
     ('training', {'optimizer', 'kvstore_transport', 'loss_scaler', 'trainer', 'module'}),
-    ('tools', {'system_info', 'cli', '__main__', '__init__'}),
+    ('tools', {'system_info', 'profiling', 'cli', '__main__', '__init__'}),
 )
 # Edges within a layer, each one way.
 WITHIN = {
@@ -30,6 +30,7 @@ WITHIN = {
     ('trainer', 'optimizer'), ('trainer', 'kvstore_transport'), ('trainer', 'loss_scaler'),
     ('module', 'optimizer'), ('module', 'kvstore_transport'), ('module', 'loss_scaler'),
     ('__main__', 'cli'), ('__init__', 'cli'), ('cli', 'system_info'), ('__init__', 'system_info'),
+    ('cli', 'profiling'), ('__init__', 'profiling'),
 }
 # The training layer sits beside the fronts: it may not import them.
 BESIDE = ('training', 'fronts')
