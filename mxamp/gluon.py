@@ -849,6 +849,11 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     `mxamp.for_inference` gets a line saying what was fused and that it is for
     inference only (the rows are the converted graph's, before fusion).
 
+    This is the static view: what the rewrite decided.  The measured one,
+    what ran and what it cost per layer (oneDNN's kernel and its ISA, time
+    against FP32, verdicts on what to change), is ``mxamp.profile(net, x)``
+    (`mxamp.profiling`).
+
     Parameters
     ----------
     net : HybridBlock

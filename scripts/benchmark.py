@@ -9,6 +9,8 @@ Usage::
         --modes fp32,mxamp --batch 8,16,32 --threads 1,2 --output sweep.json
     .venv/bin/python scripts/benchmark.py --networks tiny --batch 2 --image-size 32 \\
         --repeats 1 --steps 2 --warmup 1                         # smoke test (about a minute)
+    .venv/bin/python scripts/benchmark.py --networks resnet18_v1 --tasks inference \\
+        --modes fp32,mxamp --explain                             # and why: mxamp.profile's verdicts
 
 Networks: gluoncv model-zoo names (default ``resnet50_v1`` and the smaller
 ``resnet18_v1``), random weights (Xavier, fixed seed), 1000 classes, or
@@ -107,6 +109,25 @@ Every figure is what a user's script gets: a process that builds one mode.
   says which (``mxamp_compute``: ``'native'`` or ``'bfloat16 storage, FP32
   compute'``).
 
+Explain
+-------
+With ``--explain``, after the rounds of a configuration, one more worker per
+mixed-precision mode runs `mxamp.profile` on that mode's network (the same
+net, weights, batch, task and ``OMP_NUM_THREADS``; ``train=True`` for
+training), in a process of its own after the timed ones, so that it changes
+no figure of the table.  Under each such row the table prints the report's
+step times (bfloat16 and FP32, against the row's own time per batch) and its
+top 3 verdicts with the share of the step each concerns, or ``no verdict``;
+the JSON holds every verdict under the mode's ``explain``.  What the report
+measures differs from the row in three cases, which the row says:
+``mxamp+fusion`` is profiled unfused (the report measures the converted graph
+`mxamp.convert` makes, before oneDNN's fusion), ``mxamp+scaling`` without
+loss scaling (the report's trainer is `mxamp.Trainer`'s default), and
+``contrib.amp`` is not profiled (the report measures mxamp's conversion, not
+MXNet's).  A report's training step is the backward of the outputs (head
+gradients of ones) rather than of the benchmark's loss.  ``--explain`` needs a
+mixed-precision mode other than ``contrib.amp`` among ``--modes``.
+
 Output
 ------
 On stdout a table (one block of rows per configuration) and its notes, then,
@@ -162,6 +183,16 @@ FUSION_BACKEND = 'MKLDNN'
 SGD = {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5}
 # mxamp.Trainer's loss_scale per mode ('auto': none for bfloat16, which has FP32's range).
 MXAMP_LOSS_SCALE = {'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
+# --explain: what mxamp.profile measures for each mode it explains, where that is not the
+# row's network as the row runs it, and why contrib.amp is not explained.
+EXPLAINED_MODES = {'mxamp': None,
+                   'mxamp+fusion': 'profiled unfused: the report measures the graph '
+                                   'mxamp.convert makes, before oneDNN fusion',
+                   'mxamp+scaling': "profiled without loss scaling: the report's trainer is "
+                                    "mxamp.Trainer's default"}
+NOT_EXPLAINED = {'contrib.amp': "not profiled: mxamp.profile measures mxamp's conversion, not "
+                                "MXNet's contrib.amp"}
+EXPLAIN_VERDICTS = 3        # verdicts printed under a row (the JSON holds them all)
 
 
 # One measured configuration: every mode of it is compared with its FP32.
@@ -387,7 +418,8 @@ def time_iterations(run, batch, warmup, steps):
 
 
 def worker_main(spec):
-    """Build and time the one mode of `spec` in this (fresh) process; the worker's answer.
+    """Build and time the one mode of `spec` in this (fresh) process; the worker's answer
+    (`explain_main`'s instead for an ``--explain`` worker, ``spec['explain']``).
 
     Returns
     -------
@@ -397,6 +429,8 @@ def worker_main(spec):
         at the start) and ``environment``: :func:`mxamp.hardware.mxnet_openmp_threads` and the
         ``variables`` the process was started with.
     """
+    if spec.get('explain'):
+        return explain_main(spec)
     environment = dict(hardware.mxnet_openmp_threads(), variables=launch_variables())
     load_average = os.getloadavg()[0]
     run = build(spec['task'], spec['mode'], spec['network'], spec['batch'], spec['image_size'])
@@ -404,6 +438,40 @@ def worker_main(spec):
     timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
     return dict(timing, base_rss_mb=base_rss, peak_rss_mb=_rss_mb('VmHWM'),
                 load_average=load_average, environment=environment)
+
+
+def explain_main(spec):
+    """Profile the network of `spec`'s mode with `mxamp.profile`, in this (fresh) process.
+
+    The net, its weights and the batch are the ones the mode's workers time
+    (same seed); it is converted with ``mxamp.convert`` and hybridized as they
+    do, then profiled (``train=True`` for training, `spec`'s steps and warm-up).
+
+    Returns
+    -------
+    dict
+        ``verdicts`` (each verdict's ``kind``, ``message``, ``share``, ``layer``,
+        ``measured``; most expensive first), ``step_ms`` (the report's normal
+        step time per dtype), ``speedup``, ``attributed`` (share of the
+        profiled step charged to layers), ``report_s`` (its wall time),
+        ``profiled`` (how the report's network differs from the row's, or
+        None) and ``openmp_threads`` (what MXNet computed with here).
+    """
+    threads = hardware.mxnet_openmp_threads()['openmp_threads']
+    x, _ = make_data(spec['batch'], spec['image_size'])
+    net = make_net(spec['network'])
+    net(x[:1]).wait_to_read()
+    mxamp.convert(net, 'bfloat16')
+    _hybridize(net)
+    report = mxamp.profile(net, x, train=spec['task'] == 'training', iterations=spec['steps'],
+                           warmup=spec['warmup'])
+    data = report.to_dict()
+    totals = data['totals']
+    return {'verdicts': [verdict._asdict() for verdict in report.verdicts],
+            'step_ms': {dtype: side['step_ms'] for dtype, side in totals['sides'].items()},
+            'speedup': totals['speedup'], 'attributed': totals['attributed'],
+            'report_s': data['cost']['report_s'], 'profiled': EXPLAINED_MODES[spec['mode']],
+            'openmp_threads': threads}
 
 
 def _error_line(exc):
@@ -506,7 +574,28 @@ def bench(config, args, progress):
             else:
                 entry['runs'].append(answer)
     derive(result)
+    if args.explain:
+        explain(result, specs, args, progress)
     return result
+
+
+def explain(result, specs, args, progress):
+    """``--explain``: one `explain_main` worker per mixed-precision mode measured, after
+    every timed worker of the configuration; its answer (or error) becomes the mode's
+    ``explain``, with the row's time per batch set against the report's step times."""
+    modes = result['modes']
+    for mode, entry in modes.items():
+        if mode in NOT_EXPLAINED and 'skipped' not in entry:
+            entry['explain'] = {'skipped': NOT_EXPLAINED[mode]}
+    for mode in [m for m in specs if m in EXPLAINED_MODES]:
+        progress.set_postfix_str('%s: explain %s' % (_label(result), mode))
+        answer = run_worker(dict(specs[mode], explain=True), args.timeout)
+        progress.update()
+        measured = modes[mode].get('median_img_per_s')
+        if measured and 'error' not in answer:
+            answer['row_batch_ms'] = 1e3 * result['batch'] / measured
+            answer['row_vs_report'] = answer['row_batch_ms'] / answer['step_ms']['bfloat16']
+        modes[mode]['explain'] = answer
 
 
 def _median(values):
@@ -573,10 +662,11 @@ def _cell(entry, key, fmt):
     return fmt % value if isinstance(value, (int, float)) else '-'
 
 
-def _align(header, blocks, left, indent=''):
+def _align(header, blocks, left, indent='', under=None):
     """Text table: `header`, a rule, then the rows of each block, blocks apart by a blank line.
 
     The first `left` columns are left-aligned, the others (numbers) right-aligned.
+    `under`, shaped as `blocks`, gives the lines printed under each row.
     """
     rows = [row for block in blocks for row in block]
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
@@ -586,8 +676,35 @@ def _align(header, blocks, left, indent=''):
                                   for i, (c, w) in enumerate(zip(row, widths)))
     lines = [line(header), indent + '  '.join('-' * w for w in widths)]
     for number, block in enumerate(blocks):
-        lines += ([''] if number else []) + [line(row) for row in block]
+        lines += [''] if number else []
+        for index, row in enumerate(block):
+            lines.append(line(row))
+            lines += under[number][index] if under else []
     return lines
+
+
+def _explanation(entry):
+    """The lines ``--explain`` prints under a row: the report's step times and its top
+    verdicts (or why there are none); nothing for a row it did not explain."""
+    explained = entry.get('explain')
+    if explained is None:
+        return []
+    pad = ' ' * 4
+    if 'skipped' in explained:
+        return [pad + 'explain: ' + explained['skipped']]
+    if 'error' in explained:
+        return [pad + 'explain failed: ' + explained['error']]
+    steps = explained['step_ms']
+    line = 'mxamp.profile: step bfloat16 %.1f ms, float32 %.1f ms' % (steps['bfloat16'],
+                                                                       steps['float32'])
+    if explained.get('row_batch_ms') is not None:
+        line += '; this row %.1f ms per batch' % explained['row_batch_ms']
+    lines = [pad + line]
+    if explained['profiled']:
+        lines.append(pad + '(%s)' % explained['profiled'])
+    verdicts = explained['verdicts'][:EXPLAIN_VERDICTS]
+    lines += [pad + '%3.0f%%  %s' % (100 * v['share'], v['message']) for v in verdicts]
+    return lines if verdicts else lines + [pad + 'no verdict']
 
 
 def _table_row(result, mode, entry):
@@ -662,7 +779,9 @@ def format_table(results):
     """The text report: the table (a block per configuration), its notes, then the views."""
     blocks = [[_table_row(res, mode, entry) for mode, entry in res['modes'].items()]
               for res in results]
-    return '\n'.join(_align(TABLE_HEADER, blocks, left=5) + _notes(results) + _views(results))
+    under = [[_explanation(entry) for entry in res['modes'].values()] for res in results]
+    return '\n'.join(_align(TABLE_HEADER, blocks, left=5, under=under) + _notes(results)
+                     + _views(results))
 
 
 def _version(package):
@@ -753,6 +872,9 @@ def parse_args(argv=None):
                         '(default: %(default)s)')
     p.add_argument('--timeout', type=_count(1), default=3600, help='seconds per process')
     p.add_argument('--output', default='benchmark.json')
+    p.add_argument('--explain', action='store_true',
+                   help='after each configuration, profile its mixed-precision modes with '
+                        'mxamp.profile and print the top verdicts under their rows')
     p.add_argument('--_worker', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.networks = [n for n in args.networks.split(',') if n]
@@ -762,6 +884,9 @@ def parse_args(argv=None):
     unknown |= set(args.modes) - set(INFERENCE_MODES + TRAINING_MODES)
     if unknown:
         p.error('unknown task/mode: %s' % ', '.join(sorted(unknown)))
+    if args.explain and not set(args.modes) & set(EXPLAINED_MODES):
+        p.error('--explain profiles the mxamp modes (%s); --modes %s has none of them'
+                % (', '.join(EXPLAINED_MODES), ','.join(args.modes)))
     return args
 
 
@@ -783,8 +908,10 @@ def main(argv=None):
         return _worker_entry(json.loads(args._worker))
     configs = configurations(args)
     info = meta(args, argv)
-    processes = args.repeats * sum(
-        len([m for m in task_modes(c.task, args.modes) if not skip_reason(m)]) for c in configs)
+    processes = sum(
+        len([m for m in task_modes(c.task, args.modes) if not skip_reason(m)]) * args.repeats
+        + (len([m for m in task_modes(c.task, args.modes) if m in EXPLAINED_MODES])
+           if args.explain else 0) for c in configs)
     with tqdm(total=processes, unit='process', desc='benchmark', file=sys.stderr) as progress:
         results = [bench(config, args, progress) for config in configs]
     info['load_average_end'] = list(os.getloadavg())

@@ -36,12 +36,13 @@ class FakeWorkers(object):
     """Stands in for `subprocess.run`: records every worker started, answers with canned img/s.
 
     `img_per_s(spec, call)` gives the figure of a worker (`call`: how many ran
-    before it); the modes in `crash` die as a segfault would.
+    before it); the modes in `crash` die as a segfault would; `explain(spec)`
+    answers the ``--explain`` workers.
     """
 
-    def __init__(self, bench, img_per_s, crash=()):
+    def __init__(self, bench, img_per_s, crash=(), explain=None):
         self.prefix = bench.RESULT_PREFIX
-        self.img_per_s, self.crash = img_per_s, crash
+        self.img_per_s, self.crash, self.explain = img_per_s, crash, explain
         self.calls = []    # (spec, environment) of each worker, in order
 
     def __call__(self, command, env, **kwargs):
@@ -51,15 +52,18 @@ class FakeWorkers(object):
             self.calls.append((spec, env))
             return subprocess.CompletedProcess(command, -11, '', 'Fatal Python error: '
                                                'Segmentation fault\n\n')
-        answer = _answer(self.img_per_s(spec, len(self.calls)), int(env['OMP_NUM_THREADS']),
-                         spec['task'] == 'training')
+        if spec.get('explain'):
+            answer = self.explain(spec)
+        else:
+            answer = _answer(self.img_per_s(spec, len(self.calls)), int(env['OMP_NUM_THREADS']),
+                             spec['task'] == 'training')
         self.calls.append((spec, env))
         return subprocess.CompletedProcess(
             command, 0, 'mxamp: a log line\n%s%s\n' % (self.prefix, json.dumps(answer)), '')
 
 
-def _run_main(bench, monkeypatch, tmp_path, argv, img_per_s, crash=()):
-    workers = FakeWorkers(bench, img_per_s, crash)
+def _run_main(bench, monkeypatch, tmp_path, argv, img_per_s, crash=(), explain=None):
+    workers = FakeWorkers(bench, img_per_s, crash, explain)
     monkeypatch.setattr(bench.subprocess, 'run', workers)
     out = tmp_path / 'bench.json'
     assert bench.main(argv + ['--output', str(out)]) == 0
@@ -301,6 +305,90 @@ def test_output_is_written_whole_or_not_at_all(tmp_path):
         bench.write_json(str(out), {'results': [object()]})    # fails halfway through
     assert json.loads(out.read_text()) == {'results': [1]}
     assert os.listdir(str(tmp_path)) == ['bench.json']
+
+
+def _explanation(verdicts):
+    """An ``--explain`` worker's answer, as `explain_main` gives it."""
+    return {'verdicts': verdicts, 'step_ms': {'bfloat16': 80.0, 'float32': 160.0},
+            'speedup': 2.0, 'attributed': 0.97, 'report_s': 3.0, 'profiled': None,
+            'openmp_threads': 2}
+
+
+def _verdict(message, share):
+    return {'kind': 'casts', 'message': message, 'share': share, 'layer': None,
+            'measured': True}
+
+
+def test_explain_prints_the_top_verdicts_under_each_mixed_precision_row(
+        monkeypatch, tmp_path, capsys):
+    bench = _load()
+    monkeypatch.setattr(bench.hardware, 'cpu_class', lambda: 'amx')
+    verdicts = [_verdict('verdict %d: %d%% of the step' % (n, 50 - n), (50 - n) / 100.0)
+                for n in range(1, 5)]
+
+    def explain(spec):
+        return _explanation(verdicts if spec['mode'] == 'mxamp' else [])
+    argv = ['--networks', 'tiny', '--tasks', 'inference', '--batch', '4', '--threads', '2',
+            '--image-size', '32', '--repeats', '2',
+            '--modes', 'fp32,mxamp,mxamp+fusion,contrib.amp', '--explain']
+    workers, data = _run_main(bench, monkeypatch, tmp_path, argv,
+                              lambda spec, call: 50.0 if spec['mode'] == 'mxamp' else 25.0,
+                              explain=explain)
+    # The profiling workers come after every timed one, with the configuration's threads.
+    assert [(spec['mode'], bool(spec.get('explain'))) for spec, _ in workers.calls] == [
+        ('fp32', False), ('mxamp', False), ('mxamp+fusion', False), ('contrib.amp', False)] * 2 + [
+        ('mxamp', True), ('mxamp+fusion', True)]
+    assert {env['OMP_NUM_THREADS'] for _, env in workers.calls} == {'2'}
+    lines = capsys.readouterr().out.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.split()[4:5] == ['mxamp'])
+    assert lines[row + 1].split() == ['mxamp.profile:', 'step', 'bfloat16', '80.0', 'ms,',
+                                      'float32', '160.0', 'ms;', 'this', 'row', '80.0', 'ms',
+                                      'per', 'batch']
+    assert [line.strip() for line in lines[row + 2:row + 5]] == [
+        '49%  verdict 1: 49% of the step', '48%  verdict 2: 48% of the step',
+        '47%  verdict 3: 47% of the step']
+    assert lines[row + 5].split()[4] == 'mxamp+fusion'
+    assert lines[row + 6].strip().startswith('mxamp.profile: step bfloat16 80.0 ms')
+    assert lines[row + 7].strip() == 'no verdict'
+    assert lines[row + 8].split()[4] == 'contrib.amp'
+    assert lines[row + 9].strip() == 'explain: ' + bench.NOT_EXPLAINED['contrib.amp']
+    assert not lines[row - 1].startswith('    ')         # nothing under the fp32 row
+    modes = data['results'][0]['modes']
+    assert modes['mxamp']['explain']['verdicts'] == verdicts
+    assert modes['mxamp']['explain']['row_batch_ms'] == pytest.approx(1e3 * 4 / 50.0)
+    assert modes['mxamp']['explain']['row_vs_report'] == pytest.approx(1.0)
+    assert modes['mxamp+fusion']['explain']['verdicts'] == []
+    assert modes['contrib.amp']['explain'] == {'skipped': bench.NOT_EXPLAINED['contrib.amp']}
+    assert 'explain' not in modes['fp32']
+    assert data['meta']['args']['explain'] is True
+
+
+def test_explain_needs_an_mxamp_mode(capsys):
+    bench = _load()
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(['--modes', 'fp32,contrib.amp', '--explain'])
+    assert exit_.value.code == 2
+    assert ('--explain profiles the mxamp modes (mxamp, mxamp+fusion, mxamp+scaling); --modes '
+            'fp32,contrib.amp has none of them') in capsys.readouterr().err
+    assert not bench.parse_args([]).explain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('task', ['inference', 'training'])
+def test_explain_worker_profiles_the_rows_network(task):
+    bench = _load()
+    answer = bench.explain_main({'network': 'tiny', 'task': task, 'mode': 'mxamp', 'batch': 2,
+                                 'threads': 1, 'image_size': 32, 'warmup': 1, 'steps': 2,
+                                 'explain': True})
+    assert set(answer['step_ms']) == {'bfloat16', 'float32'}
+    assert all(ms > 0 for ms in answer['step_ms'].values())
+    assert answer['profiled'] is None and 0 < answer['attributed'] <= 1.5
+    for verdict in answer['verdicts']:
+        assert set(verdict) == {'kind', 'message', 'share', 'layer', 'measured'}
+    json.dumps(answer)          # it travels as the worker's result line
+    lines = bench._explanation({'explain': answer})
+    assert lines[0].startswith('    mxamp.profile: step bfloat16 ')
+    assert lines[1:] == (['    no verdict'] if not answer['verdicts'] else lines[1:4])
 
 
 @pytest.mark.slow
