@@ -204,8 +204,10 @@ def test_on_an_avx2_cpu_it_says_why_auto_kept_float32_real():
               'net = nn.HybridSequential()\n'
               'net.add(nn.Conv2D(32, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"))\n'
               'net.initialize()\n'
-              'report = mxamp.profile(net, mx.nd.ones((4, 16, 16, 16)), kernels=False)\n'
-              'print("\\n".join("%s|%s" % (v.kind, v.message) for v in report.verdicts))\n')
+              'for dtype in ("auto", "bfloat16"):\n'
+              '    report = mxamp.profile(net, mx.nd.ones((4, 16, 16, 16)), dtype=dtype,'
+              ' kernels=False)\n'
+              '    print("\\n".join("%s|%s" % (v.kind, v.message) for v in report.verdicts))\n')
     result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
                             timeout=300, env=dict(os.environ, DNNL_MAX_CPU_ISA='AVX2'))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -213,6 +215,10 @@ def test_on_an_avx2_cpu_it_says_why_auto_kept_float32_real():
     assert "dtype='auto' chose float32" in verdicts['auto_kept_float32']
     assert "to class 'avx2'" in verdicts['auto_kept_float32']
     assert "profile with dtype='bfloat16'" in verdicts['auto_kept_float32']
+    # ...and asked for bfloat16, what it costs there: storage only, FP32 compute.
+    assert 'every operator computes in FP32 between casts' in verdicts['bfloat16_storage_only']
+    assert re.search(r"takes [\d.]+ ms against FP32's [\d.]+ ms \([\d.]+x FP32\)",
+                     verdicts['bfloat16_storage_only'])
 
 
 def test_float16_on_cpu_and_tensor_cores_real():
