@@ -525,3 +525,19 @@ def test_dist_gluon_first_step_keeps_each_workers_statistics(tmp_path):
     assert dtype == dtype1 == 'bfloat16' and moved == moved1 == 'True', output
     assert digest == digest1, output
     assert mean != mean1, output
+
+
+def test_a_resume_removes_the_hidden_temporaries_of_a_killed_save(tmp_path):
+    # A converted net's save_parameters writes through mxamp.atomic_files, whose temporary
+    # is hidden: killed during a checkpoint's save, a run left
+    # ".m-0001.params.tmp-<pid>.mxamp-<pid>.tmp", which resume must remove too.
+    dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                          capture_output=True, text=True, check=True)
+    pid = int(dead.stdout)
+    names = ['m-0001.params.tmp-%d' % pid, '.m-0001.params.tmp-%d.mxamp-%d.tmp' % (pid, pid),
+             'm-0001.json', '.other-0001.params.tmp-%d.mxamp-%d.tmp' % (pid, pid)]
+    for name in names:
+        (tmp_path / name).write_text('x')
+    removed = checkpoints.remove_stale_tmp(str(tmp_path), 'm')
+    assert removed == sorted(names[:2])
+    assert sorted(os.listdir(str(tmp_path))) == sorted(names[2:])

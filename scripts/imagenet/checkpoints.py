@@ -111,15 +111,18 @@ def remove_stale_tmp(directory, prefix):
 
     A process killed during :func:`save_checkpoint` (or while rewriting the
     metrics) leaves ``<name>.tmp-<pid>`` files; they never count as a
-    checkpoint.  Those of processes still alive are kept.  Returns the names
-    removed.
+    checkpoint.  A converted network's ``save_parameters`` writes through
+    `mxamp.atomic_files`, whose own temporary is hidden:
+    ``.<name>.tmp-<pid>.mxamp-<pid>.tmp``.  Those of processes still alive
+    are kept.  Returns the names removed.
     """
     removed = []
     if not os.path.isdir(directory):
         return removed
     for name in os.listdir(directory):
         match = _TMP_NAME.search(name)
-        if not (name.startswith(prefix + '-') and match):
+        bare = name[1:] if match and match.group(2) and name.startswith('.') else name
+        if not (match and bare.startswith(prefix + '-')):
             continue
         pid = int(match.group(1))
         if pid != os.getpid():
