@@ -338,8 +338,8 @@ def fold_batchnorm(symbol: GraphLike, arrays: Mapping[str, mx.nd.NDArray],
             node['attrs'] = dict(node.get('attrs', {}), no_bias='False')
         index[nid] = len(out)
         out.append(node)
-    heads = [(index[remap.get((nid, k), (nid, k))[0]], remap.get((nid, k), (nid, k))[1])
-             for nid, k, _ in graph['heads']]
+    heads = [remap.get((nid, k), (nid, k)) for nid, k, _ in graph['heads']]
+    heads = [(index[nid], k) for nid, k in heads]
     result, _ = assemble_graph(out, heads, graph.get('attrs'))
     return mx.sym.load_json(json.dumps(result)), values, len(folded)
 

@@ -412,10 +412,10 @@ def infer_entry_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str, S
     heads, symbol = _outputs_probe(graph)
     if not heads:
         return {}
+    variables = set(symbol.list_arguments() + symbol.list_auxiliary_states())
     try:
-        known = {name: shape for name, shape in given.items()
-                 if name in set(symbol.list_arguments() + symbol.list_auxiliary_states())}
-        _, out_shapes, _ = symbol.infer_shape_partial(**known)
+        _, out_shapes, _ = symbol.infer_shape_partial(
+            **{name: shape for name, shape in given.items() if name in variables})
     except mx.base.MXNetError:
         return {}
     return {(nid, k): tuple(shape) for (nid, k, _), shape in zip(heads, out_shapes or [])

@@ -208,11 +208,17 @@ def describe_cpu_class(klass: Optional[str] = None) -> str:
     """
     if klass is None:
         klass = cpu_class()
-        cap = isa_cap()
-        if cap == klass and CPU_CLASSES.index(cap) < CPU_CLASSES.index(_hardware_class()):
+        if _lowered_by_isa_cap():
             return 'CPU limited by DNNL_MAX_CPU_ISA=%s to class %r (%s)' % (
                 os.environ.get('DNNL_MAX_CPU_ISA'), klass, _CLASS_TEXT[klass])
     return '%r class %s' % (klass, _CLASS_TEXT[klass])
+
+
+def _lowered_by_isa_cap() -> bool:
+    """Whether ``DNNL_MAX_CPU_ISA`` is what keeps this CPU's class below its flags' class."""
+    cap = isa_cap()
+    return cap is not None and cap == cpu_class() and \
+        CPU_CLASSES.index(cap) < CPU_CLASSES.index(_hardware_class())
 
 
 def class_lowered_by() -> List[str]:
@@ -223,8 +229,7 @@ def class_lowered_by() -> List[str]:
     Linux refusing the tile permission: :func:`enable_amx`).
     """
     why = []
-    klass, cap = cpu_class(), isa_cap()
-    if cap is not None and cap == klass and CPU_CLASSES.index(cap) < CPU_CLASSES.index(_hardware_class()):
+    if _lowered_by_isa_cap():
         why.append('DNNL_MAX_CPU_ISA=%s' % os.environ.get('DNNL_MAX_CPU_ISA'))
     if has_amx_bf16() and not _amx_enabled:
         why.append('AMX left off (MXAMP_AMX=0, a DNNL_MAX_CPU_ISA of the user, or Linux refused '

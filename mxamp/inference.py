@@ -114,15 +114,14 @@ class _InferenceOnly(object):
                 state.float32_originals)
             self._clear_cached_op()
             if count:
-                # Only the folded weights' FP32 values are needed again (a later rebuild).
                 used = set(folded.list_inputs())
+                # Only the folded weights' FP32 values are needed again (a later rebuild).
                 state.keep_float32_originals({name: value for name, value
                                               in state.float32_originals.items()
                                               if name not in used})
                 self._cached_graph = data, folded
                 params.update((name, _cached_op_parameter(name, value))
                               for name, value in values.items())
-                used = set(folded.list_inputs())
                 self._cached_op_args = [(False, param) for name, param in params.items()
                                         if name in used]
         super(_InferenceOnly, self)._build_cache(*args)
