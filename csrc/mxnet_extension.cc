@@ -246,7 +246,12 @@ int infer_shape(const Attributes& a, unsigned int** inshapes, int* indims, int n
   if (!spec.no_bias) inputs.push_back({spec.num_filter});
   for (int i = 1; i < num_in; ++i) {
     if (indims[i] > 0) {
+      // A partly known shape (a Gluon parameter before deferred initialisation: (64, 0, 1, 1),
+      // which MXNet passes with 0 or -1 as unsigned for the unknown sizes) must agree where known.
       std::vector<int64_t> given(inshapes[i], inshapes[i] + indims[i]);
+      for (size_t d = 0; d < given.size() && d < inputs[i].size(); ++d)
+        if (inshapes[i][d] == 0 || inshapes[i][d] == static_cast<unsigned int>(-1))
+          given[d] = inputs[i][d];
       check_same_shape(i == 1 ? "weight" : "bias", given.data(), indims[i], inputs[i]);
     }
   }

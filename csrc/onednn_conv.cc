@@ -8,7 +8,6 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -198,12 +197,9 @@ class Convolution {
               {DNNL_ARG_DIFF_BIAS, plain_desc({spec.num_filter}, type)},
               {DNNL_ARG_DST, plain_desc(output, type)},
               {DNNL_ARG_DIFF_DST, plain_desc(output, type)}};
-    // MEASUREMENT ONLY (to be removed): MXAMP_OWN_CONV_LAYOUT=plain forces MXNet's layouts.
-    const char* layout = std::getenv("MXAMP_OWN_CONV_LAYOUT");
-    const bool force_plain = layout && std::string(layout) == "plain";
-    any_data_ = force_plain ? plain_desc(data, type) : any_desc(data, type);
-    any_weight_ = force_plain ? plain_desc(weight, type) : any_desc(weight, type);
-    any_output_ = force_plain ? plain_desc(output, type) : any_desc(output, type);
+    any_data_ = any_desc(data, type);
+    any_weight_ = any_desc(weight, type);
+    any_output_ = any_desc(output, type);
     bias_ = spec.no_bias ? memory::desc() : plain_desc({spec.num_filter}, type);
 
     dnnl::primitive_attr attr;

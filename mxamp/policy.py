@@ -64,7 +64,7 @@ import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 
 from .dtypes import LOW_PRECISION, DTypeLike, dtype_name
-from .hardware import AVX512_BF16, CPU_CLASSES, computes_bfloat16
+from .hardware import AMX, AVX512_BF16, CPU_CLASSES, computes_bfloat16
 from .hardware import cpu_class as this_cpu_class
 
 __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
@@ -329,7 +329,7 @@ _FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_
 BLOCKED, PAD_CHANNELS = 'blocked', 'pad_channels'
 
 
-def _bfloat16_conv_layout(attrs, input_shapes):
+def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     """How a bfloat16 Convolution gets oneDNN's blocked-layout kernels.
 
     Measured on oneDNN 2.4.4 (MXNet 1.9.1), avx512_core_bf16: unless the
@@ -350,6 +350,17 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     gradients in two layers at every step).  It runs in FP32, at no cost worth
     naming: such maps are a few values.
 
+    On an AMX CPU (`cpu_class` ``'amx'``) oneDNN 2.4's AMX kernels compute
+    in the channels-last layout, and only some convolutions
+    (`_amx_kernel_takes`); the others run its AVX512-BF16 kernels, in the
+    blocked ``nChw16c`` layout.  Where the two meet at a BatchNorm (one
+    convolution writes its input, the other the gradient of its output), the
+    BatchNorm's backward gets two layouts and runs oneDNN's reference kernel:
+    16 ms instead of 0.14 ms for a 64x16x16x16 tensor, which made bfloat16
+    training 3.6x slower than FP32 for ResNet-20 on 16x16 images and 15x for
+    MobileNet 0.5.  On AMX CPUs those convolutions run in FP32
+    (docs/policy.rst has the measurements).
+
     Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
     ``'pad_channels'`` (an odd number of input channels below 16 with output
     channels a multiple of 16: add a zero input channel, exact) or
@@ -367,6 +378,10 @@ def _bfloat16_conv_layout(attrs, input_shapes):
         return BLOCKED
     out_channels, in_per_group = weight[0], weight[1]
     groups = int(attrs.get('num_group', 1))
+    depthwise = in_per_group == 1 and groups == out_channels and groups > 1
+    if cpu_class == AMX and not _amx_kernel_takes(out_channels // max(groups, 1), in_per_group,
+                                                  depthwise):
+        return FLOAT32
     if in_per_group == 1 and groups == out_channels:
         return BLOCKED if out_channels % 16 == 0 else FLOAT32
     if (out_channels // max(groups, 1)) % 16:
@@ -376,6 +391,20 @@ def _bfloat16_conv_layout(attrs, input_shapes):
     if groups == 1 and in_per_group < 16:
         return BLOCKED if in_per_group % 2 == 0 else PAD_CHANNELS
     return FLOAT32
+
+
+def _amx_kernel_takes(out_per_group, in_per_group, depthwise):
+    """Whether oneDNN 2.4 computes a bfloat16 convolution on AMX (channels-last) kernels.
+
+    Measured on an AMX Xeon, forward and both backward primitives (oneDNN
+    verbose): channels per group that are multiples of 32, in and out (3x3 and
+    1x1, strides 1 and 2), run AMX kernels, and so does an RGB stem (fewer
+    than 16 input channels); 16 or 48 channels in or out, and depthwise
+    convolutions, run AVX512-BF16 ones in some of the three primitives.
+    """
+    if depthwise:
+        return False
+    return out_per_group % 32 == 0 and (in_per_group < 16 or in_per_group % 32 == 0)
 
 
 def _int_tuple(text, length):
@@ -744,7 +773,7 @@ class Policy(object):
             return FLOAT32
         if self.dtype != 'bfloat16' or rule is None or op in self.lp_ops:
             return BLOCKED
-        return rule(attrs or {}, input_shapes)
+        return rule(attrs or {}, input_shapes, self.cpu_class)
 
     def follows_data(self, op: str) -> bool:
         """Whether a low-precision node runs in FP32 when its data input is FP32."""

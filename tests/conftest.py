@@ -48,6 +48,20 @@ def quiet_precision_warnings():
         yield
 
 
+@pytest.fixture
+def blocked_bfloat16_policy(monkeypatch):
+    """On an AMX CPU, convert under the 'avx512_bf16' class's policy.
+
+    For tests of fusion and accuracy on nets with 16-channel convolutions: the
+    AMX class runs those in FP32 (mxamp.policy._amx_kernel_takes), which would
+    leave these tests nothing in bfloat16 to check.  The 'avx512_bf16' policy
+    runs them in bfloat16, and an AMX CPU has every kernel it uses.  Other
+    classes keep their own policy.
+    """
+    if hardware.cpu_class() == hardware.AMX:
+        monkeypatch.setattr(hardware, 'cpu_class', lambda: hardware.AVX512_BF16)
+
+
 def corpus_rows():
     """MANIFEST.tsv rows (dicts), or [] when ../shared is absent (a user's clone)."""
     if not os.path.isfile(MANIFEST):

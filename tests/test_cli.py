@@ -280,7 +280,8 @@ def test_missing_output_directory_is_reported(model, tmp_path, capsys):
     assert status == 2 and 'does not exist' in err
 
 
-def test_for_inference_writes_a_fused_model_and_reports_the_fusions(model, tmp_path, capsys):
+def test_for_inference_writes_a_fused_model_and_reports_the_fusions(model, tmp_path, capsys,
+                                                                   blocked_bfloat16_policy):
     out_prefix = str(tmp_path / 'fused')
     status, out, err = convert(capsys, model + '-symbol.json', '--params', model + '-0000.params',
                                '-o', out_prefix, '--dtype', 'bfloat16', '--cpu-class', 'auto',

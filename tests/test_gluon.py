@@ -47,29 +47,31 @@ pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')
 def small_cnn(in_channels=0):
     """Conv/BN/Dense net; in_channels=0 gives deferred initialisation.
 
-    16 channels throughout: oneDNN runs such convolutions in bfloat16 (an RGB
-    stem stays FP32, see test_rgb_stem_runs_in_float32...).
+    32 channels throughout: oneDNN runs such convolutions in bfloat16 on every
+    bfloat16 CPU class (an AMX CPU runs 16-channel ones in FP32, see
+    mxamp.policy._amx_kernel_takes; an RGB stem gets a zero channel, see
+    test_rgb_stem_runs_in_bfloat16_on_a_zero_padded_channel).
     """
     net = nn.HybridSequential()
     with net.name_scope():
-        net.add(nn.Conv2D(16, 3, padding=1, in_channels=in_channels),
-                nn.BatchNorm(in_channels=16 if in_channels else 0),
+        net.add(nn.Conv2D(32, 3, padding=1, in_channels=in_channels),
+                nn.BatchNorm(in_channels=32 if in_channels else 0),
                 nn.Activation('relu'),
-                nn.Conv2D(16, 3, padding=1, in_channels=16 if in_channels else 0),
-                nn.BatchNorm(in_channels=16 if in_channels else 0), nn.Activation('relu'),
+                nn.Conv2D(32, 3, padding=1, in_channels=32 if in_channels else 0),
+                nn.BatchNorm(in_channels=32 if in_channels else 0), nn.Activation('relu'),
                 nn.GlobalAvgPool2D(),
-                nn.Dense(5, in_units=16 if in_channels else 0))
+                nn.Dense(5, in_units=32 if in_channels else 0))
     return net
 
 
-def make(seed=0, in_channels=16):
+def make(seed=0, in_channels=32):
     mx.random.seed(seed)
     net = small_cnn(in_channels)
     net.initialize(mx.init.Xavier(rnd_type='gaussian', factor_type='in', magnitude=2))
     return net
 
 
-def data(shape=(2, 16, 16, 16), seed=1):
+def data(shape=(2, 32, 16, 16), seed=1):
     return mx.nd.array(np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32))
 
 
@@ -142,11 +144,11 @@ def test_deferred_initialisation(dtype):
     out = net(data())
     assert out.dtype == np.float32
     assert dname(net[0].weight) == dtype and dname(net[1].gamma) == 'float32'
-    assert net[0].weight.shape == (16, 16, 3, 3)
+    assert net[0].weight.shape == (32, 32, 3, 3)
 
 
 def test_convert_before_initialize():
-    net = small_cnn(in_channels=16)
+    net = small_cnn(in_channels=32)
     mg.convert(net, 'bfloat16')
     net.initialize()
     net(data())
@@ -197,7 +199,7 @@ def test_child_called_directly_uses_the_policy():
     mg.convert(net, 'bfloat16')
     net(data())
     inner = net[7]  # the Dense layer, called on its own
-    out = inner(mx.nd.ones((2, 16)))
+    out = inner(mx.nd.ones((2, 32)))
     assert out.dtype == np.float32
     assert mg.is_converted(inner)
 
@@ -220,13 +222,13 @@ def test_rgb_stem_runs_in_bfloat16_on_a_zero_padded_channel(deferred):
     assert '+1 zero channel' in text
     rows = {line.split()[0]: line.split()[2] for line in text.splitlines() if '_fwd' in line}
     assert all(rows[net[i].name + '_fwd'] == 'bfloat16' for i in (0, 1, 2, 3))
-    assert net[0].weight.shape == (16, 3, 3, 3) and net[0].weight.dtype == BFLOAT16
+    assert net[0].weight.shape == (32, 3, 3, 3) and net[0].weight.dtype == BFLOAT16
     assert np.abs(out.asnumpy() - reference).max() < 0.05 * np.abs(reference).max() + 1e-3
     with autograd.record():
         loss = net(x).sum()
     loss.backward()
     grad = net[0].weight.grad()
-    assert grad.dtype == BFLOAT16 and grad.shape == (16, 3, 3, 3)
+    assert grad.dtype == BFLOAT16 and grad.shape == (32, 3, 3, 3)
     assert np.abs(to_float32_numpy(grad)).sum() > 0
 
 
@@ -296,7 +298,7 @@ def test_loss_decreases_float16_on_cpu():
     net = make()
     mg.convert(net, 'float16')
     net.hybridize()
-    x = data((8, 16, 16, 16))
+    x = data((8, 32, 16, 16))
     y = mx.nd.array(np.arange(8) % 5)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     trainer = trainer_for(net, lr=0.05)
@@ -572,10 +574,10 @@ def test_a_network_is_converted_once_per_device_and_shape_knowledge(monkeypatch)
     net(x)
     mg.summary(net, print_fn=None)
     assert len(rewrites) == 1
-    net(data((3, 16, 16, 16)))                # a shape the rewrite did not know
+    net(data((3, 32, 16, 16)))                # a shape the rewrite did not know
     assert len(rewrites) == 1                 # (the graph, built once, serves every batch)
     net.hybridize()
-    net(data((3, 16, 16, 16)))
+    net(data((3, 32, 16, 16)))
     assert len(rewrites) == 2
 
     # summary before the first call converts without the input's shape; the call then knows more.

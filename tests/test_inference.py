@@ -31,7 +31,7 @@ DTYPES = ['float32', 'float16', 'bfloat16']
 FUSED = collections.Counter({'_sg_mkldnn_conv': 2, '_sg_mkldnn_fully_connected': 1})
 
 
-pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')
+pytestmark = pytest.mark.usefixtures('quiet_precision_warnings', 'blocked_bfloat16_policy')
 
 
 def close(dtype):
@@ -79,8 +79,8 @@ def randomised_statistics(net, seed):
     # Folding BatchNorm into the weights only shows with statistics other than (0, 1).
     rng = np.random.RandomState(seed)
     for bn in (net[1], net[4]):
-        bn.running_mean.set_data(mx.nd.array(rng.uniform(-0.5, 0.5, (16,))))
-        bn.running_var.set_data(mx.nd.array(rng.uniform(0.5, 2.0, (16,))))
+        bn.running_mean.set_data(mx.nd.array(rng.uniform(-0.5, 0.5, (32,))))
+        bn.running_var.set_data(mx.nd.array(rng.uniform(0.5, 2.0, (32,))))
     return net
 
 

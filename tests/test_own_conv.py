@@ -146,6 +146,29 @@ def test_in_a_symbol_graph_and_a_hybridized_block():
     assert np.allclose(block(x).asnumpy(), reference.asnumpy(), atol=1e-5)
 
 
+def test_a_deferred_gluon_parameter_gets_its_shape_from_the_data():
+    # A Gluon parameter before deferred initialisation has unknown sizes ((4, 0, 3, 3)):
+    # shape inference fills them from the data instead of refusing the partial shape.
+    class Own(mx.gluon.HybridBlock):
+        def __init__(self):
+            super(Own, self).__init__()
+            with self.name_scope():
+                self.weight = self.params.get('weight', shape=(4, 0, 3, 3),
+                                              allow_deferred_init=True)
+
+        def hybrid_forward(self, F, x, weight):
+            return own_conv.convolution(x, weight, kernel=(3, 3), num_filter=4, pad=(1, 1))
+    block = Own()
+    block.initialize()
+    block.hybridize()
+    assert block(mx.nd.ones((2, 3, 8, 8))).shape == (2, 4, 8, 8)
+    assert block.weight.shape == (4, 3, 3, 3)
+    symbol = own_conv.convolution(mx.sym.var('data'), mx.sym.var('weight', shape=(4, 0, 3, 3)),
+                                  kernel=(3, 3), num_filter=4)
+    with pytest.raises(mx.base.MXNetError, match='weight has shape'):
+        symbol.infer_shape(data=(2, 5, 8, 8), weight=(4, 6, 3, 3))
+
+
 def test_kernels_names_the_implementations_and_reorders():
     text = own_conv.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, pad=(1, 1))
     assert text.startswith('forward=') and ' backward_data=' in text and ' backward_weights=' in text
