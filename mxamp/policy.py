@@ -378,13 +378,13 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
         return BLOCKED
     out_channels, in_per_group = weight[0], weight[1]
     groups = int(attrs.get('num_group', 1))
-    depthwise = in_per_group == 1 and groups == out_channels and groups > 1
-    if cpu_class == AMX and not _amx_kernel_takes(out_channels // max(groups, 1), in_per_group,
-                                                  depthwise):
+    out_per_group = out_channels // max(groups, 1)
+    depthwise = in_per_group == 1 and groups == out_channels
+    if cpu_class == AMX and (depthwise or not _amx_kernel_takes(out_per_group, in_per_group)):
         return FLOAT32
-    if in_per_group == 1 and groups == out_channels:
+    if depthwise:
         return BLOCKED if out_channels % 16 == 0 else FLOAT32
-    if (out_channels // max(groups, 1)) % 16:
+    if out_per_group % 16:
         return FLOAT32
     if in_per_group % 16 == 0:
         return BLOCKED
@@ -393,8 +393,8 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     return FLOAT32
 
 
-def _amx_kernel_takes(out_per_group, in_per_group, depthwise):
-    """Whether oneDNN 2.4 computes a bfloat16 convolution on AMX (channels-last) kernels.
+def _amx_kernel_takes(out_per_group, in_per_group):
+    """Whether oneDNN 2.4 runs a bfloat16 convolution (not depthwise) on AMX (channels-last) kernels.
 
     Measured on an AMX Xeon, forward and both backward primitives (oneDNN
     verbose): channels per group that are multiples of 32, in and out (3x3 and
@@ -402,8 +402,6 @@ def _amx_kernel_takes(out_per_group, in_per_group, depthwise):
     than 16 input channels); 16 or 48 channels in or out, and depthwise
     convolutions, run AVX512-BF16 ones in some of the three primitives.
     """
-    if depthwise:
-        return False
     return out_per_group % 32 == 0 and (in_per_group < 16 or in_per_group % 32 == 0)
 
 
