@@ -57,6 +57,8 @@ setup(
     long_description_content_type='text/x-rst',
     license='Apache-2.0',
     packages=find_packages(include=['mxamp', 'mxamp.*']),
+    # The measured choice of mxamp's own convolution (mxamp.own_conv_choice).
+    package_data={'mxamp': ['own_conv_table.json']},
     python_requires='>=3.8,<3.13',
     install_requires=[
         _MXNET_BUILDS[_build],

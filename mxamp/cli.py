@@ -17,8 +17,15 @@ what ``dtype='auto'`` picks here and why.
 measures where the step time of an FP32 graph goes, converted and in FP32,
 layer by layer, and prints the report with its verdicts (`mxamp.profile`);
 ``--json`` and ``--plot`` also write it as JSON and as a PNG.
+
+``mxamp measure-conv IN-symbol.json --input-shape data=16,3,224,224 -o TABLE.json``
+measures, for each bfloat16 convolution of the converted graph, whether mxamp's
+own oneDNN 3 operator is faster than MXNet's here, and writes the table
+``MXAMP_OWN_CONV_TABLE`` points converted Gluon networks at
+(`mxamp.own_conv_choice`).
 """
 import argparse
+import json
 import os
 import sys
 import warnings
@@ -171,7 +178,78 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument('--plot', metavar='OUT.png',
                          help='also draw time per operator class, FP32 against the low '
                               'precision (needs matplotlib)')
+    measure = commands.add_parser(
+        'measure-conv', allow_abbrev=False,
+        help="measure where mxamp's own oneDNN 3 convolution is faster than MXNet's, for the "
+             'bfloat16 convolutions of a symbol file, and write the table mxamp decides by',
+        description="For each distinct bfloat16 convolution of the FP32 graph converted for this "
+                    "CPU, time the forward and backward pass of a small chain around it (MXNet's "
+                    "convolutions, BatchNorm and ReLU on either side, as in a network) with "
+                    "MXNet's Convolution and with mxamp's own operator in the middle, print one "
+                    "row per case and merge the measurements into "
+                    "OUT.json. Point MXAMP_OWN_CONV_TABLE at it: converted Gluon networks then run "
+                    "the own operator where it measured faster on this CPU class at this OpenMP "
+                    "thread count and batch size.")
+    measure.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')
+    measure.add_argument('--input-shape', action='append', required=True, type=_input_shape,
+                         metavar='NAME=D1,D2,...',
+                         help='shape of a data input, e.g. data=16,3,224,224 (the first '
+                              'dimension is the batch the measurements hold for); repeat for '
+                              'each input')
+    measure.add_argument('-o', '--output', required=True, metavar='OUT.json',
+                         help='the table to write; measurements already in it for other cases, '
+                              'CPU classes or thread counts are kept')
+    measure.add_argument('--repeats', type=int, default=7, metavar='N',
+                         help='timed passes per convolution and side (default 7; the median is kept)')
     return parser
+
+
+def _input_shapes(args):
+    """The --input-shape options as a dict; an input given twice is refused."""
+    shapes = dict(args.input_shape)
+    if len(shapes) != len(args.input_shape):
+        raise ValueError('--input-shape: an input is given twice')
+    return shapes
+
+
+def _measure_conv(args):
+    import mxnet as mx
+
+    from .graph import GraphError, load_graph
+    from .own_conv_choice import ChoiceTable, measure_symbol, notes_for_table
+
+    _check_file(args.symbol, 'symbol file')
+    if args.repeats < 1:
+        raise ValueError('--repeats %d: expected 1 or more' % args.repeats)
+    shapes = _input_shapes(args)
+    existing = ChoiceTable()
+    if os.path.exists(args.output):
+        existing = ChoiceTable.read(args.output)
+    try:
+        with open(args.symbol) as handle:
+            symbol = mx.sym.load_json(json.dumps(load_graph(handle.read())))
+    except (OSError, UnicodeDecodeError) as err:
+        raise GraphError("cannot read '%s': %s" % (args.symbol, err))
+    except GraphError as err:
+        raise GraphError('%s: %s' % (args.symbol, err))
+    missing = sorted(set(shapes) - set(symbol.list_inputs()))
+    if missing:
+        raise ValueError('--input-shape %s: the graph has no input of that name' % missing[0])
+    measurements, nodes = measure_symbol(symbol, shapes, repeats=args.repeats)
+    print('%-48s %9s %9s %6s  %s' % ('convolution (data, kernel, stride, pad, ->filters)',
+                                     'MXNet ms', 'own ms', 'own/MX', 'runs on'))
+    for m in measurements:
+        print('%-48s %9.2f %9.2f %6.2f  %s  [%s]' % (
+            m.case.describe(), m.mxnet_ms, m.own_ms, m.own_ms / m.mxnet_ms,
+            'own' if m.own_is_faster else 'MXNet', ', '.join(nodes[m.case])))
+    mxnet_total = sum(m.mxnet_ms for m in measurements)
+    own_total = sum(m.own_ms for m in measurements)
+    print('%-48s %9.2f %9.2f %6.2f  (%d of %d cases on own, %s, %d OpenMP threads)' % (
+        'all cases', mxnet_total, own_total, own_total / mxnet_total,
+        sum(m.own_is_faster for m in measurements), len(measurements),
+        measurements[0].cpu_class, measurements[0].threads))
+    existing.update(measurements, notes_for_table(measurements))
+    print('wrote %s' % existing.write(args.output))
 
 
 def _profile(args):
@@ -182,9 +260,7 @@ def _profile(args):
         _check_file(args.params, 'params file')
     if args.iterations < 1:
         raise ValueError('--iterations %d: expected 1 or more' % args.iterations)
-    shapes = dict(args.input_shape)
-    if len(shapes) != len(args.input_shape):
-        raise ValueError('--input-shape: an input is given twice')
+    shapes = _input_shapes(args)
     report = profile_checkpoint(args.symbol, args.params, shapes, dtype=args.dtype,
                                 train=args.train, iterations=args.iterations,
                                 kernels=args.kernels)
@@ -280,7 +356,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .graph import GraphError, error_line
     try:
-        {'convert': _convert, 'info': _info, 'profile': _profile}[args.command](args)
+        {'convert': _convert, 'info': _info, 'profile': _profile,
+         'measure-conv': _measure_conv}[args.command](args)
     except (GraphError, ValueError, OSError) as err:
         sys.stderr.write('mxamp: error: %s\n' % str(err).splitlines()[0])
         return EXIT_BAD_INPUT

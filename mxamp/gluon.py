@@ -101,7 +101,7 @@ from mxnet.gluon import Block, HybridBlock
 
 from . import dtypes
 from . import graph as graph_mod
-from . import hardware
+from . import hardware, own_conv_choice
 from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
 from .network_state import (NetworkState, Settings, Stage, Tree, attach, check_convertible,
@@ -258,8 +258,19 @@ class _Converted(object):
     # a low-precision parameter not cast yet) and makes the CachedOp; arrays
     # are fetched at call time, so casting after it is in time for the first
     # call.
+    # The CachedOp runs the runtime graph (some convolutions on mxamp's own
+    # operator, see _runtime_graph); _cached_graph, which export, infer_shape
+    # and summary read, keeps MXNet's Convolution.  (With a backend, MXNet's
+    # _build_cache stores the partitioned graph there: that one stays.)
     def _build_cache(self, *args):
-        super(_Converted, self)._build_cache(*args)
+        inputs, symbol = self._get_graph(*args)
+        runtime = _runtime_graph(self, symbol, args)
+        self._cached_graph = inputs, runtime
+        try:
+            super(_Converted, self)._build_cache(*args)
+        finally:
+            if self._cached_graph and self._cached_graph[1] is runtime:
+                self._cached_graph = inputs, symbol
         _sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
@@ -268,6 +279,8 @@ class _Converted(object):
     # tree, is rebuilt.
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
+        if _own_conv_gradient_added(self):
+            self._clear_cached_op()
         return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
 
     # MXNet 1.9.1: Block.__setattr__ refuses to replace a Block attribute with a
@@ -581,6 +594,53 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
                                    portable=False)
 
 
+def _runtime_graph(block, symbol, args):
+    """`symbol` with the convolutions `mxamp.own_conv_choice` chose for mxamp's own operator.
+
+    Only training graphs on a CPU in bfloat16: a graph fused for inference
+    (``_backend``, set by `mxamp.for_inference`) keeps MXNet's convolutions,
+    which oneDNN fuses with their BatchNorm.  Records the chosen convolutions'
+    parameters in the block's state (see `_own_conv_gradient_added`).
+    """
+    state = converted_state(block)
+    state.own_conv_nodes = state.own_conv_params = frozenset()
+    device = _device_type(args) or _params_device_type(block)
+    cached = state.conversion_for(device)
+    if block._backend is not None or device != 'cpu' or cached is None or \
+            cached[1].dtype != 'bfloat16' or own_conv_choice.own_conv.mode() == 'off':
+        return symbol
+    conversion = cached[1]
+    names = [record.name for record in conversion.nodes
+             if record.op == 'Convolution' and record.computes_in == 'bfloat16']
+    if not names:
+        return symbol
+    shapes = dict(conversion.shapes)
+    inputs, _ = block._cached_graph
+    shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
+                  if isinstance(arg, mx.nd.NDArray))
+    params = block.collect_params()
+    sites = own_conv_choice.conv_sites(symbol, shapes, names, 'bfloat16')
+    chosen = own_conv_choice.choose(
+        sites, state.settings.policy(device).cpu_class, own_conv_choice.running_threads(),
+        lambda name: name not in params or params[name].grad_req != 'add')
+    state.own_conv_nodes = frozenset(site.name for site in chosen)
+    state.own_conv_params = frozenset(p for site in chosen for p in site.params)
+    return own_conv_choice.with_own_convolutions(symbol, state.own_conv_nodes)
+
+
+def _own_conv_gradient_added(block):
+    """Whether a parameter of an own-operator convolution of `block` now adds its gradient.
+
+    ``grad_req`` may change after the CachedOp was made; the own operator
+    always writes gradients, so the graph is then rebuilt without it there.
+    """
+    names = converted_state(block).own_conv_params
+    if not names:
+        return False
+    params = block.collect_params()
+    return any(params[name].grad_req == 'add' for name in names if name in params)
+
+
 def _warn_float16_cpu():
     global _warned_float16_cpu
     if not _warned_float16_cpu:
@@ -880,6 +940,7 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     policy = settings.policy(device)
     rows = []
     counts: Counter[str] = collections.Counter()
+    own_nodes = converted_state(net).own_conv_nodes
     for node in conversion.nodes:
         shown = node.computes_in
         if node.computes_in != node.precision:
@@ -888,7 +949,9 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
         reads = ['%s%s' % ('%s->%s' % (read.cast.source, read.cast.to_dtype) if read.cast else read.source,
                            ' +1 zero channel' if read.pad else '')
                  for read in node.inputs if read.cast or read.pad]
-        rows.append((node.name, node.op, shown, ', '.join(reads)))
+        # The CachedOp may run it on mxamp's own operator (mxamp.own_conv_choice).
+        op = own_conv_choice.own_conv.OP_NAME if node.name in own_nodes else node.op
+        rows.append((node.name, op, shown, ', '.join(reads)))
     heads = ['%s->%s' % (cast.source, cast.to_dtype) for cast in conversion.output_casts if cast]
     widths = [max([len(r[i]) for r in rows] + [len(h)])
               for i, h in enumerate(('node', 'op', 'computes in', 'casts on inputs'))]
@@ -915,6 +978,9 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     lines.append('casts: ' + (', '.join('%d %s->%s' % (n, a, b)
                                         for (a, b), n in sorted(conversion.casts.items()))
                               or 'none'))
+    if own_nodes:
+        lines.append("convolutions on mxamp's own oneDNN 3 operator: %d (mxamp.own_conv_choice)"
+                     % len(own_nodes))
     by_dtype: Dict[str, Tuple[int, int]] = {}
     for param in net.collect_params().values():
         key = name_of_array(param) or str(param.dtype)

@@ -31,7 +31,7 @@ network, and have one writer each.
 """
 import collections
 import enum
-from typing import Any, Collection, Dict, Iterable, Optional, Tuple
+from typing import Any, Collection, Dict, FrozenSet, Iterable, Optional, Tuple
 
 from . import graph as graph_mod
 from . import hardware
@@ -156,9 +156,13 @@ class NetworkState(object):
         For a net `mxamp.for_inference` converted from FP32: the FP32 values of
         the low-precision parameters its BatchNorm folds start from
         (`mxamp.fusion.fold_batchnorm`); empty otherwise.
+    own_conv_nodes, own_conv_params : frozenset of str
+        The convolutions the block's CachedOp runs on mxamp's own operator
+        (`mxamp.own_conv_choice`), and their parameters; empty when none.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
-                 '_built_at', 'fused_for_inference', 'float32_originals')
+                 '_built_at', 'fused_for_inference', 'float32_originals', 'own_conv_nodes',
+                 'own_conv_params')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -172,6 +176,8 @@ class NetworkState(object):
         self._built_at = 0
         self.fused_for_inference: Optional[str] = None
         self.float32_originals: Dict[str, Any] = {}
+        self.own_conv_nodes: FrozenSet[str] = frozenset()
+        self.own_conv_params: FrozenSet[str] = frozenset()
 
     @classmethod
     def kept_float32(cls, reason: str) -> 'NetworkState':

@@ -40,7 +40,10 @@ Environment variables
 ---------------------
 MXAMP_OWN_CONV
     ``0`` (or ``false``, ``no``, ``off``) keeps the library unloaded:
-    :func:`available` answers False and :func:`convolution` raises.
+    :func:`available` answers False and :func:`convolution` raises.  ``all``
+    puts every eligible bfloat16 convolution of a converted Gluon network on
+    it, whatever was measured (to measure whole networks both ways); unset
+    (or ``1``), the measured choice of `mxamp.own_conv_choice` applies.
 
 MXNet internals relied on
 -------------------------
@@ -64,7 +67,7 @@ from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
 __all__ = ['OP_NAME', 'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe',
-           'convolution', 'kernels', 'library_path']
+           'mode', 'require_loaded', 'convolution', 'kernels', 'library_path']
 
 logger = logging.getLogger('mxamp')
 
@@ -78,6 +81,8 @@ _NOT_BUILT_NOTE = 'own_conv_not_built.txt'
 _ONEDNN_DISTRIBUTION = 'onednn-cpu-gomp'
 _ONEDNN_SONAME = 'libdnnl.so.3'
 _OFF_VALUES = ('0', 'false', 'no', 'off')
+_ON_VALUES = ('', '1', 'true', 'yes', 'on')
+_EVERYWHERE = 'all'
 # MXNet's type flags (mshadow) of the data types the operator computes in.
 _DTYPE_FLAGS = {'float32': 0, 'float16': 2, 'bfloat16': 12}
 
@@ -132,8 +137,27 @@ def library_path() -> str:
     return os.path.join(_NATIVE_DIR, _LIBRARY_NAME)
 
 
+def mode() -> str:
+    """``MXAMP_OWN_CONV`` read: ``'off'``, ``'measured'`` (the default) or ``'all'``.
+
+    Raises
+    ------
+    ValueError
+        For any other value, naming the variable and the values it takes.
+    """
+    value = os.environ.get('MXAMP_OWN_CONV', '1').strip().lower()
+    if value in _OFF_VALUES:
+        return 'off'
+    if value in _ON_VALUES:
+        return 'measured'
+    if value == _EVERYWHERE:
+        return 'all'
+    raise ValueError('MXAMP_OWN_CONV=%s: expected 0 (off), 1 (the measured choice, the default) '
+                     'or all' % os.environ['MXAMP_OWN_CONV'])
+
+
 def _switched_off() -> bool:
-    return os.environ.get('MXAMP_OWN_CONV', '1').strip().lower() in _OFF_VALUES
+    return mode() == 'off'
 
 
 def _not_built_reason() -> str:
@@ -246,6 +270,11 @@ def describe() -> str:
     if state.loaded:
         return 'own convolution: on (oneDNN %s, %s)' % (state.onednn_version, state.cpu_isa)
     return 'own convolution: off, %s' % state.reason
+
+
+def require_loaded() -> None:
+    """Load the library (registering the operator in MXNet), or raise `OwnConvUnavailable`."""
+    _require()
 
 
 def _require() -> _Loaded:

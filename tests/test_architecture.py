@@ -16,7 +16,8 @@ PACKAGE = os.path.join(ROOT, 'mxamp')
 LAYERS = (
     ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version', 'own_conv', 'verdict_rules'}),
     ('precision names', {'dtypes'}),
-    ('policy and graph rewrite', {'policy', 'migration', 'graph', 'fusion', 'network_state', 'diagnose'}),
+    ('policy and graph rewrite', {'policy', 'migration', 'graph', 'fusion', 'network_state', 'diagnose',
+                                  'own_conv_choice'}),
     ('fronts', {'gluon', 'inference', 'symbol'}),
     ('training', {'optimizer', 'kvstore_transport', 'loss_scaler', 'trainer', 'module'}),
     ('tools', {'system_info', 'profiling', 'cli', '__main__', '__init__'}),
@@ -25,7 +26,7 @@ LAYERS = (
 WITHIN = {
     ('graph', 'policy'), ('migration', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
     ('network_state', 'policy'), ('diagnose', 'graph'), ('diagnose', 'policy'),
-    ('diagnose', 'network_state'),
+    ('diagnose', 'network_state'), ('own_conv_choice', 'graph'), ('own_conv_choice', 'policy'),
     ('inference', 'gluon'),
     ('trainer', 'optimizer'), ('trainer', 'kvstore_transport'), ('trainer', 'loss_scaler'),
     ('module', 'optimizer'), ('module', 'kvstore_transport'), ('module', 'loss_scaler'),

@@ -1,0 +1,386 @@
+"""Which convolutions run on mxamp's own operator (mxamp.own_conv_choice), stage B of #24.
+
+The table and its rule are tested on every machine.  What runs graphs needs
+the operator and a CPU that computes bfloat16 (its decisions are about
+bfloat16 convolutions): a converted Gluon network whose convolutions run on it
+computes what it computes with MXNet's, within bfloat16 rounding, trains the
+same (loss curves side by side), and never lets the operator leave mxamp
+(export), meet ``grad_req='add'`` or an inference fusion.
+"""
+import json
+import os
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+import mxamp
+from mxamp import cli, own_conv, own_conv_choice
+from mxamp.network_state import converted_state
+from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
+
+from conftest import needs_bfloat16_compute
+
+CASE = ConvCase((16, 64, 56, 56), (3, 3), (1, 1), (1, 1), (1, 1), 64, 1, True, 'bfloat16',
+                'batchnorm')
+
+runs_own_conv = pytest.mark.skipif(not own_conv.available(),
+                                   reason='own convolution off here: %s' % own_conv.status().reason)
+
+
+# --------------------------------------------------------------------------
+# The table and the rule, on every machine
+
+def test_a_table_written_reads_back_the_same(tmp_path):
+    other = CASE._replace(context='other', no_bias=False)
+    table = ChoiceTable([Measurement('amx', 2, CASE, 20.5, 27.4),
+                         Measurement('avx512_bf16', 16, other, 10.0, 8.0)],
+                        {'amx, 2 threads': 'somewhere'})
+    path = table.write(str(tmp_path / 'table.json'))
+    again = ChoiceTable.read(path)
+    assert sorted(again) == sorted(table)
+    assert again.notes == {'amx, 2 threads': 'somewhere'}
+    # One measurement per line: a table diff shows which measurements changed.
+    assert len(open(path).read().splitlines()) == 2 + 3 + 2 + 2 + 1
+
+
+def test_a_case_is_looked_up_only_where_it_was_measured():
+    table = ChoiceTable([Measurement('amx', 2, CASE, 20.0, 10.0)])
+    assert table.lookup('amx', 2, CASE).own_is_faster
+    assert table.lookup('amx', 16, CASE) is None
+    assert table.lookup('avx512_bf16', 2, CASE) is None
+    assert table.lookup('amx', 2, CASE._replace(data_shape=(32, 64, 56, 56))) is None
+    assert table.lookup('amx', 2, CASE._replace(context='other')) is None
+
+
+@pytest.mark.parametrize('own_ms, faster', [(9.5, True), (9.6, False), (10.0, False), (4.0, True)])
+def test_the_own_operator_must_be_five_percent_faster(own_ms, faster):
+    assert Measurement('amx', 2, CASE, 10.0, own_ms).own_is_faster is faster
+
+
+def test_a_later_measurement_replaces_an_earlier_one():
+    table = ChoiceTable([Measurement('amx', 2, CASE, 20.0, 10.0)])
+    table.update([Measurement('amx', 2, CASE, 20.0, 30.0)], {'amx, 2 threads': 'again'})
+    assert len(table) == 1 and not table.lookup('amx', 2, CASE).own_is_faster
+    assert table.notes == {'amx, 2 threads': 'again'}
+
+
+@pytest.mark.parametrize('text, says', [
+    ('not json', 'not a JSON file'),
+    ('{"format": 7}', 'not an mxamp own-convolution table'),
+    ('{"format": 1, "measurements": [{"cpu_class": "amx"}]}', 'measurement 0 is malformed'),
+    ('{"format": 1, "notes": [], "measurements": []}', 'notes are not a JSON object'),
+])
+def test_a_bad_table_file_is_refused_in_one_line_naming_it(tmp_path, text, says):
+    path = tmp_path / 'table.json'
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        ChoiceTable.read(str(path))
+    assert str(path) in str(error.value) and says in str(error.value)
+    assert '\n' not in str(error.value)
+
+
+def test_the_users_table_goes_over_the_shipped_one(tmp_path, monkeypatch):
+    shipped = ChoiceTable.read(own_conv_choice.shipped_table_path())
+    assert len(shipped) > 0 and shipped.notes
+    measured = next(iter(shipped))
+    mine = Measurement(measured.cpu_class, measured.threads, measured.case, 10.0, 1.0)
+    path = ChoiceTable([mine]).write(str(tmp_path / 'mine.json'))
+    monkeypatch.setenv(own_conv_choice.TABLE_ENV, path)
+    assert own_conv_choice.table().lookup(*measured.key) == mine
+    assert len(own_conv_choice.table()) == len(shipped)
+    monkeypatch.setenv(own_conv_choice.TABLE_ENV, str(tmp_path / 'missing.json'))
+    with pytest.raises(ValueError, match='MXAMP_OWN_CONV_TABLE=.*missing.json: no such file'):
+        own_conv_choice.table()
+
+
+@pytest.mark.parametrize('value, mode', [('0', 'off'), ('off', 'off'), ('1', 'measured'),
+                                         ('', 'measured'), ('ALL', 'all'), (None, 'measured')])
+def test_the_switch_has_three_positions(monkeypatch, value, mode):
+    if value is None:
+        monkeypatch.delenv('MXAMP_OWN_CONV', raising=False)
+    else:
+        monkeypatch.setenv('MXAMP_OWN_CONV', value)
+    assert own_conv.mode() == mode
+
+
+def test_a_bad_switch_value_is_refused_naming_the_values(monkeypatch):
+    monkeypatch.setenv('MXAMP_OWN_CONV', 'sometimes')
+    with pytest.raises(ValueError, match=r'MXAMP_OWN_CONV=sometimes: expected 0 .* or all'):
+        own_conv.mode()
+
+
+def _small_graph():
+    """conv_bn (read by a BatchNorm), conv_relu (by a ReLU), conv_nhwc (another layout)."""
+    data = mx.sym.var('data')
+    x = mx.sym.Convolution(data, kernel=(3, 3), pad=(1, 1), num_filter=8, no_bias=True,
+                           name='conv_bn')
+    x = mx.sym.BatchNorm(x, name='bn')
+    x = mx.sym.Convolution(x, kernel=(1, 1), stride=(2, 2), num_filter=4, name='conv_relu')
+    x = mx.sym.Activation(x, act_type='relu')
+    y = mx.sym.transpose(x, axes=(0, 2, 3, 1))
+    y = mx.sym.Convolution(y, kernel=(1, 1), num_filter=4, layout='NHWC', name='conv_nhwc')
+    return mx.sym.Group([x, y])
+
+
+def test_conv_sites_read_shape_context_and_parameters_from_the_graph():
+    sites = own_conv_choice.conv_sites(_small_graph(), {'data': (2, 3, 8, 8)},
+                                       ['conv_bn', 'conv_relu', 'conv_nhwc'], 'bfloat16')
+    by_name = {site.name: site for site in sites}
+    assert sorted(by_name) == ['conv_bn', 'conv_relu']   # NHWC: not the operator's layout
+    assert by_name['conv_bn'].case == ConvCase((2, 3, 8, 8), (3, 3), (1, 1), (1, 1), (1, 1), 8, 1,
+                                               True, 'bfloat16', 'batchnorm')
+    assert by_name['conv_relu'].case == ConvCase((2, 8, 8, 8), (1, 1), (2, 2), (1, 1), (0, 0), 4,
+                                                 1, False, 'bfloat16', 'other')
+    assert by_name['conv_relu'].params == ('conv_relu_weight', 'conv_relu_bias')
+    # Without a data shape nothing is measured, so nothing is eligible.
+    assert own_conv_choice.conv_sites(_small_graph(), {}, ['conv_bn'], 'bfloat16') == []
+    # Only the named ones (those the conversion computes in bfloat16).
+    assert [s.name for s in own_conv_choice.conv_sites(
+        _small_graph(), {'data': (2, 3, 8, 8)}, ['conv_relu'], 'bfloat16')] == ['conv_relu']
+
+
+@runs_own_conv
+def test_the_rewrite_changes_the_chosen_convolutions_and_nothing_else():
+    group = _small_graph()
+    symbol = mx.sym.Group([mx.sym.amp_cast(group[0], dtype='float32'), group[1]])  # casts stay
+    before = json.loads(symbol.tojson(remove_amp_cast=False))['nodes']
+    after = json.loads(own_conv_choice.with_own_convolutions(symbol, ['conv_relu'])
+                       .tojson(remove_amp_cast=False))['nodes']
+    assert len(before) == len(after)
+    for old, new in zip(before, after):
+        expected = own_conv.OP_NAME if old['name'] == 'conv_relu' else old['op']
+        assert (new['op'], new['name'], new['inputs'], new.get('attrs')) == \
+            (expected, old['name'], old['inputs'], old.get('attrs'))
+    assert own_conv_choice.with_own_convolutions(symbol, []) is symbol
+
+
+# --------------------------------------------------------------------------
+# Converted Gluon networks
+
+def _net(seed=3):
+    """Two bfloat16 convolutions (32 channels: every bfloat16 class runs them in bfloat16)."""
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(32, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
+            gluon.nn.Activation('relu'), gluon.nn.Conv2D(32, 3, padding=1),
+            gluon.nn.Activation('relu'), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(10))
+    net.initialize(mx.init.Xavier())
+    mxamp.convert(net, 'bfloat16')
+    net.hybridize()
+    return net
+
+
+def _step(net, x, label):
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(x), label)
+    loss.backward()
+    grads = [mxamp.dtypes.to_float32_numpy(p.grad()) for p in net.collect_params().values()
+             if p.grad_req != 'null']
+    return loss.mean().asscalar(), grads
+
+
+def _own_weights(net):
+    return sorted(name for name in converted_state(net).own_conv_params if name.endswith('weight'))
+
+
+DATA = mx.nd.random.uniform(-1, 1, shape=(4, 32, 12, 12))
+LABEL = mx.nd.array([1, 4, 7, 2])
+
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_everywhere_a_gluon_network_computes_what_it_computes_on_mxnets_kernels(monkeypatch):
+    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    reference = _net()
+    loss, grads = _step(reference, DATA, LABEL)
+    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    net = _net()
+    own_loss, own_grads = _step(net, DATA, LABEL)
+    assert len(_own_weights(net)) == 2 and not _own_weights(reference)
+    text = mxamp.summary(net, print_fn=None)
+    assert text.count(own_conv.OP_NAME) == 2
+    assert "convolutions on mxamp's own oneDNN 3 operator: 2" in text
+    assert own_conv.OP_NAME not in mxamp.summary(reference, print_fn=None)
+    assert abs(own_loss - loss) <= 2 ** -7 * abs(loss)
+    for mine, theirs in zip(own_grads, grads):
+        # Both sum bfloat16 products in FP32, in different orders, and round to bfloat16.
+        assert np.abs(mine - theirs).max() <= 2 ** -6 * np.abs(theirs).max() + 1e-6
+
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_exported_files_keep_mxnets_convolution(monkeypatch, tmp_path):
+    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    net = _net()
+    _step(net, DATA, LABEL)
+    assert _own_weights(net)
+    net.export(str(tmp_path / 'net'))
+    ops = [node['op'] for node in json.load(open(str(tmp_path / 'net-symbol.json')))['nodes']]
+    assert own_conv.OP_NAME not in ops and ops.count('Convolution') == 2
+
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_a_measurement_saying_faster_puts_that_convolution_on_it(monkeypatch, tmp_path):
+    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    net = _net()
+    _step(net, DATA, LABEL)
+    sites = own_conv_choice.conv_sites(*_graph_of(net))
+    assert len(sites) == 2
+    second = [s for s in sites if s.case.context == 'other'][0]
+    klass = converted_state(net).settings.policy('cpu').cpu_class
+    threads = own_conv_choice.running_threads()
+    table = ChoiceTable([Measurement(klass, threads, second.case, 10.0, 5.0),
+                         Measurement(klass, threads + 1, sites[0].case, 10.0, 5.0)])
+    monkeypatch.setenv(own_conv_choice.TABLE_ENV, table.write(str(tmp_path / 't.json')))
+    net = _net()
+    _step(net, DATA, LABEL)
+    # The first convolution was measured at another thread count only: MXNet's.
+    assert second.params[0].endswith('weight')
+    assert _own_weights(net) == [net[3].weight.name]
+
+
+def _graph_of(net):
+    """conv_sites' arguments for `net`'s last graph (built for the CPU)."""
+    conversion, _ = converted_state(net).last_conversion()
+    names = [r.name for r in conversion.nodes
+             if r.op == 'Convolution' and r.computes_in == 'bfloat16']
+    return conversion.symbol, dict(conversion.shapes, data=DATA.shape), names, 'bfloat16'
+
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_a_gradient_added_to_is_never_computed_by_the_own_operator(monkeypatch):
+    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    net = _net()
+    _, once = _step(net, DATA, LABEL)
+    assert len(_own_weights(net)) == 2
+    net.collect_params().setattr('grad_req', 'add')
+    for param in net.collect_params().values():
+        param.zero_grad()
+    _step(net, DATA, LABEL)
+    _, twice = _step(net, DATA, LABEL)
+    assert _own_weights(net) == []
+    for one, two in zip(once, twice):
+        assert np.abs(two - 2 * one).max() <= 2 ** -6 * np.abs(2 * one).max() + 1e-6
+
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_a_network_fused_for_inference_keeps_mxnets_convolution(monkeypatch):
+    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    net = _net()
+    with autograd.predict_mode():
+        expected = net(DATA).asnumpy()
+    mxamp.for_inference(net, DATA)
+    assert _own_weights(net) == []
+    got = net(DATA).asnumpy()
+    assert np.abs(got - expected).max() <= 0.05 * np.abs(expected).max()
+
+
+@pytest.mark.slow
+@runs_own_conv
+@needs_bfloat16_compute
+def test_a_resnet_trains_on_the_own_operator_as_on_mxnets(monkeypatch):
+    """Loss curves side by side: 30 SGD steps of a small ResNet, same data, same start."""
+    from mxnet.gluon.model_zoo.vision import get_resnet
+    rng = np.random.RandomState(0)
+    # A task it can learn in 30 steps: each class is a fixed pattern under noise.
+    patterns = rng.uniform(-1, 1, size=(10, 3, 16, 16))
+    classes = rng.randint(0, 10, size=(8, 16))
+    images = mx.nd.array(patterns[classes] + rng.normal(0, 0.5, size=(8, 16, 3, 16, 16)))
+    labels = mx.nd.array(classes)
+    curves = {}
+    for mode in ('0', 'all'):
+        monkeypatch.setenv('MXAMP_OWN_CONV', mode)
+        mx.random.seed(7)
+        net = get_resnet(1, 18, classes=10, thumbnail=True)
+        net.initialize(mx.init.Xavier())
+        mxamp.convert(net, 'bfloat16')
+        net.hybridize()
+        trainer = mxamp.Trainer(net.collect_params(), 'sgd',
+                                {'learning_rate': 0.02, 'momentum': 0.9})
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        curve = []
+        for step in range(30):
+            x, y = images[step % 8], labels[step % 8]
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            trainer.step(16)
+            curve.append(loss.mean().asscalar())
+        curves[mode] = np.array(curve)
+        if mode == 'all':
+            assert len(_own_weights(net)) >= 16   # every 64-channel-or-wider convolution
+    mxnet_curve, own_curve = curves['0'], curves['all']
+    print('loss, MXNet kernels:', np.round(mxnet_curve, 3))
+    print('loss, own operator: ', np.round(own_curve, 3))
+    # The first steps agree closely; later, bfloat16 rounding in different places lets the
+    # two runs (like any two runs) take different paths to the same place.
+    assert np.all(np.abs(own_curve[:4] - mxnet_curve[:4]) <= 0.1 * mxnet_curve[:4])
+    for curve in (mxnet_curve, own_curve):
+        assert curve[-10:].mean() < 0.2 * curve[0]
+
+
+# --------------------------------------------------------------------------
+# Measuring, and the command that does it
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_measure_times_both_sides_of_a_case():
+    case = CASE._replace(data_shape=(2, 32, 8, 8), num_filter=32)
+    measured, = own_conv_choice.measure([case], repeats=2, warmup=1, progress=False)
+    assert measured.case == case
+    assert measured.threads == own_conv_choice.running_threads() > 0
+    assert measured.cpu_class == mxamp.hardware.cpu_class()
+    assert 0 < measured.mxnet_ms < 10000 and 0 < measured.own_ms < 10000
+
+
+def _symbol_file(tmp_path):
+    data = mx.sym.var('data')
+    x = mx.sym.Convolution(data, kernel=(3, 3), pad=(1, 1), num_filter=32, no_bias=True,
+                           name='conv0')
+    x = mx.sym.BatchNorm(x, name='bn0')
+    x = mx.sym.Activation(x, act_type='relu')
+    x = mx.sym.Convolution(x, kernel=(1, 1), num_filter=32, name='conv1')
+    path = str(tmp_path / 'net-symbol.json')
+    mx.sym.Activation(x, act_type='relu').save(path)
+    return path
+
+
+def _measure_conv(capsys, *argv):
+    status = cli.main(['measure-conv'] + list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@runs_own_conv
+@needs_bfloat16_compute
+def test_measure_conv_writes_and_merges_the_table(tmp_path, capsys):
+    symbol = _symbol_file(tmp_path)
+    table = str(tmp_path / 'table.json')
+    status, out, err = _measure_conv(capsys, symbol, '--input-shape', 'data=2,32,8,8', '-o', table,
+                                     '--repeats', '2')
+    assert status == 0, err
+    assert 'conv0' in out and 'conv1' in out and 'wrote %s' % table in out
+    assert len(ChoiceTable.read(table)) == 2
+    status, _, err = _measure_conv(capsys, symbol, '--input-shape', 'data=4,32,8,8', '-o', table,
+                                   '--repeats', '1')
+    assert status == 0, err
+    assert len(ChoiceTable.read(table)) == 4   # another batch: two more cases
+
+
+def test_measure_conv_refuses_bad_input_in_one_line(tmp_path, capsys):
+    symbol = _symbol_file(tmp_path)
+    table = str(tmp_path / 'table.json')
+    for argv, says in [
+            ([symbol, '--input-shape', 'image=2,32,8,8', '-o', table], 'no input of that name'),
+            ([symbol, '--input-shape', 'data=2,32,8,8', '-o', table, '--repeats', '0'],
+             '--repeats 0'),
+            ([str(tmp_path / 'missing-symbol.json'), '--input-shape', 'data=2,32,8,8', '-o',
+              table], 'does not exist')]:
+        status, out, err = _measure_conv(capsys, *argv)
+        assert status == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not os.path.exists(table)
