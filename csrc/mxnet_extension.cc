@@ -1,6 +1,8 @@
-// MXNet 1.9.1 extension library (mx.library.load) registering mxamp's own convolution.
+// MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers one operator, "_mxamp_convolution", with the attributes of MXNet's Convolution
+// Registers two operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
+// "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
 // workspace, cudnn_tune and cudnn_off accepted and ignored) and its gradient
 // "_backward__mxamp_convolution", whose inputs MXNet fixes as (output gradient, data, weight,
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "master_weights.h"
 #include "mxnet_lib_api_v11.h"
 #include "onednn_conv.h"
 
@@ -30,7 +33,8 @@ namespace {
 
 using mxamp::ConvSpec;
 
-constexpr const char* kOpName = "_mxamp_convolution";
+constexpr const char* kConvOpName = "_mxamp_convolution";
+constexpr const char* kFollowOpName = "_mxamp_follow_weight";
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
 // after the failing call.
@@ -141,9 +145,11 @@ Attributes parse_attributes(const char* const* keys, const char* const* vals, in
   return a;
 }
 
-// Every pointer of one _opCallFCompute call that the convolution uses.
+// Every pointer of one _opCallFCompute call that the operators use.
 struct Call {
-  Attributes attributes;
+  const char* const* keys;
+  const char* const* vals;
+  int num;
   const int64_t** inshapes;
   int* indims;
   void** indata;
@@ -178,11 +184,12 @@ void check_one_type(const int* types, int count) {
 }
 
 int compute_forward(const Call& c) {
-  const int n = c.attributes.num_inputs();
+  const Attributes attributes = parse_attributes(c.keys, c.vals, c.num);
+  const int n = attributes.num_inputs();
   if (c.num_in != n || c.num_out != 1)
     throw std::invalid_argument("expected " + std::to_string(n) + " inputs and 1 output");
   check_one_type(c.intypes, n);
-  const ConvSpec spec = c.attributes.spec(c.inshapes[0], c.indims[0], c.intypes[0]);
+  const ConvSpec spec = attributes.spec(c.inshapes[0], c.indims[0], c.intypes[0]);
   check_same_shape("weight", c.inshapes[1], c.indims[1], spec.weight_shape());
   if (!spec.no_bias) check_same_shape("bias", c.inshapes[2], c.indims[2], {spec.num_filter});
   check_same_shape("output", c.outshapes[0], c.outdims[0], spec.output_shape());
@@ -193,13 +200,14 @@ int compute_forward(const Call& c) {
 }
 
 int compute_backward(const Call& c) {
-  const int n = c.attributes.num_inputs();
+  const Attributes attributes = parse_attributes(c.keys, c.vals, c.num);
+  const int n = attributes.num_inputs();
   // MXNet's gradient node: inputs (output gradient, forward inputs..., forward output).
   if (c.num_in != n + 2 || c.num_out != n)
     throw std::invalid_argument("expected " + std::to_string(n + 2) + " inputs and " +
                                 std::to_string(n) + " outputs");
   check_one_type(c.intypes, n + 1);
-  const ConvSpec spec = c.attributes.spec(c.inshapes[1], c.indims[1], c.intypes[1]);
+  const ConvSpec spec = attributes.spec(c.inshapes[1], c.indims[1], c.intypes[1]);
   check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.output_shape());
   check_same_shape("weight", c.inshapes[2], c.indims[2], spec.weight_shape());
   mxamp::BackwardArrays arrays = {c.indata[0], c.indata[1], c.indata[2], c.outdata[0],
@@ -208,8 +216,9 @@ int compute_backward(const Call& c) {
   return 1;
 }
 
-int parse_counts(const Attributes& a, int* num_in, int* num_out) {
-  *num_in = a.num_inputs();
+int parse_counts(const char* const* keys, const char* const* vals, int num, int* num_in,
+                 int* num_out) {
+  *num_in = parse_attributes(keys, vals, num).num_inputs();
   *num_out = 1;
   return 1;
 }
@@ -230,9 +239,10 @@ unsigned int* copy_shape(const std::vector<int64_t>& shape) {
 
 // Weight and bias shapes from the data shape (MXNet gives unknown ones as ndim <= 0), and the
 // output shape.
-int infer_shape(const Attributes& a, unsigned int** inshapes, int* indims, int num_in,
-                unsigned int*** mod_inshapes, int** mod_indims, unsigned int*** outshapes,
-                int** outdims, int num_out) {
+int infer_shape(const char* const* keys, const char* const* vals, int num,
+                unsigned int** inshapes, int* indims, int num_in, unsigned int*** mod_inshapes,
+                int** mod_indims, unsigned int*** outshapes, int** outdims, int num_out) {
+  const Attributes a = parse_attributes(keys, vals, num);
   if (num_in != a.num_inputs() || num_out != 1)
     throw std::invalid_argument("expected " + std::to_string(a.num_inputs()) + " inputs");
   if (indims[0] != static_cast<int>(a.kernel.size()) + 2)
@@ -270,7 +280,9 @@ int infer_shape(const Attributes& a, unsigned int** inshapes, int* indims, int n
 }
 
 // One data type for data, weight, bias and output, from whichever is known.
-int infer_type(const Attributes&, int* intypes, int num_in, int* outtypes, int num_out) {
+int infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+               int num_in, int* outtypes, int num_out) {
+  parse_attributes(keys, vals, num);
   int known = -1;
   for (int i = 0; i < num_in; ++i) {
     if (intypes[i] < 0) continue;
@@ -289,17 +301,104 @@ int infer_type(const Attributes&, int* intypes, int num_in, int* outtypes, int n
   return 1;
 }
 
-// The functions MXNet gets for the operator and passes back on each call, in their real types.
-typedef int (*RawParse)(const Attributes&, int* num_in, int* num_out);
-typedef int (*RawInferShape)(const Attributes&, unsigned int**, int*, int, unsigned int***,
-                             int**, unsigned int***, int**, int);
-typedef int (*RawInferType)(const Attributes&, int*, int, int*, int);
+// _mxamp_follow_weight: (master float32, weight bfloat16) -> master float32, same shape.
+void check_no_attributes(const char* const* keys, const char* const* vals, int num) {
+  for (int i = 0; i < num; ++i) {
+    if (std::strncmp(keys[i], "__", 2) != 0)
+      throw std::invalid_argument(std::string(kFollowOpName) + " takes no attribute (got " +
+                                  keys[i] + "=" + vals[i] + ")");
+  }
+}
+
+int follow_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                 int* num_out) {
+  check_no_attributes(keys, vals, num);
+  *num_in = 2;
+  *num_out = 1;
+  return 1;
+}
+
+int follow_infer_shape(const char* const*, const char* const*, int, unsigned int** inshapes,
+                       int* indims, int num_in, unsigned int*** mod_inshapes, int** mod_indims,
+                       unsigned int*** outshapes, int** outdims, int num_out) {
+  if (num_in != 2 || num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  const int known = indims[0] > 0 ? 0 : indims[1] > 0 ? 1 : -1;
+  if (known < 0) throw std::invalid_argument("the shapes of master and weight are unknown");
+  const std::vector<int64_t> shape(inshapes[known], inshapes[known] + indims[known]);
+  if (indims[1 - known] > 0) {
+    const std::vector<int64_t> other(inshapes[1 - known], inshapes[1 - known] + indims[1 - known]);
+    check_same_shape(known == 0 ? "weight" : "master", other.data(), indims[1 - known], shape);
+  }
+  *mod_indims = allocate<int>(2);
+  *mod_inshapes = allocate<unsigned int*>(2);
+  for (int i = 0; i < 2; ++i) {
+    (*mod_indims)[i] = static_cast<int>(shape.size());
+    (*mod_inshapes)[i] = copy_shape(shape);
+  }
+  *outdims = allocate<int>(1);
+  *outshapes = allocate<unsigned int*>(1);
+  (*outdims)[0] = static_cast<int>(shape.size());
+  (*outshapes)[0] = copy_shape(shape);
+  return 1;
+}
+
+int follow_infer_type(const char* const*, const char* const*, int, int* intypes, int num_in,
+                      int* outtypes, int num_out) {
+  if (num_in != 2 || num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  if ((intypes[0] >= 0 && intypes[0] != mxamp::kFlagFloat32) ||
+      (intypes[1] >= 0 && intypes[1] != mxamp::kFlagBFloat16))
+    throw std::invalid_argument(std::string(kFollowOpName) +
+                                " takes a float32 master and a bfloat16 weight (type flags " +
+                                std::to_string(intypes[0]) + " and " +
+                                std::to_string(intypes[1]) + ")");
+  intypes[0] = outtypes[0] = mxamp::kFlagFloat32;
+  intypes[1] = mxamp::kFlagBFloat16;
+  return 1;
+}
+
+int follow_compute(const Call& c) {
+  if (c.num_in != 2 || c.num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  check_no_attributes(c.keys, c.vals, c.num);
+  if (c.intypes[0] != mxamp::kFlagFloat32 || c.intypes[1] != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("expected a float32 master and a bfloat16 weight");
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  check_same_shape("weight", c.inshapes[1], c.indims[1], shape);
+  check_same_shape("output", c.outshapes[0], c.outdims[0], shape);
+  size_t count = 1;
+  for (int64_t d : shape) count *= static_cast<size_t>(d);
+  mxamp::follow_bfloat16_weight(static_cast<const float*>(c.indata[0]),
+                                static_cast<const uint16_t*>(c.indata[1]),
+                                static_cast<float*>(c.outdata[0]), count);
+  return 1;
+}
+
+// The functions MXNet gets for an operator and passes back on each call, in their real types.
+typedef int (*RawParse)(const char* const*, const char* const*, int, int* num_in, int* num_out);
+typedef int (*RawInferShape)(const char* const*, const char* const*, int, unsigned int**, int*,
+                             int, unsigned int***, int**, unsigned int***, int**, int);
+typedef int (*RawInferType)(const char* const*, const char* const*, int, int*, int, int*, int);
 typedef int (*RawCompute)(const Call&);
 
-const char* forward_ctx[] = {"cpu"};
-const char* backward_ctx[] = {"cpu"};
-mxnet::ext::fcomp_t forward_fp[] = {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_forward)};
-mxnet::ext::fcomp_t backward_fp[] = {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_backward)};
+// One registered operator: its name and functions.  No backward: MXNet registers no gradient.
+struct Operator {
+  const char* name;
+  RawParse parse;
+  RawInferShape infer_shape;
+  RawInferType infer_type;
+  mxnet::ext::fcomp_t forward[1];
+  mxnet::ext::fcomp_t backward[1];
+  int backward_count;
+};
+
+const char* cpu_only[] = {"cpu"};
+Operator operators[] = {
+    {kConvOpName, &parse_counts, &infer_shape, &infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_backward)}, 1},
+    {kFollowOpName, &follow_parse, &follow_infer_shape, &follow_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&follow_compute)}, {nullptr}, 0},
+};
+constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 
 }  // namespace
 
@@ -321,9 +420,9 @@ int _msgSize() { return last_error.empty() ? 0 : 1; }
 
 void _msgGet(int, const char** msg) { *msg = last_error.c_str(); }
 
-int _opRegSize() { return 1; }
+int _opRegSize() { return kOperatorCount; }
 
-void _opRegGet(int, const char** name, int* isSGop, const char*** forward_ctx_out,
+void _opRegGet(int index, const char** name, int* isSGop, const char*** forward_ctx_out,
                mxnet::ext::fcomp_t** forward_fp_out, int* forward_count,
                const char*** backward_ctx_out, mxnet::ext::fcomp_t** backward_fp_out,
                int* backward_count, const char*** create_op_ctx,
@@ -331,20 +430,21 @@ void _opRegGet(int, const char** name, int* isSGop, const char*** forward_ctx_ou
                mxnet::ext::parseAttrs_t* parse, mxnet::ext::inferType_t* type,
                mxnet::ext::inferSType_t* stype, mxnet::ext::inferShape_t* shape,
                mxnet::ext::mutateInputs_t* mutate) {
-  *name = kOpName;
+  Operator& op = operators[index];
+  *name = op.name;
   *isSGop = 0;
-  *forward_ctx_out = forward_ctx;
-  *forward_fp_out = forward_fp;
+  *forward_ctx_out = cpu_only;
+  *forward_fp_out = op.forward;
   *forward_count = 1;
-  *backward_ctx_out = backward_ctx;
-  *backward_fp_out = backward_fp;
-  *backward_count = 1;
+  *backward_ctx_out = cpu_only;
+  *backward_fp_out = op.backward;
+  *backward_count = op.backward_count;
   *create_op_ctx = nullptr;
   *create_op_fp = nullptr;
   *create_op_count = 0;
-  *parse = reinterpret_cast<mxnet::ext::parseAttrs_t>(&parse_counts);
-  *type = reinterpret_cast<mxnet::ext::inferType_t>(&infer_type);
-  *shape = reinterpret_cast<mxnet::ext::inferShape_t>(&infer_shape);
+  *parse = reinterpret_cast<mxnet::ext::parseAttrs_t>(op.parse);
+  *type = reinterpret_cast<mxnet::ext::inferType_t>(op.infer_type);
+  *shape = reinterpret_cast<mxnet::ext::inferShape_t>(op.infer_shape);
   *stype = nullptr;  // MXNet's default: dense arrays only
   *mutate = nullptr;
 }
@@ -355,8 +455,7 @@ int _opCallParseAttrs(mxnet::ext::parseAttrs_t parseAttrs, const char* const* ke
                       const char* const* vals, int num, int* num_in, int* num_out) {
   last_error.clear();
   try {
-    return reinterpret_cast<RawParse>(parseAttrs)(parse_attributes(keys, vals, num), num_in,
-                                                  num_out);
+    return reinterpret_cast<RawParse>(parseAttrs)(keys, vals, num, num_in, num_out);
   } catch (const std::exception& e) {
     return fail(e.what());
   }
@@ -368,9 +467,9 @@ int _opCallInferShape(mxnet::ext::inferShape_t inferShape, const char* const* ke
                       unsigned int*** outshapes, int** outdims, int num_out) {
   last_error.clear();
   try {
-    return reinterpret_cast<RawInferShape>(inferShape)(parse_attributes(keys, vals, num),
-                                                       inshapes, indims, num_in, mod_inshapes,
-                                                       mod_indims, outshapes, outdims, num_out);
+    return reinterpret_cast<RawInferShape>(inferShape)(keys, vals, num, inshapes, indims, num_in,
+                                                       mod_inshapes, mod_indims, outshapes,
+                                                       outdims, num_out);
   } catch (const std::exception& e) {
     return fail(e.what());
   }
@@ -381,15 +480,15 @@ int _opCallInferType(mxnet::ext::inferType_t inferType, const char* const* keys,
                      int num_out) {
   last_error.clear();
   try {
-    return reinterpret_cast<RawInferType>(inferType)(parse_attributes(keys, vals, num), intypes,
-                                                     num_in, outtypes, num_out);
+    return reinterpret_cast<RawInferType>(inferType)(keys, vals, num, intypes, num_in, outtypes,
+                                                     num_out);
   } catch (const std::exception& e) {
     return fail(e.what());
   }
 }
 int _opCallInferSType(mxnet::ext::inferSType_t, const char* const*, const char* const*, int,
                       int*, int, int*, int) {
-  return fail("mxamp's convolution registers no storage-type function");
+  return fail("mxamp's operators register no storage-type function");
 }
 
 int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const char* const* vals,
@@ -404,9 +503,9 @@ int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const ch
   try {
     for (int i = 0; i < num_in; ++i) {
       if (std::strcmp(indev_type[i], "cpu") != 0 || instypes[i] != 0)
-        throw std::invalid_argument("mxamp's convolution takes dense CPU arrays only");
+        throw std::invalid_argument("mxamp's operators take dense CPU arrays only");
     }
-    Call call = {parse_attributes(keys, vals, num), inshapes, indims, indata, intypes, num_in,
+    Call call = {keys, vals, num, inshapes, indims, indata, intypes, num_in,
                  outshapes, outdims, outdata, num_out,
                  [cpu_malloc, cpu_alloc](size_t bytes) -> void* {
                    if (bytes > static_cast<size_t>(INT32_MAX))
@@ -423,12 +522,12 @@ int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const ch
 
 int _opCallMutateInputs(mxnet::ext::mutateInputs_t, const char* const*, const char* const*, int,
                         int**, int*) {
-  return fail("mxamp's convolution mutates no input");
+  return fail("mxamp's operators mutate no input");
 }
 
 int _opCallCreateOpState(mxnet::ext::createOpState_t, const char* const*, const char* const*, int,
                          const char*, int, unsigned int**, int*, int, const int*, void**) {
-  return fail("mxamp's convolution is stateless");
+  return fail("mxamp's operators are stateless");
 }
 
 void _opCallDestroyOpState(void*) {}
@@ -439,7 +538,7 @@ int _opCallFStatefulCompute(int, void*, const int64_t**, int*, void**, int*, siz
                             mxnet::ext::xpu_malloc_t, void*, void*, mxnet::ext::sparse_malloc_t,
                             void*, int*, int*, void**, void**, void**, void**, int64_t*, int64_t*,
                             int64_t*, int64_t*, void*, void*) {
-  return fail("mxamp's convolution is stateless");
+  return fail("mxamp's operators are stateless");
 }
 
 // No partitioners and no graph passes; MXNet looks these up all the same.

@@ -57,7 +57,8 @@ touched keep their full FP32 master value.  A changed weight restarts from its
 low-precision value (what the weight holds; the FP32 digits below it are not
 recoverable from it): to restore a master copy exactly, load the trainer's
 states saved with the parameters.  The check is five memory-bound
-elementwise passes per weight, no host sync (docs/training.rst, "Changing the
+elementwise passes per weight, or one native pass for bfloat16 weights on a
+CPU, no host sync (docs/training.rst, "Changing the
 weights during training", has its cost on ResNet-50); ``follow_weights=False`` turns
 it off for loops that never change weights outside the optimizer.
 """
@@ -65,6 +66,7 @@ it off for loops that never change weights outside the optimizer.
 # servers import (see MultiPrecision: they run inside `import mxnet`).
 from __future__ import annotations
 
+import os
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Type, Union
 
@@ -297,8 +299,11 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     elementwise passes (the master narrowed and widened back, the weight
     widened, compared, selected), about 46 bytes of memory traffic per value:
     on ResNet-50 v1 (25.5M values, 2 cores) 1.27 s per step on an AVX2 AMD
-    EPYC (9.2% of a batch-16 bfloat16 step) and 0.13 s on an AMX Xeon (10-12%
-    of its 1.2 s step; docs/training.rst, "Changing the weights during training").
+    EPYC (9.2% of a batch-16 bfloat16 step) and 0.11 s on an AMX Xeon (11%
+    of its 1.0 s step).  A bfloat16 weight on the CPU takes one vectorised
+    pass of mxamp's native library instead, with the same result
+    (`mxamp.own_conv.follow_bfloat16_weight`; 38 ms, 4% of the step, on that
+    Xeon; docs/training.rst, "Changing the weights during training").
 
     Parameters
     ----------
@@ -309,12 +314,30 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     """
     if weight.stype != 'default':
         return   # mxamp stores no sparse weight in low precision
+    if _follows_natively(master, weight):
+        from . import own_conv
+        own_conv.follow_bfloat16_weight(master, weight)
+        return
     # Compared in FP32: MXNet's float16/bfloat16 comparisons convert element by
     # element, slower than the two widening casts (measured).  _equal is the
     # elementwise comparison, without the broadcast kernel of ``==``.
     seen = amp_cast(weight, np.float32)
     written = widen(amp_cast(master, weight.dtype))
     mx.ndarray.where(mx.ndarray._internal._equal(seen, written), master, seen, out=master)
+
+
+def _follows_natively(master, weight):
+    """Whether mxamp's native one-pass kernel can follow `weight` (see `follow_weight`).
+
+    bfloat16 weights on the CPU, in a worker process with the library loaded.
+    Not on a kvstore server: it runs inside ``import mxnet`` (see MultiPrecision), where
+    mxamp's package, and with it the library, is never imported.
+    """
+    if weight.dtype != BFLOAT16 or weight.context.device_type != 'cpu' or \
+            master.context != weight.context or os.environ.get('DMLC_ROLE', 'worker') != 'worker':
+        return False
+    from . import own_conv
+    return own_conv.available()
 
 
 def _restore_mixed(base):

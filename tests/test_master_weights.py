@@ -18,6 +18,7 @@ from mxnet.gluon import nn
 
 import mxamp
 from mxamp import optimizer as mo
+from mxamp import own_conv
 from mxamp.dtypes import cast, to_float32_numpy
 
 DTYPES = ['float16', 'bfloat16']
@@ -216,6 +217,57 @@ def test_follow_weight_restarts_only_the_changed_elements():
     weight[1] = 7.0                                  # the user's change
     mo.follow_weight(master, weight)
     assert np.array_equal(master.asnumpy(), np.float32([1.0001, 7.0, -3.0, 0.5]))
+
+
+def _follow_with_mxnet_ops(master, weight, monkeypatch):
+    """follow_weight's elementwise path (what runs without mxamp's native library)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(mo, '_follows_natively', lambda master, weight: False)
+        mo.follow_weight(master, weight)
+
+
+@pytest.mark.skipif(not own_conv.available(),
+                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+def test_the_native_follow_gives_what_the_elementwise_ops_give(monkeypatch):
+    rng = np.random.RandomState(0)
+    values = rng.normal(size=20000).astype(np.float32)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 3.4e38, -3.4e38,
+               1 + 2 ** -8, 1 + 3 * 2 ** -8, 1.00390625, 2 ** -126, -2 ** -127]
+    values[:len(special)] = special
+    master = mx.nd.array(values)
+    changed = to_float32_numpy(cast(master, 'bfloat16'))
+    touched = rng.choice(len(values), 300, replace=False)
+    changed[touched] = rng.normal(size=300)
+    changed[0], changed[1], changed[2] = -0.0, np.nan, 5.0   # sign of zero, NaN, inf replaced
+    weight = cast(mx.nd.array(changed), 'bfloat16')
+    assert mo._follows_natively(master, weight)
+    native, elementwise = master.copy(), master.copy()
+    mo.follow_weight(native, weight)
+    _follow_with_mxnet_ops(elementwise, weight, monkeypatch)
+    got, expected = native.asnumpy(), elementwise.asnumpy()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)) or \
+        np.array_equal(got, expected, equal_nan=True)
+    assert 300 <= (got != values).sum() <= 310
+
+
+def test_the_native_follow_is_for_bfloat16_on_the_cpu_in_a_worker(monkeypatch):
+    master = mx.nd.ones((4,))
+    assert not mo._follows_natively(master, cast(master, 'float16'))
+    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    assert not mo._follows_natively(master, cast(master, 'bfloat16'))
+    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    monkeypatch.setenv('DMLC_ROLE', 'server')
+    assert not mo._follows_natively(master, cast(master, 'bfloat16'))
+
+
+@pytest.mark.skipif(not own_conv.available(),
+                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+def test_the_native_follow_refuses_arrays_that_do_not_match():
+    master = mx.nd.ones((4,))
+    with pytest.raises(mx.base.MXNetError, match='weight has shape'):
+        own_conv.follow_bfloat16_weight(master, cast(mx.nd.ones((5,)), 'bfloat16'))
+    with pytest.raises(mx.base.MXNetError, match='float32 master and a bfloat16 weight'):
+        own_conv.follow_bfloat16_weight(master, cast(master, 'float16'))
 
 
 def test_follow_weights_false_keeps_the_old_behaviour():
