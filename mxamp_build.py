@@ -37,10 +37,13 @@ NATIVE_PACKAGE_DIR = os.path.join('mxamp', '_native')
 HEADERS_DISTRIBUTION = 'onednn-devel-cpu-gomp'
 LIBRARY_DISTRIBUTION = 'onednn-cpu-gomp'
 ONEDNN_SONAME = 'libdnnl.so.3'
-COMPILE_FLAGS = ('-std=c++14', '-O2', '-fPIC', '-fvisibility=hidden', '-DNDEBUG', '-Wall')
+# -fopenmp: the master-weight kernel's loop runs on the calling thread's OpenMP team, in the
+# GNU OpenMP runtime MXNet and oneDNN's wheel use (one libgomp.so.1 in the process).
+COMPILE_FLAGS = ('-std=c++14', '-O2', '-fPIC', '-fvisibility=hidden', '-DNDEBUG', '-Wall',
+                 '-fopenmp')
 # -z defs: every symbol resolved at link time (against oneDNN's real library), not at the
 # first call.  No rpath: mxamp.own_conv loads libdnnl.so.3 by path before this library.
-LINK_FLAGS = ('-shared', '-Wl,-z,defs', '-Wl,--as-needed')
+LINK_FLAGS = ('-shared', '-fopenmp', '-Wl,-z,defs', '-Wl,--as-needed')
 
 
 class NotBuilt(Exception):

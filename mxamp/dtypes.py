@@ -33,7 +33,7 @@ import mxnet as mx
 from . import hardware
 
 __all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'NUMPY_BFLOAT16', 'amp_cast',
-           'cast', 'cast_into', 'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype',
+           'bfloat16_casts_round_to_even', 'cast', 'cast_into', 'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype',
            'param_precision', 'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy',
            'type_flag', 'widen']
 
@@ -182,6 +182,18 @@ def _generic_cast(array, dtype, out=None):
     truncate = _truncate_to_bfloat16()
     residual = array - mx.ndarray.Cast(truncate(array), dtype='float32')
     return truncate(array + residual, out=out)
+
+
+def bfloat16_casts_round_to_even() -> bool:
+    """Whether this process narrows float32 to bfloat16 to nearest, ties to even.
+
+    True where :func:`amp_cast` and :func:`cast_into` run oneDNN's reorders;
+    False on CPUs whose bfloat16 reorders are reference loops, where MXNet's
+    generic ``Cast`` stands in and exact ties round away from zero (see
+    :func:`_generic_cast`).  Code that recomputes a cast's result must round
+    as the cast did.
+    """
+    return not _reference_bfloat16_reorders()
 
 
 def _generic_applies(source, target):

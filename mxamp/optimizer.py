@@ -75,7 +75,7 @@ import numpy as np
 import mxnet as mx
 
 from . import kvkeys
-from .dtypes import BFLOAT16, amp_cast, cast_into, widen
+from .dtypes import BFLOAT16, amp_cast, bfloat16_casts_round_to_even, cast_into, widen
 
 if TYPE_CHECKING:
     # For the checker, MultiPrecision is the optimizer it is mixed into (untyped
@@ -301,9 +301,10 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     on ResNet-50 v1 (25.5M values, 2 cores) 1.27 s per step on an AVX2 AMD
     EPYC (9.2% of a batch-16 bfloat16 step) and 0.11 s on an AMX Xeon (11%
     of its 1.0 s step).  A bfloat16 weight on the CPU takes one vectorised
-    pass of mxamp's native library instead, with the same result
-    (`mxamp.own_conv.follow_bfloat16_weight`; 38 ms, 4% of the step, on that
-    Xeon; docs/training.rst, "Changing the weights during training").
+    pass of mxamp's native library instead, with the same result, where the
+    casts round to nearest even (`mxamp.own_conv.follow_bfloat16_weight`;
+    29 ms, 3% of the step, on that Xeon; docs/training.rst, "Changing the
+    weights during training").
 
     Parameters
     ----------
@@ -329,12 +330,16 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
 def _follows_natively(master, weight):
     """Whether mxamp's native one-pass kernel can follow `weight` (see `follow_weight`).
 
-    bfloat16 weights on the CPU, in a worker process with the library loaded.
-    Not on a kvstore server: it runs inside ``import mxnet`` (see MultiPrecision), where
+    bfloat16 weights on the CPU, in a worker process with the library loaded,
+    where the casts that wrote the weights round to nearest even as the kernel
+    does (not where MXNet's generic ``Cast`` stands in for them: its ties round
+    away from zero, and the kernel would restart those masters).  Not on a
+    kvstore server: it runs inside ``import mxnet`` (see MultiPrecision), where
     mxamp's package, and with it the library, is never imported.
     """
     if weight.dtype != BFLOAT16 or weight.context.device_type != 'cpu' or \
-            master.context != weight.context or os.environ.get('DMLC_ROLE', 'worker') != 'worker':
+            master.context != weight.context or os.environ.get('DMLC_ROLE', 'worker') != 'worker' \
+            or not bfloat16_casts_round_to_even():
         return False
     from . import own_conv
     return own_conv.available()

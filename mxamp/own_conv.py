@@ -350,9 +350,9 @@ def follow_bfloat16_weight(master: mx.nd.NDArray, weight: mx.nd.NDArray) -> None
     """`master` restarts from `weight` wherever `weight` no longer holds `master` rounded.
 
     The arithmetic of `mxamp.optimizer.follow_weight` for a float32 `master`
-    and a bfloat16 `weight` on the CPU, in one vectorised pass that reads 6
-    bytes per value and writes 4 (MXNet's elementwise ops take five passes,
-    about 46 bytes).  Rounding to nearest, ties to even, as ``amp_cast``;
+    and a bfloat16 `weight` on the CPU, in one vectorised pass on the calling
+    thread's OpenMP team that reads 6 bytes per value and writes 4 (MXNet's
+    elementwise ops take five passes, about 46 bytes).  Rounding to nearest, ties to even, as ``amp_cast``;
     compared as floats (-0 equals +0, NaN equals nothing).  Asynchronous, in
     place; `weight` may hold a oneDNN layout (MXNet reorders it for the call).
 
