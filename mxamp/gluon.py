@@ -607,7 +607,11 @@ def _runtime_graph(block, symbol, args):
     device = _device_type(args) or _params_device_type(block)
     cached = state.conversion_for(device)
     if block._backend is not None or device != 'cpu' or cached is None or \
-            cached[1].dtype != 'bfloat16' or own_conv_choice.own_conv.mode() == 'off':
+            cached[1].dtype != 'bfloat16':
+        return symbol
+    cpu_class = state.settings.policy(device).cpu_class
+    threads = own_conv_choice.running_threads()
+    if not own_conv_choice.may_choose(cpu_class, threads):
         return symbol
     conversion = cached[1]
     names = [record.name for record in conversion.nodes
@@ -621,7 +625,7 @@ def _runtime_graph(block, symbol, args):
     params = block.collect_params()
     sites = own_conv_choice.conv_sites(symbol, shapes, names, 'bfloat16')
     chosen = own_conv_choice.choose(
-        sites, state.settings.policy(device).cpu_class, own_conv_choice.running_threads(),
+        sites, cpu_class, threads,
         lambda name: name not in params or params[name].grad_req != 'add')
     state.own_conv_nodes = frozenset(site.name for site in chosen)
     state.own_conv_params = frozenset(p for site in chosen for p in site.params)

@@ -52,7 +52,7 @@ from .atomic_files import replaced_on_success
 
 __all__ = ['CONTEXTS', 'FASTER_BY', 'TABLE_ENV', 'ConvCase', 'ConvSite', 'Measurement',
            'ChoiceTable', 'shipped_table_path', 'table', 'running_threads', 'conv_sites',
-           'choose', 'with_own_convolutions', 'measure', 'measure_symbol', 'notes_for_table']
+           'may_choose', 'choose', 'with_own_convolutions', 'measure', 'measure_symbol', 'notes_for_table']
 
 #: What reads a convolution's output, as the table tells cases apart: ``'batchnorm'``
 #: (a BatchNorm, which runs a slower kernel on a plain bfloat16 array) or ``'other'``.
@@ -345,6 +345,20 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     return sites
 
 
+def may_choose(cpu_class: str, threads: int) -> bool:
+    """Whether :func:`choose` can choose anything on this class at this thread count.
+
+    Cheap (no graph is read, the library is not loaded): False when
+    ``MXAMP_OWN_CONV`` is ``0``, or when it is the measured choice and no
+    measurement of this class and thread count found the operator faster.
+    """
+    mode = own_conv.mode()
+    if mode == 'off':
+        return False
+    return mode == 'all' or any(m.own_is_faster and m.cpu_class == cpu_class and
+                                m.threads == threads for m in table())
+
+
 def choose(sites: Iterable[ConvSite], cpu_class: str, threads: int,
            writes_gradient: Callable[[str], bool]) -> List[ConvSite]:
     """The sites that run on the own operator here (see the module's rule).
@@ -530,11 +544,39 @@ def measure_symbol(symbol: mx.sym.Symbol, input_shapes: Mapping[str, Sequence[in
     return measure(list(by_case), repeats=repeats, progress=progress), by_case
 
 
+def describe() -> str:
+    """One line for ``mxamp info``: which convolutions run on the own operator here.
+
+    Example
+    -------
+    >>> print(mxamp.own_conv_choice.describe())  # doctest: +ELLIPSIS
+    own convolution choice: ...
+    """
+    try:
+        mode = own_conv.mode()
+        if mode == 'off':
+            return "own convolution choice: none, MXNet's everywhere (MXAMP_OWN_CONV=0)"
+        if mode == 'all':
+            return ('own convolution choice: every eligible bfloat16 convolution '
+                    '(MXAMP_OWN_CONV=all)')
+        cpu_class, threads = hardware.cpu_class(), running_threads()
+        here = [m for m in table() if m.cpu_class == cpu_class and m.threads == threads]
+    except ValueError as error:
+        return 'own convolution choice: unknown, %s' % error
+    source = 'shipped table' + (' and %s=%s' % (TABLE_ENV, os.environ[TABLE_ENV])
+                                if os.environ.get(TABLE_ENV, '').strip() else '')
+    return ("own convolution choice: %d of %d cases measured on this CPU class (%s) at %d OpenMP "
+            "threads run on it, every other convolution on MXNet's (%s; mxamp measure-conv "
+            "measures more)" % (sum(m.own_is_faster for m in here), len(here), cpu_class, threads,
+                                source))
+
+
 def notes_for_table(measurements: Sequence[Measurement]) -> Dict[str, str]:
     """The note a table keeps of where `measurements` (of one run) were taken."""
     if not measurements:
         return {}
     first = measurements[0]
-    return {'%s, %d threads' % (first.cpu_class, first.threads): '%s; measured %s; MXNet %s; %s' % (
+    where = '%s, %d thread%s' % (first.cpu_class, first.threads, '' if first.threads == 1 else 's')
+    return {where: '%s; measured %s; MXNet %s; %s' % (
         hardware.cpu_model(), datetime.date.today().isoformat(), mx.__version__,
         own_conv.describe())}

@@ -23,7 +23,7 @@ import platform
 import warnings
 from typing import Any, Dict, Optional
 
-from . import dtypes, hardware, own_conv
+from . import dtypes, hardware, own_conv, own_conv_choice
 from ._version import __version__
 
 __all__ = ['collect', 'format_info']
@@ -89,8 +89,9 @@ def collect() -> Dict[str, Any]:
         ``dtype='auto'`` picks on the CPU, and on a GPU when MXNet sees one, with
         why), ``gpus`` (count), ``openmp`` (`mxamp.hardware.mxnet_openmp_threads`),
         ``mxnet_features``, ``environment`` (the variables that change how
-        MXNet computes) and ``own_conv`` (`mxamp.own_conv.describe`: built, on,
-        its oneDNN).
+        MXNet computes), ``own_conv`` (`mxamp.own_conv.describe`: built, on,
+        its oneDNN) and ``own_conv_choice`` (`mxamp.own_conv_choice.describe`:
+        which convolutions run on it here).
     """
     import mxnet as mx
     import numpy as np
@@ -104,7 +105,8 @@ def collect() -> Dict[str, Any]:
            'lowered_by': hardware.class_lowered_by(), 'amx_enabled': hardware.enable_amx()}
     return {'versions': versions, 'cpu': cpu, 'auto': _auto(), 'gpus': hardware.gpu_count(),
             'openmp': hardware.mxnet_openmp_threads(), 'mxnet_features': _features(),
-            'environment': hardware.performance_variables(), 'own_conv': own_conv.describe()}
+            'environment': hardware.performance_variables(), 'own_conv': own_conv.describe(),
+            'own_conv_choice': own_conv_choice.describe()}
 
 
 def format_info(info: Dict[str, Any]) -> str:
@@ -135,6 +137,7 @@ def format_info(info: Dict[str, Any]) -> str:
     lines.append('MXNet build: %s' % ', '.join(
         '%s %s' % (name, 'on' if on else 'off') for name, on in features.items()))
     lines.append(info['own_conv'])
+    lines.append(info['own_conv_choice'])
     environment = info['environment']
     lines.append('environment: %s' % (' '.join('%s=%s' % kv for kv in environment.items())
                                       or 'none of OMP_*, KMP_*, MXNET_*, DNNL_*, MXAMP_* set'))

@@ -95,6 +95,22 @@ def test_the_users_table_goes_over_the_shipped_one(tmp_path, monkeypatch):
         own_conv_choice.table()
 
 
+def test_nothing_is_read_where_nothing_measured_faster(tmp_path, monkeypatch):
+    faster, slower = (Measurement('amx', 3, CASE, 10.0, own) for own in (5.0, 20.0))
+    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    monkeypatch.setenv(own_conv_choice.TABLE_ENV,
+                       ChoiceTable([faster]).write(str(tmp_path / 'faster.json')))
+    assert own_conv_choice.may_choose('amx', 3)
+    assert not own_conv_choice.may_choose('amx', 4) and not own_conv_choice.may_choose('avx2', 3)
+    monkeypatch.setenv(own_conv_choice.TABLE_ENV,
+                       ChoiceTable([slower]).write(str(tmp_path / 'slower.json')))
+    assert not own_conv_choice.may_choose('amx', 3)
+    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    assert own_conv_choice.may_choose('amx', 4)
+    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    assert not own_conv_choice.may_choose('amx', 3)
+
+
 @pytest.mark.parametrize('value, mode', [('0', 'off'), ('off', 'off'), ('1', 'measured'),
                                          ('', 'measured'), ('ALL', 'all'), (None, 'measured')])
 def test_the_switch_has_three_positions(monkeypatch, value, mode):
