@@ -25,7 +25,6 @@ own oneDNN 3 operator is faster than MXNet's here, and writes the table
 (`mxamp.own_conv_choice`).
 """
 import argparse
-import json
 import os
 import sys
 import warnings
@@ -213,8 +212,6 @@ def _input_shapes(args):
 
 
 def _measure_conv(args):
-    import mxnet as mx
-
     from .graph import GraphError, load_graph
     from .own_conv_choice import ChoiceTable, measure_symbol, notes_for_table
 
@@ -227,7 +224,7 @@ def _measure_conv(args):
         existing = ChoiceTable.read(args.output)
     try:
         with open(args.symbol) as handle:
-            symbol = mx.sym.load_json(json.dumps(load_graph(handle.read())))
+            symbol = load_graph(handle.read()).symbol
     except (OSError, UnicodeDecodeError) as err:
         raise GraphError("cannot read '%s': %s" % (args.symbol, err))
     except GraphError as err:

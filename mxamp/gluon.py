@@ -614,8 +614,7 @@ def _runtime_graph(block, symbol, args):
     if not own_conv_choice.may_choose(cpu_class, threads):
         return symbol
     conversion = cached[1]
-    names = [record.name for record in conversion.nodes
-             if record.op == 'Convolution' and record.computes_in == 'bfloat16']
+    names = own_conv_choice.bfloat16_convolutions(conversion)
     if not names:
         return symbol
     shapes = dict(conversion.shapes)

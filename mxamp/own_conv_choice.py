@@ -51,7 +51,8 @@ from . import hardware, own_conv
 from .atomic_files import replaced_on_success
 
 __all__ = ['CONTEXTS', 'FASTER_BY', 'TABLE_ENV', 'ConvCase', 'ConvSite', 'Measurement',
-           'ChoiceTable', 'shipped_table_path', 'table', 'running_threads', 'conv_sites',
+           'ChoiceTable', 'shipped_table_path', 'table', 'running_threads',
+           'bfloat16_convolutions', 'conv_sites',
            'may_choose', 'choose', 'with_own_convolutions', 'measure', 'measure_symbol', 'notes_for_table']
 
 #: What reads a convolution's output, as the table tells cases apart: ``'batchnorm'``
@@ -300,6 +301,12 @@ def running_threads() -> int:
     return _threads
 
 
+def bfloat16_convolutions(conversion: graph_mod.Conversion) -> List[str]:
+    """The names of the ``Convolution`` nodes `conversion` computes in bfloat16."""
+    return [record.name for record in conversion.nodes
+            if record.op == 'Convolution' and record.computes_in == 'bfloat16']
+
+
 def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
                names: Iterable[str], dtype: str) -> List[ConvSite]:
     """The eligible ``Convolution`` nodes among `names` in `symbol`, with their cases.
@@ -309,11 +316,11 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     symbol : mx.sym.Symbol
         A converted graph (the runtime graph of a Gluon block).
     shapes : dict
-        Known shapes of its variables, by name: the data shapes of the
-        convolutions are inferred from them; a convolution whose data shape
-        does not infer is not eligible.
+        Known shapes of its variables, by name (a conversion's ``shapes`` and
+        the inputs'): the data shapes of the convolutions are inferred from
+        them; a convolution whose data shape does not infer is not eligible.
     names : iterable of str
-        The convolution nodes computing in `dtype` (the conversion's records say which).
+        The convolution nodes computing in `dtype` (:func:`bfloat16_convolutions`).
     dtype : str
         Their data type.
     """
@@ -321,7 +328,6 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     nodes = graph['nodes']
     wanted = set(names)
     entry_shapes = graph_mod.infer_entry_shapes(graph, shapes)
-    variable_shapes = graph_mod.infer_variable_shapes(graph, shapes)
     readers: Dict[int, Set[str]] = {}
     for node in nodes:
         for src, k, _ in node.get('inputs', []):
@@ -334,7 +340,8 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
                 str(attrs.get('layout', 'None')) not in _DEFAULT_LAYOUTS:
             continue
         src, k, _ = node['inputs'][0]
-        data_shape = variable_shapes.get(src) or entry_shapes.get((src, k))
+        data_shape = shapes.get(nodes[src]['name']) if nodes[src]['op'] == 'null' \
+            else entry_shapes.get((src, k))
         if not data_shape or len(data_shape) != len(_ints(attrs['kernel'])) + 2:
             continue
         context = 'batchnorm' if 'BatchNorm' in readers.get(nid, ()) else 'other'
@@ -531,10 +538,8 @@ def measure_symbol(symbol: mx.sym.Symbol, input_shapes: Mapping[str, Sequence[in
     params = [name for name in symbol.list_inputs() if name not in input_shapes]
     conversion = graph_mod.convert_graph(symbol, policy, params=params, shapes=input_shapes,
                                          portable=False)
-    names = [record.name for record in conversion.nodes
-             if record.op == 'Convolution' and record.computes_in == 'bfloat16']
-    sites = conv_sites(conversion.symbol, dict(conversion.shapes, **input_shapes), names,
-                       'bfloat16')
+    sites = conv_sites(conversion.symbol, dict(conversion.shapes, **input_shapes),
+                       bfloat16_convolutions(conversion), 'bfloat16')
     if not sites:
         raise ValueError('the graph has no convolution mxamp computes in bfloat16 on this CPU '
                          '(class %s) with a known data shape' % cpu_class)

@@ -159,12 +159,15 @@ def test_conv_sites_read_shape_context_and_parameters_from_the_graph():
 
 @runs_own_conv
 def test_the_rewrite_changes_the_chosen_convolutions_and_nothing_else():
-    group = _small_graph()
-    symbol = mx.sym.Group([mx.sym.amp_cast(group[0], dtype='float32'), group[1]])  # casts stay
+    data = mx.sym.var('data')
+    x = mx.sym.Convolution(data, kernel=(1, 1), num_filter=4, name='conv_a')
+    # A cast between ops: Symbol.tojson()'s default (remove_amp_cast=True) drops it.
+    x = mx.sym.amp_cast(x, dtype='float32', name='cast')
+    symbol = mx.sym.Convolution(mx.sym.relu(x), kernel=(1, 1), num_filter=4, name='conv_relu')
     before = json.loads(symbol.tojson(remove_amp_cast=False))['nodes']
     after = json.loads(own_conv_choice.with_own_convolutions(symbol, ['conv_relu'])
                        .tojson(remove_amp_cast=False))['nodes']
-    assert len(before) == len(after)
+    assert len(before) == len(after) and 'amp_cast' in [node['op'] for node in after]
     for old, new in zip(before, after):
         expected = own_conv.OP_NAME if old['name'] == 'conv_relu' else old['op']
         assert (new['op'], new['name'], new['inputs'], new.get('attrs')) == \
@@ -261,9 +264,8 @@ def test_a_measurement_saying_faster_puts_that_convolution_on_it(monkeypatch, tm
 def _graph_of(net):
     """conv_sites' arguments for `net`'s last graph (built for the CPU)."""
     conversion, _ = converted_state(net).last_conversion()
-    names = [r.name for r in conversion.nodes
-             if r.op == 'Convolution' and r.computes_in == 'bfloat16']
-    return conversion.symbol, dict(conversion.shapes, data=DATA.shape), names, 'bfloat16'
+    return (conversion.symbol, dict(conversion.shapes, data=DATA.shape),
+            own_conv_choice.bfloat16_convolutions(conversion), 'bfloat16')
 
 
 @runs_own_conv
