@@ -1,12 +1,20 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers two operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers three operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
-// workspace, cudnn_tune and cudnn_off accepted and ignored) and its gradient
+// workspace, cudnn_tune and cudnn_off accepted and ignored) and channels_last (data and output
+// (N, spatial..., C); the weight stays (O, I/group, kernel...)), and its gradient
 // "_backward__mxamp_convolution", whose inputs MXNet fixes as (output gradient, data, weight,
 // [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
+// "_mxamp_batch_norm" (onednn_batch_norm.h), with the attributes of MXNet's BatchNorm (eps,
+// momentum, fix_gamma, use_global_stats, axis: 1 or the last; output_mean_var and cudnn_off
+// accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var), the last two
+// mutated; outputs (output, batch mean, batch variance), always training mode unless
+// use_global_stats, since the ABI does not say whether MXNet is training.  Its gradient's inputs
+// are (3 output gradients, 5 inputs, 3 outputs), its outputs the gradients of the 5 inputs (the
+// moving statistics' are 0).
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -26,6 +34,7 @@
 #include <vector>
 
 #include "master_weights.h"
+#include "onednn_batch_norm.h"
 #include "mxnet_lib_api_v11.h"
 #include "onednn_conv.h"
 
@@ -35,6 +44,7 @@ using mxamp::ConvSpec;
 
 constexpr const char* kConvOpName = "_mxamp_convolution";
 constexpr const char* kFollowOpName = "_mxamp_follow_weight";
+constexpr const char* kBatchNormOpName = "_mxamp_batch_norm";
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
 // after the failing call.
@@ -83,6 +93,7 @@ struct Attributes {
   int64_t num_filter = 0;
   int64_t num_group = 1;
   bool no_bias = false;
+  bool channels_last = false;
 
   int num_inputs() const { return no_bias ? 2 : 3; }
 
@@ -98,6 +109,7 @@ struct Attributes {
     s.num_filter = num_filter;
     s.num_group = num_group;
     s.no_bias = no_bias;
+    s.channels_last = channels_last;
     s.dtype_flag = dtype_flag;
     s.validate();
     return s;
@@ -126,6 +138,8 @@ Attributes parse_attributes(const char* const* keys, const char* const* vals, in
       a.num_group = parse_int(key, value);
     } else if (key == "no_bias") {
       a.no_bias = parse_bool(key, value);
+    } else if (key == "channels_last") {
+      a.channels_last = parse_bool(key, value);
     } else if (key == "layout") {
       if (value != "None" && value != "NCW" && value != "NCHW" && value != "NCDHW")
         throw std::invalid_argument("layout=" + value +
@@ -372,12 +386,197 @@ int follow_compute(const Call& c) {
   return 1;
 }
 
+
+// _mxamp_batch_norm: the attributes, before the data shape is known.
+struct BatchNormAttributes {
+  float eps = 1e-3f;
+  float momentum = 0.9f;
+  bool fix_gamma = true;
+  bool use_global_stats = false;
+  int64_t axis = 1;
+
+  mxamp::BatchNormSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
+    mxamp::BatchNormSpec s;
+    s.data_shape.assign(shape, shape + ndim);
+    if (axis != 1 && axis != -1 && axis != ndim - 1)
+      throw std::invalid_argument("axis=" + std::to_string(axis) +
+                                  ": mxamp's batch normalisation takes the channels second (1) "
+                                  "or last (-1)");
+    s.channels_last = axis != 1;
+    s.dtype_flag = dtype_flag;
+    s.eps = eps;
+    s.momentum = momentum;
+    s.fix_gamma = fix_gamma;
+    s.use_global_stats = use_global_stats;
+    s.validate();
+    return s;
+  }
+};
+
+float parse_float(const std::string& key, const std::string& text) {
+  char* end = nullptr;
+  const float value = std::strtof(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0')
+    throw std::invalid_argument(key + "=" + text + " is not a number");
+  return value;
+}
+
+BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const* vals, int num) {
+  BatchNormAttributes a;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key == "eps") {
+      a.eps = parse_float(key, value);
+    } else if (key == "momentum") {
+      a.momentum = parse_float(key, value);
+    } else if (key == "fix_gamma") {
+      a.fix_gamma = parse_bool(key, value);
+    } else if (key == "use_global_stats") {
+      a.use_global_stats = parse_bool(key, value);
+    } else if (key == "axis") {
+      a.axis = parse_int(key, value);
+    } else if (key != "output_mean_var" && key != "cudnn_off") {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  return a;
+}
+
+constexpr int kBatchNormInputs = 5, kBatchNormOutputs = 3;
+
+int batch_norm_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                     int* num_out) {
+  parse_batch_norm(keys, vals, num);
+  *num_in = kBatchNormInputs;
+  *num_out = kBatchNormOutputs;
+  return 1;
+}
+
+int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int num,
+                           unsigned int** inshapes, int* indims, int num_in,
+                           unsigned int*** mod_inshapes, int** mod_indims,
+                           unsigned int*** outshapes, int** outdims, int num_out) {
+  const BatchNormAttributes a = parse_batch_norm(keys, vals, num);
+  if (num_in != kBatchNormInputs || num_out != kBatchNormOutputs)
+    throw std::invalid_argument("expected 5 inputs and 3 outputs");
+  if (indims[0] < 3) throw std::invalid_argument("the data shape is unknown or below 3 dimensions");
+  const std::vector<int64_t> data(inshapes[0], inshapes[0] + indims[0]);
+  const mxamp::BatchNormSpec spec = a.spec(data.data(), indims[0], mxamp::kFlagFloat32);
+  const std::vector<int64_t> vector = {spec.channels()};
+  for (int i = 1; i < num_in; ++i) {
+    if (indims[i] > 0 && !(indims[i] == 1 && (inshapes[i][0] == 0 ||
+                                              inshapes[i][0] == static_cast<unsigned int>(-1))))
+      check_same_shape("gamma, beta and the moving statistics", std::vector<int64_t>(
+                           inshapes[i], inshapes[i] + indims[i]).data(), indims[i], vector);
+  }
+  *mod_indims = allocate<int>(num_in);
+  *mod_inshapes = allocate<unsigned int*>(num_in);
+  for (int i = 0; i < num_in; ++i) {
+    (*mod_indims)[i] = i == 0 ? indims[0] : 1;
+    (*mod_inshapes)[i] = copy_shape(i == 0 ? data : vector);
+  }
+  *outdims = allocate<int>(num_out);
+  *outshapes = allocate<unsigned int*>(num_out);
+  for (int i = 0; i < num_out; ++i) {
+    (*outdims)[i] = i == 0 ? indims[0] : 1;
+    (*outshapes)[i] = copy_shape(i == 0 ? data : vector);
+  }
+  return 1;
+}
+
+int batch_norm_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                          int num_in, int* outtypes, int num_out) {
+  parse_batch_norm(keys, vals, num);
+  if (num_in != kBatchNormInputs || num_out != kBatchNormOutputs)
+    throw std::invalid_argument("expected 5 inputs and 3 outputs");
+  const int data = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  if (data >= 0 && data != mxamp::kFlagFloat32 && data != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("data type flag " + std::to_string(data) +
+                                ": mxamp's batch normalisation takes float32 or bfloat16 data");
+  for (int i = 1; i < num_in; ++i) {
+    if (intypes[i] >= 0 && intypes[i] != mxamp::kFlagFloat32)
+      throw std::invalid_argument("gamma, beta and the moving statistics must be float32 (type "
+                                  "flag " + std::to_string(intypes[i]) + ")");
+    intypes[i] = mxamp::kFlagFloat32;
+  }
+  intypes[0] = outtypes[0] = data;
+  outtypes[1] = outtypes[2] = mxamp::kFlagFloat32;
+  return 1;
+}
+
+int batch_norm_mutate(const char* const*, const char* const*, int, int** indices, int* count) {
+  *indices = allocate<int>(2);
+  (*indices)[0] = 3;  // moving_mean
+  (*indices)[1] = 4;  // moving_var
+  *count = 2;
+  return 1;
+}
+
+size_t element_count(const int64_t* shape, int ndim) {
+  size_t count = 1;
+  for (int i = 0; i < ndim; ++i) count *= static_cast<size_t>(shape[i]);
+  return count;
+}
+
+int batch_norm_forward(const Call& c) {
+  if (c.num_in != kBatchNormInputs || c.num_out != kBatchNormOutputs)
+    throw std::invalid_argument("expected 5 inputs and 3 outputs");
+  const mxamp::BatchNormSpec spec =
+      parse_batch_norm(c.keys, c.vals, c.num).spec(c.inshapes[0], c.indims[0], c.intypes[0]);
+  const std::vector<int64_t> vector = {spec.channels()};
+  for (int i = 1; i < kBatchNormInputs; ++i) check_same_shape("a statistics input", c.inshapes[i], c.indims[i], vector);
+  check_same_shape("output", c.outshapes[0], c.outdims[0], spec.data_shape);
+  mxamp::BatchNormForwardArrays arrays = {
+      c.indata[0], static_cast<const float*>(c.indata[1]), static_cast<const float*>(c.indata[2]),
+      static_cast<float*>(c.indata[3]), static_cast<float*>(c.indata[4]), c.outdata[0],
+      static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
+  mxamp::batch_norm_forward(spec, arrays, c.scratch);
+  return 1;
+}
+
+int batch_norm_backward(const Call& c) {
+  // Inputs: gradients of (output, mean, variance), then (data, gamma, beta, moving_mean,
+  // moving_var), then (output, mean, variance).
+  if (c.num_in != 2 * kBatchNormOutputs + kBatchNormInputs || c.num_out != kBatchNormInputs)
+    throw std::invalid_argument("expected 11 inputs and 5 outputs");
+  const mxamp::BatchNormSpec spec =
+      parse_batch_norm(c.keys, c.vals, c.num).spec(c.inshapes[3], c.indims[3], c.intypes[3]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.data_shape);
+  mxamp::BatchNormBackwardArrays arrays = {
+      c.indata[0], c.indata[3], static_cast<const float*>(c.indata[4]),
+      static_cast<const float*>(c.indata[9]), static_cast<const float*>(c.indata[10]),
+      c.outdata[0], static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
+  mxamp::batch_norm_backward(spec, arrays, c.scratch);
+  for (int i = 3; i < kBatchNormInputs; ++i) {  // the moving statistics take no gradient
+    if (c.outdata[i] != nullptr)
+      std::memset(c.outdata[i], 0, sizeof(float) * element_count(c.outshapes[i], c.outdims[i]));
+  }
+  return 1;
+}
+
 // The functions MXNet gets for an operator and passes back on each call, in their real types.
 typedef int (*RawParse)(const char* const*, const char* const*, int, int* num_in, int* num_out);
 typedef int (*RawInferShape)(const char* const*, const char* const*, int, unsigned int**, int*,
                              int, unsigned int***, int**, unsigned int***, int**, int);
 typedef int (*RawInferType)(const char* const*, const char* const*, int, int*, int, int*, int);
 typedef int (*RawCompute)(const Call&);
+typedef int (*RawInferSType)(const char* const*, const char* const*, int, int* instypes,
+                             int num_in, int* outstypes, int num_out);
+typedef int (*RawMutate)(const char* const*, const char* const*, int, int** indices, int* count);
+
+// Dense arrays in and out.  MXNet's default for an extension without this function requires
+// every input's storage type known as dense, which a graph's auxiliary states (the moving
+// statistics) are not yet when it checks.
+int dense_storage(const char* const*, const char* const*, int, int* instypes, int num_in,
+                  int* outstypes, int num_out) {
+  for (int i = 0; i < num_in; ++i) {
+    if (instypes[i] > 0) throw std::invalid_argument("mxamp's operators take dense arrays only");
+    instypes[i] = 0;  // kDefaultStorage
+  }
+  for (int i = 0; i < num_out; ++i) outstypes[i] = 0;
+  return 1;
+}
 
 // One registered operator: its name and functions.  No backward: MXNet registers no gradient.
 struct Operator {
@@ -388,15 +587,19 @@ struct Operator {
   mxnet::ext::fcomp_t forward[1];
   mxnet::ext::fcomp_t backward[1];
   int backward_count;
+  RawMutate mutate;  // null: mutates no input
 };
 
 const char* cpu_only[] = {"cpu"};
 Operator operators[] = {
     {kConvOpName, &parse_counts, &infer_shape, &infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_forward)},
-     {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_backward)}, 1},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&compute_backward)}, 1, nullptr},
     {kFollowOpName, &follow_parse, &follow_infer_shape, &follow_infer_type,
-     {reinterpret_cast<mxnet::ext::fcomp_t>(&follow_compute)}, {nullptr}, 0},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&follow_compute)}, {nullptr}, 0, nullptr},
+    {kBatchNormOpName, &batch_norm_parse, &batch_norm_infer_shape, &batch_norm_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&batch_norm_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&batch_norm_backward)}, 1, &batch_norm_mutate},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 
@@ -445,8 +648,8 @@ void _opRegGet(int index, const char** name, int* isSGop, const char*** forward_
   *parse = reinterpret_cast<mxnet::ext::parseAttrs_t>(op.parse);
   *type = reinterpret_cast<mxnet::ext::inferType_t>(op.infer_type);
   *shape = reinterpret_cast<mxnet::ext::inferShape_t>(op.infer_shape);
-  *stype = nullptr;  // MXNet's default: dense arrays only
-  *mutate = nullptr;
+  *stype = reinterpret_cast<mxnet::ext::inferSType_t>(&dense_storage);
+  *mutate = reinterpret_cast<mxnet::ext::mutateInputs_t>(op.mutate);
 }
 
 void _opCallFree(void* ptr) { std::free(ptr); }
@@ -486,9 +689,16 @@ int _opCallInferType(mxnet::ext::inferType_t inferType, const char* const* keys,
     return fail(e.what());
   }
 }
-int _opCallInferSType(mxnet::ext::inferSType_t, const char* const*, const char* const*, int,
-                      int*, int, int*, int) {
-  return fail("mxamp's operators register no storage-type function");
+int _opCallInferSType(mxnet::ext::inferSType_t inferSType, const char* const* keys,
+                      const char* const* vals, int num, int* instypes, int num_in, int* outstypes,
+                      int num_out) {
+  last_error.clear();
+  try {
+    return reinterpret_cast<RawInferSType>(inferSType)(keys, vals, num, instypes, num_in,
+                                                       outstypes, num_out);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
 }
 
 int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const char* const* vals,
@@ -520,9 +730,14 @@ int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const ch
   }
 }
 
-int _opCallMutateInputs(mxnet::ext::mutateInputs_t, const char* const*, const char* const*, int,
-                        int**, int*) {
-  return fail("mxamp's operators mutate no input");
+int _opCallMutateInputs(mxnet::ext::mutateInputs_t mutate, const char* const* keys,
+                        const char* const* vals, int num, int** indices, int* count) {
+  last_error.clear();
+  try {
+    return reinterpret_cast<RawMutate>(mutate)(keys, vals, num, indices, count);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
 }
 
 int _opCallCreateOpState(mxnet::ext::createOpState_t, const char* const*, const char* const*, int,

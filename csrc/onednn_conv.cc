@@ -5,6 +5,7 @@
 // (format "any"); MXNet's arrays are plain, so an argument whose chosen layout differs is
 // reordered through MXNet's temporary space on the way in (inputs) or out (outputs).
 #include "onednn_conv.h"
+#include "onednn_runtime.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -19,52 +20,6 @@ namespace mxamp {
 namespace {
 
 using dnnl::memory;
-
-constexpr size_t kAlignment = 64;  // cache line; what oneDNN's own allocations use
-
-size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
-dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-// oneDNN streams are not thread-safe; MXNet may run operators on several worker threads.
-dnnl::stream& thread_stream() {
-  thread_local dnnl::stream stream(cpu_engine());
-  return stream;
-}
-
-const char* dtype_name(int flag) {
-  switch (flag) {
-    case kFlagFloat32: return "float32";
-    case kFlagFloat16: return "float16";
-    case kFlagBFloat16: return "bfloat16";
-    default: return "unsupported";
-  }
-}
-
-memory::data_type onednn_type(int flag) {
-  switch (flag) {
-    case kFlagFloat32: return memory::data_type::f32;
-    case kFlagFloat16: return memory::data_type::f16;
-    case kFlagBFloat16: return memory::data_type::bf16;
-    default:
-      throw std::invalid_argument("data type flag " + std::to_string(flag) +
-                                  ": mxamp's convolution computes float32, float16 and bfloat16");
-  }
-}
-
-// A dense row-major descriptor: MXNet's layout of an array of these dimensions.
-memory::desc plain_desc(const memory::dims& dims, memory::data_type type) {
-  memory::dims strides(dims.size());
-  memory::dim stride = 1;
-  for (size_t i = dims.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= dims[i];
-  }
-  return memory::desc(dims, type, strides);
-}
 
 memory::desc any_desc(const memory::dims& dims, memory::data_type type) {
   return memory::desc(dims, type, memory::format_tag::any);
@@ -174,14 +129,19 @@ class Convolution {
   explicit Convolution(const ConvSpec& spec) : spec_(spec) {
     const memory::data_type type = onednn_type(spec.dtype_flag);
     const size_t spatial = spec.kernel.size();
-    memory::dims data(spec.data_shape.begin(), spec.data_shape.end());
+    // oneDNN names dimensions N, C, spatial... whatever the layout in memory.
+    memory::dims data = {spec.data_shape[0], spec.channels()};
+    memory::dims output = {spec.data_shape[0], spec.num_filter};
     const std::vector<int64_t> out_shape = spec.output_shape();
-    memory::dims output(out_shape.begin(), out_shape.end());
-    memory::dims weight = {spec.num_filter, spec.data_shape[1] / spec.num_group};
+    for (size_t i = 0; i < spatial; ++i) {
+      data.push_back(spec.spatial_size(i));
+      output.push_back(out_shape[spec.channels_last ? i + 1 : i + 2]);
+    }
+    memory::dims weight = {spec.num_filter, spec.channels() / spec.num_group};
     if (spec.num_group > 1) {
       // oneDNN's grouped weights (G, O/G, I/G, ...) are MXNet's (O, I/G, ...) in the same bytes.
       weight = {spec.num_group, spec.num_filter / spec.num_group,
-                spec.data_shape[1] / spec.num_group};
+                spec.channels() / spec.num_group};
     }
     weight.insert(weight.end(), spec.kernel.begin(), spec.kernel.end());
     for (size_t i = 0; i < spatial; ++i) {
@@ -189,14 +149,15 @@ class Convolution {
       dilates_.push_back(spec.dilate[i] - 1);  // oneDNN counts the holes, MXNet the spacing
       padding_.push_back(spec.pad[i]);
     }
-    plain_ = {{DNNL_ARG_SRC, plain_desc(data, type)},
-              {DNNL_ARG_DIFF_SRC, plain_desc(data, type)},
+    const bool last = spec.channels_last;
+    plain_ = {{DNNL_ARG_SRC, activation_desc(data, type, last)},
+              {DNNL_ARG_DIFF_SRC, activation_desc(data, type, last)},
               {DNNL_ARG_WEIGHTS, plain_desc(weight, type)},
               {DNNL_ARG_DIFF_WEIGHTS, plain_desc(weight, type)},
               {DNNL_ARG_BIAS, plain_desc({spec.num_filter}, type)},
               {DNNL_ARG_DIFF_BIAS, plain_desc({spec.num_filter}, type)},
-              {DNNL_ARG_DST, plain_desc(output, type)},
-              {DNNL_ARG_DIFF_DST, plain_desc(output, type)}};
+              {DNNL_ARG_DST, activation_desc(output, type, last)},
+              {DNNL_ARG_DIFF_DST, activation_desc(output, type, last)}};
     any_data_ = any_desc(data, type);
     any_weight_ = any_desc(weight, type);
     any_output_ = any_desc(output, type);
@@ -259,6 +220,7 @@ std::vector<int64_t> cache_key(const ConvSpec& spec) {
   key.push_back(spec.num_filter);
   key.push_back(spec.num_group);
   key.push_back(spec.no_bias);
+  key.push_back(spec.channels_last);
   key.push_back(static_cast<int64_t>(spec.data_shape.size()));
   for (const auto* part : {&spec.data_shape, &spec.kernel, &spec.stride, &spec.dilate, &spec.pad})
     key.insert(key.end(), part->begin(), part->end());
@@ -294,6 +256,7 @@ std::string describe_spec(const ConvSpec& spec) {
   out << " pad ";
   tuple(spec.pad);
   out << " num_filter " << spec.num_filter << " num_group " << spec.num_group;
+  if (spec.channels_last) out << " channels last";
   return out.str();
 }
 
@@ -318,15 +281,6 @@ Convolution& primitives(const ConvSpec& spec, bool with_backward) {
   return *found->second;
 }
 
-char* scratch_memory(const Scratch& scratch, size_t bytes) {
-  if (bytes == 0) return nullptr;
-  // MXNet's temporary space is 64-byte aligned already; ask for slack in case it is not.
-  char* raw = static_cast<char*>(scratch(bytes + kAlignment));
-  if (raw == nullptr) throw std::runtime_error("MXNet gave no temporary memory");
-  uintptr_t address = reinterpret_cast<uintptr_t>(raw);
-  return raw + (aligned(address) - address);
-}
-
 }  // namespace
 
 void ConvSpec::validate() const {
@@ -348,23 +302,25 @@ void ConvSpec::validate() const {
       fail("kernel, stride and dilate must be positive and pad non-negative");
   }
   if (num_filter <= 0) fail("num_filter must be positive");
-  if (num_group <= 0 || data_shape[1] % num_group != 0 || num_filter % num_group != 0)
+  if (num_group <= 0 || channels() % num_group != 0 || num_filter % num_group != 0)
     fail("num_group must divide both the input channels and num_filter");
   for (int64_t d : output_shape())
     if (d <= 0) fail("the kernel does not fit in the padded data");
 }
 
 std::vector<int64_t> ConvSpec::output_shape() const {
-  std::vector<int64_t> shape = {data_shape[0], num_filter};
+  std::vector<int64_t> shape = {data_shape[0]};
+  if (!channels_last) shape.push_back(num_filter);
   for (size_t i = 0; i < kernel.size(); ++i) {
     const int64_t extent = dilate[i] * (kernel[i] - 1) + 1;
-    shape.push_back((data_shape[i + 2] + 2 * pad[i] - extent) / stride[i] + 1);
+    shape.push_back((spatial_size(i) + 2 * pad[i] - extent) / stride[i] + 1);
   }
+  if (channels_last) shape.push_back(num_filter);
   return shape;
 }
 
 std::vector<int64_t> ConvSpec::weight_shape() const {
-  std::vector<int64_t> shape = {num_filter, data_shape[1] / num_group};
+  std::vector<int64_t> shape = {num_filter, channels() / num_group};
   shape.insert(shape.end(), kernel.begin(), kernel.end());
   return shape;
 }

@@ -1,7 +1,8 @@
 // mxamp's own convolution on oneDNN 3: what it computes and how it is called.
 //
 // Owns the convolution itself (forward, backward data, backward weights) on oneDNN 3.x for
-// MXNet's plain layouts (N, C, spatial...) and (O, I/group, kernel...), in any data type oneDNN
+// MXNet's plain layouts: data and output (N, C, spatial...), or channels last (N, spatial..., C),
+// and the weight (O, I/group, kernel...) in either case, in any data type oneDNN
 // has convolutions for on the running CPU (float32 everywhere; bfloat16 and float16 where the
 // CPU has them).  Knows nothing of MXNet's extension ABI: mxnet_extension.cc adapts it.
 #ifndef MXAMP_ONEDNN_CONV_H_
@@ -22,7 +23,8 @@ constexpr int kFlagBFloat16 = 12;
 
 // One convolution in MXNet's terms (the attributes of its Convolution operator).
 struct ConvSpec {
-  std::vector<int64_t> data_shape;  // N, C, then 1 to 3 spatial sizes
+  std::vector<int64_t> data_shape;  // N, C, then 1 to 3 spatial sizes; N, spatial..., C if
+                                    // channels_last
   std::vector<int64_t> kernel;      // one per spatial dimension
   std::vector<int64_t> stride;      // one per spatial dimension
   std::vector<int64_t> dilate;      // MXNet's convention: 1 is a dense kernel
@@ -31,7 +33,12 @@ struct ConvSpec {
   int64_t num_group = 1;
   bool no_bias = false;
   int dtype_flag = kFlagFloat32;
+  // Data and output channels last (NWC, NHWC, NDHWC), the layout oneDNN's AMX kernels compute
+  // in: a chain of channels-last operators passes arrays with no reorder in between.
+  bool channels_last = false;
 
+  int64_t channels() const { return channels_last ? data_shape.back() : data_shape[1]; }
+  int64_t spatial_size(size_t i) const { return data_shape[channels_last ? i + 1 : i + 2]; }
   // Throws std::invalid_argument naming the first inconsistent attribute.
   void validate() const;
   std::vector<int64_t> output_shape() const;

@@ -12,7 +12,11 @@ that put the operator into NDArray code, Symbol graphs and hybridized Gluon
 blocks (:func:`convolution`).  Which convolutions of a network use it is not
 decided here.  The library also carries the one-pass kernel with which FP32
 master weights follow their bfloat16 weights (:func:`follow_bfloat16_weight`,
-for `mxamp.optimizer.follow_weight`).
+for `mxamp.optimizer.follow_weight`), and a batch normalisation on oneDNN 3
+(:func:`batch_norm`) for data whose channels come last, the layout oneDNN 3's
+AMX kernels compute in and in which MXNet's ``BatchNorm`` runs a scalar loop:
+the building blocks of a channels-last chain (:func:`convolution` with
+``channels_last=True``).
 
 How it plugs into MXNet
 -----------------------
@@ -68,8 +72,9 @@ from mxnet.base import _LIB, c_str, check_call, mx_uint
 from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
-__all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'follow_bfloat16_weight', 'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe',
-           'mode', 'require_loaded', 'convolution', 'kernels', 'library_path']
+__all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'follow_bfloat16_weight',
+           'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe', 'mode',
+           'require_loaded', 'convolution', 'batch_norm', 'kernels', 'library_path']
 
 logger = logging.getLogger('mxamp')
 
@@ -77,6 +82,8 @@ logger = logging.getLogger('mxamp')
 OP_NAME = '_mxamp_convolution'
 #: The master-weight follow operator's name in MXNet (no gradient).
 FOLLOW_OP_NAME = '_mxamp_follow_weight'
+#: The batch normalisation operator's name in MXNet (its gradient: ``_backward__mxamp_batch_norm``).
+BATCH_NORM_OP_NAME = '_mxamp_batch_norm'
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
@@ -127,6 +134,8 @@ class _Loaded(NamedTuple):
     nd_function: Callable[..., Any]
     sym_function: Callable[..., Any]
     follow_function: Callable[..., Any]
+    batch_norm_nd: Callable[..., Any]
+    batch_norm_sym: Callable[..., Any]
     onednn_version: str
     cpu_isa: str
 
@@ -208,13 +217,18 @@ def _load() -> _Loaded:
     for name in ('mxamp_own_conv_onednn_version', 'mxamp_own_conv_cpu_isa',
                  'mxamp_own_conv_last_error', 'mxamp_own_conv_kernels'):
         getattr(library, name).restype = ctypes.c_char_p
-    handle, follow = ctypes.c_void_p(), ctypes.c_void_p()
+    handle, follow, norm = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     check_call(_LIB.NNGetOpHandle(c_str(OP_NAME), ctypes.byref(handle)))
     check_call(_LIB.NNGetOpHandle(c_str(FOLLOW_OP_NAME), ctypes.byref(follow)))
+    check_call(_LIB.NNGetOpHandle(c_str(BATCH_NORM_OP_NAME), ctypes.byref(norm)))
     return _Loaded(library=library,
                    nd_function=_make_ndarray_function(handle, OP_NAME, OP_NAME),
                    sym_function=_make_symbol_function(handle, OP_NAME, OP_NAME),
                    follow_function=_make_ndarray_function(follow, FOLLOW_OP_NAME, FOLLOW_OP_NAME),
+                   batch_norm_nd=_make_ndarray_function(norm, BATCH_NORM_OP_NAME,
+                                                        BATCH_NORM_OP_NAME),
+                   batch_norm_sym=_make_symbol_function(norm, BATCH_NORM_OP_NAME,
+                                                        BATCH_NORM_OP_NAME),
                    onednn_version=library.mxamp_own_conv_onednn_version().decode(),
                    cpu_isa=library.mxamp_own_conv_cpu_isa().decode())
 
@@ -297,9 +311,11 @@ def _tuple(value: Any) -> Tuple[int, ...]:
 
 def _attributes(kernel: Sequence[int], num_filter: int, stride: Optional[Sequence[int]],
                 dilate: Optional[Sequence[int]], pad: Optional[Sequence[int]], num_group: int,
-                no_bias: bool) -> dict:
+                no_bias: bool, channels_last: bool = False) -> dict:
     attributes = {'kernel': _tuple(kernel), 'num_filter': int(num_filter),
                   'num_group': int(num_group), 'no_bias': bool(no_bias)}
+    if channels_last:
+        attributes['channels_last'] = True
     for key, value in (('stride', stride), ('dilate', dilate), ('pad', pad)):
         if value is not None:
             attributes[key] = _tuple(value)
@@ -309,23 +325,30 @@ def _attributes(kernel: Sequence[int], num_filter: int, stride: Optional[Sequenc
 def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[int],
                 num_filter: int, stride: Optional[Sequence[int]] = None,
                 dilate: Optional[Sequence[int]] = None, pad: Optional[Sequence[int]] = None,
-                num_group: int = 1, name: Optional[str] = None) -> Any:
+                num_group: int = 1, channels_last: bool = False,
+                name: Optional[str] = None) -> Any:
     """A convolution on mxamp's own oneDNN 3 operator, like ``Convolution``.
 
     Takes NDArrays (runs now, records for autograd) or Symbols (builds a graph
     node, for the Symbol API and hybridized Gluon blocks, whose
     ``hybrid_forward`` passes either).  The attributes are MXNet
-    ``Convolution``'s; layouts NCW, NCHW and NCDHW only.
+    ``Convolution``'s; layouts NCW, NCHW and NCDHW, or their channels-last
+    forms.
 
     Parameters
     ----------
     data, weight, bias : NDArray or Symbol
-        ``(N, C, spatial...)``, ``(num_filter, C / num_group, kernel...)`` and
+        ``(N, C, spatial...)`` (``(N, spatial..., C)`` with `channels_last`),
+        ``(num_filter, C / num_group, kernel...)`` in either layout, and
         ``(num_filter,)``; no bias when `bias` is None.
     kernel, stride, dilate, pad : tuple of int
         One per spatial dimension (1 to 3); stride and dilate default to 1, pad to 0.
     num_filter, num_group : int
         Output channels and groups (``num_group == C`` is depthwise).
+    channels_last : bool
+        Data and output hold their channels last, as oneDNN 3's AMX kernels
+        compute: a chain of channels-last operators passes its arrays on with
+        no reorder.  The weight keeps MXNet's layout.
     name : str, optional
         The node's name (Symbols only).
 
@@ -339,11 +362,83 @@ def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[in
         When the operator cannot run here (:func:`status` says why).
     """
     loaded = _require()
-    attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, bias is None)
+    attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, bias is None,
+                             channels_last)
     inputs = [data, weight] + ([] if bias is None else [bias])
     if isinstance(data, mx.sym.Symbol):
         return loaded.sym_function(*inputs, name=name, **attributes)
     return loaded.nd_function(*inputs, **attributes)
+
+
+def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: Any, *,
+               eps: float = 1e-3, momentum: float = 0.9, fix_gamma: bool = True,
+               use_global_stats: bool = False, axis: int = 1, name: Optional[str] = None) -> Any:
+    """Training-mode batch normalisation on mxamp's own oneDNN 3 operator.
+
+    MXNet ``BatchNorm``'s arithmetic and attributes, for data whose channels
+    are the second (``axis=1``) or the last (``axis=-1``) dimension: channels
+    last is what a chain of channels-last convolutions passes on, and where
+    MXNet 1.9.1's ``BatchNorm`` runs a scalar loop.  It normalises with the
+    batch statistics and updates `moving_mean` and `moving_var` in place
+    (``moving = moving * momentum + batch * (1 - momentum)``, with the biased
+    batch variance, as MXNet does), unless `use_global_stats`, which
+    normalises with the moving statistics and leaves them.  It always trains:
+    MXNet's extension ABI does not tell an operator whether MXNet is
+    training, so inference graphs keep MXNet's ``BatchNorm``.  MXNet updates
+    the moving statistics when the gradient runs, this operator in the
+    forward pass: the same numbers wherever each forward pass has its
+    backward.
+
+    Parameters
+    ----------
+    data : NDArray or Symbol
+        float32 or bfloat16, 3 to 5 dimensions.
+    gamma, beta, moving_mean, moving_var : NDArray or Symbol
+        float32 ``(C,)``.
+    eps, momentum, fix_gamma, use_global_stats, axis
+        As MXNet's ``BatchNorm``: `fix_gamma` takes gamma as 1 and gives it a
+        zero gradient.  In a Symbol graph, gamma, beta and the moving
+        statistics need known shapes (a ``ValueError`` says so otherwise).
+    name : str, optional
+        The node's name (Symbols only).
+
+    Returns
+    -------
+    list of NDArray, or Symbol
+        The output (like `data`), the batch mean and the batch variance
+        (float32, ``(C,)``), as a list of NDArrays or a Symbol of three outputs.
+
+    Raises
+    ------
+    OwnConvUnavailable
+        When the library cannot run here.
+    ValueError
+        For a Symbol variable among gamma, beta and the statistics with no shape.
+    """
+    loaded = _require()
+    attributes = {'eps': eps, 'momentum': momentum, 'fix_gamma': bool(fix_gamma),
+                  'use_global_stats': bool(use_global_stats), 'axis': int(axis)}
+    inputs = [data, gamma, beta, moving_mean, moving_var]
+    if isinstance(data, mx.sym.Symbol):
+        for what, symbol in zip(('gamma', 'beta', 'moving_mean', 'moving_var'), inputs[1:]):
+            _require_known_shape(what, symbol)
+        return loaded.batch_norm_sym(*inputs, name=name, **attributes)
+    return loaded.batch_norm_nd(*inputs, **attributes)
+
+
+def _require_known_shape(what: str, symbol: mx.sym.Symbol) -> None:
+    """Refuse a variable of unknown shape among an extension operator's statistics inputs.
+
+    MXNet 1.9.1's shape inference for extension operators (``src/c_api/c_api.cc``)
+    sizes its buffer by the sum of the inputs' dimension counts, an unknown
+    shape counting -1, and then copies the known shapes into it: with more
+    unknown inputs than the data has dimensions it writes past the buffer and
+    the process dies.
+    """
+    if symbol.get_children() is None and '__shape__' not in (symbol.list_attr() or {}):
+        raise ValueError('%s (%s) has no shape: give it one (mx.sym.var(name, shape=(C,))); '
+                         "MXNet's shape inference for extension operators cannot infer it"
+                         % (what, symbol.name))
 
 
 def follow_bfloat16_weight(master: mx.nd.NDArray, weight: mx.nd.NDArray) -> None:

@@ -66,8 +66,20 @@ def attributes(key):
     return keywords, values.get('no_bias', 'False') != 'True'
 
 
-def compare(data_shape, keywords, with_bias, seed=0):
-    """Normalised errors of the own operator against MXNet's: output, d data, d weight, d bias."""
+def to_channels_last(array):
+    """(N, C, spatial...) -> (N, spatial..., C)."""
+    return array.transpose((0,) + tuple(range(2, array.ndim)) + (1,))
+
+
+def to_channels_first(array):
+    return array.transpose((0, array.ndim - 1) + tuple(range(1, array.ndim - 1)))
+
+
+def compare(data_shape, keywords, with_bias, seed=0, channels_last=False):
+    """Normalised errors of the own operator against MXNet's: output, d data, d weight, d bias.
+
+    With `channels_last` the own operator computes on the data and output gradient transposed
+    to channels last, its results transposed back."""
     rng = np.random.RandomState(seed)
     channels = data_shape[1] // keywords.get('num_group', 1)
     kernel = tuple(keywords['kernel'])
@@ -77,18 +89,25 @@ def compare(data_shape, keywords, with_bias, seed=0):
         arrays.append(mx.nd.array(rng.uniform(-1, 1, (keywords['num_filter'],))))
     results, head = [], None
     for convolution in (own_conv.convolution, mx.nd.Convolution):
+        transposed = channels_last and convolution is own_conv.convolution
         inputs = [array.copy() for array in arrays]
+        if transposed:
+            inputs[0] = to_channels_last(inputs[0])
         for array in inputs:
             array.attach_grad()
         with autograd.record():
             if convolution is mx.nd.Convolution:
                 out = mx.nd.Convolution(*inputs, no_bias=not with_bias, **keywords)
             else:
-                out = own_conv.convolution(*inputs, **keywords)
+                out = own_conv.convolution(*inputs, channels_last=channels_last, **keywords)
         if head is None:
-            head = mx.nd.array(np.random.RandomState(seed + 1).uniform(-1, 1, out.shape))
-        out.backward(head)
-        results.append([out.asnumpy()] + [array.grad.asnumpy() for array in inputs])
+            head = mx.nd.array(np.random.RandomState(seed + 1).uniform(
+                -1, 1, to_channels_first(out).shape if transposed else out.shape))
+        out.backward(to_channels_last(head) if transposed else head)
+        result = [out] + [array.grad for array in inputs]
+        if transposed:
+            result[:2] = [to_channels_first(array) for array in result[:2]]
+        results.append([array.asnumpy() for array in result])
     own, reference = results
     return [float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(own, reference)]
 
@@ -116,6 +135,28 @@ def test_every_zoo_convolution_matches_mxnet_in_float32():
 @pytest.mark.parametrize('with_bias', [True, False])
 def test_other_dimensions_dilation_and_groups_match_mxnet(data_shape, keywords, with_bias):
     assert max(compare(data_shape, keywords, with_bias)) < TOLERANCE
+
+
+@pytest.mark.parametrize('data_shape,keywords', [
+    ((2, 4, 17), dict(kernel=(3,), num_filter=6, stride=(2,), pad=(1,))),
+    ((2, 3, 6, 7, 8), dict(kernel=(3, 3, 3), num_filter=5, pad=(1, 1, 1))),
+    ((2, 8, 15, 15), dict(kernel=(3, 3), num_filter=8, dilate=(2, 2), pad=(2, 2))),
+    ((2, 8, 9, 9), dict(kernel=(3, 3), num_filter=8, num_group=8, stride=(2, 2))),
+    ((2, 16, 14, 14), dict(kernel=(1, 1), num_filter=32, stride=(2, 2))),
+    ((2, 4, 20, 20), dict(kernel=(7, 7), num_filter=16, stride=(2, 2), pad=(3, 3))),
+])
+@pytest.mark.parametrize('with_bias', [True, False])
+def test_channels_last_matches_mxnet_on_transposed_data(data_shape, keywords, with_bias):
+    # Data and output (N, spatial..., C), the weight MXNet's (O, I/group, kernel...).
+    assert max(compare(data_shape, keywords, with_bias, channels_last=True)) < TOLERANCE
+
+
+def test_channels_last_shapes_in_a_symbol_graph():
+    out = own_conv.convolution(mx.sym.var('data'), mx.sym.var('weight'), kernel=(3, 3),
+                               stride=(2, 2), pad=(1, 1), num_filter=12, channels_last=True)
+    arg_shapes, out_shapes, _ = out.infer_shape(data=(2, 9, 10, 5))
+    assert dict(zip(out.list_arguments(), arg_shapes))['weight'] == (12, 5, 3, 3)
+    assert out_shapes == [(2, 5, 5, 12)]
 
 
 def test_in_a_symbol_graph_and_a_hybridized_block():

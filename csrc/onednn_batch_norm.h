@@ -1,0 +1,66 @@
+// mxamp's own batch normalisation on oneDNN 3: what it computes and how it is called.
+//
+// Owns training-mode batch normalisation (batch statistics, the moving statistics' update, and
+// its gradient) and the global-statistics form, on oneDNN 3.x, for data whose channels are the
+// second dimension (N, C, spatial...) or the last (N, spatial..., C): the layout mxamp's
+// channels-last convolutions pass on, where MXNet 1.9.1's BatchNorm runs a scalar loop.  Data in
+// float32 or bfloat16; gamma, beta and the statistics in float32, as MXNet keeps them.  Knows
+// nothing of MXNet's extension ABI: mxnet_extension.cc adapts it.
+#ifndef MXAMP_ONEDNN_BATCH_NORM_H_
+#define MXAMP_ONEDNN_BATCH_NORM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "onednn_conv.h"
+
+namespace mxamp {
+
+// One batch normalisation in MXNet's terms (the attributes of its BatchNorm operator).
+struct BatchNormSpec {
+  std::vector<int64_t> data_shape;  // 3 to 5 dimensions
+  bool channels_last = false;       // channels the last dimension (else the second)
+  int dtype_flag = kFlagFloat32;    // of data and output
+  float eps = 1e-3f;                // MXNet's defaults
+  float momentum = 0.9f;
+  bool fix_gamma = true;            // gamma taken as 1, its gradient 0
+  bool use_global_stats = false;    // normalise with the moving statistics
+
+  int64_t channels() const { return channels_last ? data_shape.back() : data_shape[1]; }
+  // Throws std::invalid_argument naming the first inconsistent attribute.
+  void validate() const;
+};
+
+// MXNet's arrays of one forward call.  mean and variance receive the batch statistics (the
+// moving ones under use_global_stats); the moving statistics are updated in place in training.
+struct BatchNormForwardArrays {
+  const void* data;
+  const float* gamma;
+  const float* beta;
+  float* moving_mean;
+  float* moving_var;
+  void* output;
+  float* mean;
+  float* variance;
+};
+
+struct BatchNormBackwardArrays {
+  const void* output_grad;
+  const void* data;
+  const float* gamma;
+  const float* mean;      // the forward's outputs
+  const float* variance;
+  void* data_grad;
+  float* gamma_grad;
+  float* beta_grad;
+};
+
+void batch_norm_forward(const BatchNormSpec& spec, const BatchNormForwardArrays& arrays,
+                        const Scratch& scratch);
+void batch_norm_backward(const BatchNormSpec& spec, const BatchNormBackwardArrays& arrays,
+                         const Scratch& scratch);
+
+}  // namespace mxamp
+
+#endif  // MXAMP_ONEDNN_BATCH_NORM_H_

@@ -1,0 +1,156 @@
+"""mxamp's own batch normalisation on oneDNN 3 (mxamp.own_conv.batch_norm).
+
+The building block of a channels-last chain: MXNet 1.9.1's ``BatchNorm`` runs a
+scalar loop on channels-last data, oneDNN 3 a vectorised kernel.  In float32 it
+must give MXNet's ``BatchNorm`` in training mode (channels second, or last on
+the data MXNet normalises with ``axis=3``): the output, the gradients of data,
+gamma and beta, and the moving statistics after a forward and backward pass,
+for ``fix_gamma`` either way and ``use_global_stats``.  Errors are normalised by
+the largest value, held to 1e-5 (float32 roundoff; the sums run in other
+orders).  bfloat16 data is held to bfloat16 rounding of the float32 result.
+"""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd
+
+from mxamp import hardware, own_conv
+
+pytestmark = pytest.mark.skipif(not own_conv.available(),
+                                reason='own operators off here: %s' % own_conv.status().reason)
+
+TOLERANCE = 1e-5
+CHANNELS = 8
+
+
+def normalised_error(got, want):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def run(data, head, params, own, **attributes):
+    """Output, gradients of (data, gamma, beta) and the moving statistics after one step."""
+    gamma, beta, moving_mean, moving_var = [array.copy() for array in params]
+    data = data.copy()
+    for array in (data, gamma, beta):
+        array.attach_grad()
+    with autograd.record():
+        if own:
+            out = own_conv.batch_norm(data, gamma, beta, moving_mean, moving_var,
+                                      **attributes)[0]
+        else:
+            axis = attributes.pop('axis', 1)
+            out = mx.nd.BatchNorm(data, gamma, beta, moving_mean, moving_var,
+                                  axis=axis if axis == 1 else data.ndim - 1, **attributes)
+    out.backward(head)
+    cast = lambda a: mx.nd.amp_cast(a, dtype='float32').asnumpy()
+    return [cast(out), cast(data.grad), gamma.grad.asnumpy(), beta.grad.asnumpy(),
+            moving_mean.asnumpy(), moving_var.asnumpy()]
+
+
+def random_case(shape, seed=0):
+    rng = np.random.RandomState(seed)
+    data = mx.nd.array(rng.normal(0.5, 2.0, shape))
+    head = mx.nd.array(rng.uniform(-1, 1, shape))
+    params = [mx.nd.array(rng.uniform(0.5, 1.5, CHANNELS)), mx.nd.array(rng.uniform(-1, 1, CHANNELS)),
+              mx.nd.array(rng.uniform(-0.1, 0.1, CHANNELS)), mx.nd.array(rng.uniform(0.5, 2, CHANNELS))]
+    return data, head, params
+
+
+@pytest.mark.parametrize('shape,axis', [((4, CHANNELS, 5, 6), 1), ((4, 5, 6, CHANNELS), -1),
+                                        ((3, 4, 5, 6, CHANNELS), -1), ((6, 7, CHANNELS), -1),
+                                        ((6, CHANNELS, 7), 1)])
+@pytest.mark.parametrize('fix_gamma', [False, True])
+@pytest.mark.parametrize('use_global_stats', [False, True])
+def test_float32_matches_mxnet_batch_norm_in_training(shape, axis, fix_gamma, use_global_stats):
+    data, head, params = random_case(shape)
+    attributes = dict(eps=1e-5, momentum=0.8, fix_gamma=fix_gamma,
+                      use_global_stats=use_global_stats, axis=axis)
+    own = run(data, head, params, True, **attributes)
+    mxnet = run(data, head, params, False, **attributes)
+    names = ['output', 'data gradient', 'gamma gradient', 'beta gradient', 'moving mean',
+             'moving variance']
+    for name, got, want in zip(names, own, mxnet):
+        assert normalised_error(got, want) < TOLERANCE, (name, got, want)
+    if fix_gamma:
+        assert not own[2].any()                      # a fixed gamma takes no gradient
+    if use_global_stats:
+        np.testing.assert_array_equal(own[4], params[2].asnumpy())   # moving statistics kept
+    else:
+        assert normalised_error(own[4], params[2].asnumpy()) > 1e-3  # ... or updated
+
+
+def test_moving_statistics_follow_mxnets_update_over_steps():
+    # moving = moving * momentum + batch * (1 - momentum), the biased batch variance, each step.
+    data, head, params = random_case((8, 3, 3, CHANNELS))
+    mean, var = mx.nd.zeros(CHANNELS), mx.nd.ones(CHANNELS)
+    expected_mean, expected_var = np.zeros(CHANNELS), np.ones(CHANNELS)
+    for step in range(3):
+        batch = data.asnumpy() * (step + 1)
+        with autograd.record():
+            out, batch_mean, batch_var = own_conv.batch_norm(
+                mx.nd.array(batch), params[0], params[1], mean, var, momentum=0.9, axis=-1)
+        np.testing.assert_allclose(batch_mean.asnumpy(), batch.mean(axis=(0, 1, 2)), rtol=1e-5)
+        np.testing.assert_allclose(batch_var.asnumpy(), batch.var(axis=(0, 1, 2)), rtol=1e-4)
+        expected_mean = expected_mean * 0.9 + batch.mean(axis=(0, 1, 2)) * 0.1
+        expected_var = expected_var * 0.9 + batch.var(axis=(0, 1, 2)) * 0.1
+        np.testing.assert_allclose(mean.asnumpy(), expected_mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(var.asnumpy(), expected_var, rtol=1e-4)
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+def test_bfloat16_data_is_float32_within_bfloat16_rounding():
+    data, head, params = random_case((8, 7, 7, 32))
+    params = [mx.nd.array(np.random.RandomState(1).uniform(0.5, 1.5, 32)) for _ in range(4)]
+    reference = run(data, head, params, True, fix_gamma=False, axis=-1)
+    bf16 = lambda a: mx.nd.amp_cast(a, dtype='bfloat16')
+    low = run(bf16(data), bf16(head), params, True, fix_gamma=False, axis=-1)
+    for name, got, want in zip(['output', 'data gradient', 'gamma gradient', 'beta gradient'],
+                               low, reference):
+        # Inputs rounded to 8 bits of mantissa, the output once more: a few ulps of bfloat16.
+        assert normalised_error(got, want) < 2.0 ** -6, name
+
+
+def test_in_a_symbol_graph_the_moving_statistics_are_auxiliary_states():
+    c = CHANNELS
+    out = own_conv.batch_norm(mx.sym.var('data'), *[mx.sym.var(name, shape=(c,)) for name in
+                                                    ('gamma', 'beta', 'mean', 'var')],
+                              axis=-1, fix_gamma=False, name='bn')
+    assert out.list_arguments() == ['data', 'gamma', 'beta']
+    assert out.list_auxiliary_states() == ['mean', 'var']
+    assert json.loads(out.tojson())['nodes'][-1]['op'] == own_conv.BATCH_NORM_OP_NAME
+    loss = mx.sym.MakeLoss(mx.sym.sum(out[0] * mx.sym.var('head')))
+    executor = loss.simple_bind(mx.cpu(), data=(4, 3, 3, c), head=(4, 3, 3, c))
+    data, head, params = random_case((4, 3, 3, c))
+    for name, array in (('data', data), ('head', head), ('gamma', params[0]), ('beta', params[1])):
+        executor.arg_dict[name][:] = array
+    executor.aux_dict['mean'][:] = params[2]
+    executor.aux_dict['var'][:] = params[3]
+    executor.forward(is_train=True)
+    executor.backward()
+    want = run(data, head, params, False, fix_gamma=False, axis=-1)
+    got = [executor.grad_dict['data'], executor.grad_dict['gamma'], executor.grad_dict['beta'],
+           executor.aux_dict['mean'], executor.aux_dict['var']]
+    for got_array, want_array in zip(got, want[1:]):
+        assert normalised_error(got_array.asnumpy(), want_array) < TOLERANCE
+
+
+@pytest.mark.parametrize('attributes,message', [
+    (dict(axis=2), 'axis=2'),
+    (dict(axis=-1, momentum='fast'), 'momentum=fast is not a number'),
+])
+def test_bad_attributes_get_one_clear_line(attributes, message):
+    data, _, params = random_case((2, 3, 3, CHANNELS))
+    with pytest.raises(mx.base.MXNetError, match=message):
+        own_conv.batch_norm(data, *params, **attributes)[0].wait_to_read()
+
+
+def test_symbols_need_known_statistics_shapes():
+    # MXNet 1.9.1's shape inference for extension operators overruns its buffer when more
+    # inputs than the data has dimensions come with unknown shapes: refused before that.
+    with pytest.raises(ValueError, match="gamma.*shape"):
+        own_conv.batch_norm(*[mx.sym.var(name) for name in
+                              ('data', 'gamma', 'beta', 'mean', 'var')])
