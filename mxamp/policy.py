@@ -93,8 +93,10 @@ _GEMM = _names('''
 ''')
 
 # Ops run in low precision: the GEMMs, and BatchNorm on their outputs (its
-# statistics stay FP32, see _FLOAT32_INPUTS).
-_LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm')
+# statistics stay FP32, see _FLOAT32_INPUTS); _mxamp_batch_norm is mxamp's own
+# (mxamp.own_conv), for channels-last data.
+_LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm '
+                      '_mxamp_batch_norm')
 
 # Numerically sensitive: softmax, normalisation, reductions, exp/log/pow, losses,
 # detection post-processing, coordinates, linear algebra, samplers, legacy ops
@@ -252,11 +254,12 @@ _INDEX_INPUTS = {
 # Inputs an op wants in FP32 even when it runs in low precision.
 _FLOAT32_INPUTS = {
     'BatchNorm': (1, 2, 3, 4), '_contrib_BatchNormWithReLU': (1, 2, 3, 4),
-    '_contrib_SyncBatchNorm': (1, 2, 3, 4),
+    '_contrib_SyncBatchNorm': (1, 2, 3, 4), '_mxamp_batch_norm': (1, 2, 3, 4),
 }
 # Outputs that stay FP32 when the op runs in low precision (BatchNorm's mean/var).
 _FLOAT32_OUTPUTS = {
     'BatchNorm': (1, 2), '_contrib_BatchNormWithReLU': (1, 2), '_contrib_SyncBatchNorm': (1, 2),
+    '_mxamp_batch_norm': (1, 2),
 }
 
 # Ops with a bfloat16 CPU kernel in MXNet 1.9.1, forward and backward, measured
@@ -265,7 +268,7 @@ _FLOAT32_OUTPUTS = {
 # UpSampling, Crop, softmax-output losses (all fail).
 BFLOAT16_CPU_KERNELS = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
-    Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
+    _mxamp_batch_norm Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
     _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
     slice_like broadcast_like broadcast_axis broadcast_to BlockGrad _copy make_loss
     Concat stack add_n elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add
@@ -326,7 +329,8 @@ _BFLOAT16_CPU_CONDITIONS = {
 # in low precision at all): on FP32 data (MXNet's ResNets normalise the input
 # image first) it stays FP32, where casting its input would hand oneDNN a
 # plain-layout bfloat16 tensor (its slow BatchNorm kernel).
-_FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_SyncBatchNorm'))
+_FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_SyncBatchNorm',
+                           '_mxamp_batch_norm'))
 
 
 BLOCKED, PAD_CHANNELS = 'blocked', 'pad_channels'

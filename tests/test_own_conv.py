@@ -11,6 +11,7 @@ what a missing build says are tested where they can be on every machine.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -308,3 +309,19 @@ def test_bfloat16_is_as_close_to_float32_as_mxnets_bfloat16():
             off.append((key[0], keywords['kernel'], keywords.get('stride'), own, mxnet))
     # (Uninitialised memory: it may also come out right, so "at most this one".)
     assert all(entry[:3] == ((2, 128, 1, 1), (3, 3), (2, 2)) for entry in off), off
+
+
+def test_the_extension_compiles_against_mxnets_own_lib_api_header():
+    # mxnet_extension.cc implements MXNet's extension ABI from its own declarations
+    # (csrc/mxnet_lib_api_v11.h); against the lib_api.h MXNet's wheel ships, a definition that
+    # strays from the ABI fails to compile.
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'csrc',
+                          'mxnet_extension.cc')
+    compiler = shutil.which('g++') or shutil.which('c++')
+    if compiler is None or not os.path.exists(source):
+        pytest.skip('needs a C++ compiler and the source checkout (csrc/)')
+    include = os.path.join(os.path.dirname(mx.__file__), 'include')
+    result = subprocess.run([compiler, '-std=c++17', '-fsyntax-only', '-DMXAMP_WITH_MXNET_LIB_API',
+                             '-I', include, source], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, universal_newlines=True)
+    assert result.returncode == 0, result.stdout
