@@ -188,6 +188,12 @@ void check_same_shape(const char* what, const int64_t* shape, int ndim,
                               ")");
 }
 
+size_t element_count(const int64_t* shape, int ndim) {
+  size_t count = 1;
+  for (int i = 0; i < ndim; ++i) count *= static_cast<size_t>(shape[i]);
+  return count;
+}
+
 void check_one_type(const int* types, int count) {
   for (int i = 1; i < count; ++i) {
     if (types[i] != types[0])
@@ -378,11 +384,10 @@ int follow_compute(const Call& c) {
   const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
   check_same_shape("weight", c.inshapes[1], c.indims[1], shape);
   check_same_shape("output", c.outshapes[0], c.outdims[0], shape);
-  size_t count = 1;
-  for (int64_t d : shape) count *= static_cast<size_t>(d);
   mxamp::follow_bfloat16_weight(static_cast<const float*>(c.indata[0]),
                                 static_cast<const uint16_t*>(c.indata[1]),
-                                static_cast<float*>(c.outdata[0]), count);
+                                static_cast<float*>(c.outdata[0]),
+                                element_count(c.inshapes[0], c.indims[0]));
   return 1;
 }
 
@@ -513,19 +518,14 @@ int batch_norm_mutate(const char* const*, const char* const*, int, int** indices
   return 1;
 }
 
-size_t element_count(const int64_t* shape, int ndim) {
-  size_t count = 1;
-  for (int i = 0; i < ndim; ++i) count *= static_cast<size_t>(shape[i]);
-  return count;
-}
-
 int batch_norm_forward(const Call& c) {
   if (c.num_in != kBatchNormInputs || c.num_out != kBatchNormOutputs)
     throw std::invalid_argument("expected 5 inputs and 3 outputs");
   const mxamp::BatchNormSpec spec =
       parse_batch_norm(c.keys, c.vals, c.num).spec(c.inshapes[0], c.indims[0], c.intypes[0]);
   const std::vector<int64_t> vector = {spec.channels()};
-  for (int i = 1; i < kBatchNormInputs; ++i) check_same_shape("a statistics input", c.inshapes[i], c.indims[i], vector);
+  for (int i = 1; i < kBatchNormInputs; ++i)
+    check_same_shape("a statistics input", c.inshapes[i], c.indims[i], vector);
   check_same_shape("output", c.outshapes[0], c.outdims[0], spec.data_shape);
   mxamp::BatchNormForwardArrays arrays = {
       c.indata[0], static_cast<const float*>(c.indata[1]), static_cast<const float*>(c.indata[2]),

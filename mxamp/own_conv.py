@@ -31,7 +31,8 @@ on this project's 2-core AVX2 machine, it costs more per call than the whole
 extension operator does (see ``DESIGN_MEASUREMENTS`` below).
 
 The operator takes and returns MXNet's plain layouts (NCW/NCHW/NCDHW data,
-OIHW weights).  oneDNN 3 picks its own layout for each primitive; an argument
+OIHW weights), or with ``channels_last`` the data and output channels last
+(NWC/NHWC/NDHWC) and the weight still OIHW.  oneDNN 3 picks its own layout for each primitive; an argument
 whose layout differs is reordered through MXNet's temporary space inside the
 call.  Both libraries link the same ``libgomp.so.1``, and the operator runs on
 the MXNet worker thread that called it, so it computes on that thread's OpenMP
