@@ -16,14 +16,6 @@ constexpr int64_t kParallelFrom = 1 << 16;
 
 }  // namespace
 
-uint16_t round_to_bfloat16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  const uint32_t ties_to_even = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + ties_to_even) >> 16);
-}
-
 // Branch-free, so that the compiler vectorises it (O3 here only: the rest of the library keeps
 // -O2); in place it writes every element back, which costs less than a branch per element.
 __attribute__((optimize("O3"))) void follow_bfloat16_weight(const float* master,

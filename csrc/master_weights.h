@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace mxamp {
 
@@ -17,8 +18,15 @@ namespace mxamp {
 void follow_bfloat16_weight(const float* master, const uint16_t* weight, float* out,
                             size_t count);
 
-// `value` rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as oneDNN rounds.
-uint16_t round_to_bfloat16(float value);
+// `value` rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as oneDNN rounds.  Inline,
+// so that loops calling it vectorise.
+inline uint16_t round_to_bfloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t ties_to_even = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + ties_to_even) >> 16);
+}
 
 }  // namespace mxamp
 

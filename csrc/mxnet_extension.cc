@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers three operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers four operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -9,12 +9,15 @@
 // "_backward__mxamp_convolution", whose inputs MXNet fixes as (output gradient, data, weight,
 // [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
 // "_mxamp_batch_norm" (onednn_batch_norm.h), with the attributes of MXNet's BatchNorm (eps,
-// momentum, fix_gamma, use_global_stats, axis: 1 or the last; output_mean_var and cudnn_off
-// accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var), the last two
+// momentum, fix_gamma, use_global_stats, axis: 1 or the last; act_type=relu for a fused ReLU
+// on the output; output_mean_var and cudnn_off accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var), the last two
 // mutated; outputs (output, batch mean, batch variance), always training mode unless
 // use_global_stats, since the ABI does not say whether MXNet is training.  Its gradient's inputs
 // are (3 output gradients, 5 inputs, 3 outputs), its outputs the gradients of the 5 inputs (the
 // moving statistics' are 0).
+// "_mxamp_fan_out" (fan_out.h), attribute num_outputs (2 or more): one input (float32 or
+// bfloat16), num_outputs copies of it; its gradient's inputs are (num_outputs output gradients,
+// the input, the outputs), its output their sum.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -33,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "fan_out.h"
 #include "master_weights.h"
 #include "onednn_batch_norm.h"
 #include "mxnet_lib_api_v11.h"
@@ -45,6 +49,7 @@ using mxamp::ConvSpec;
 constexpr const char* kConvOpName = "_mxamp_convolution";
 constexpr const char* kFollowOpName = "_mxamp_follow_weight";
 constexpr const char* kBatchNormOpName = "_mxamp_batch_norm";
+constexpr const char* kFanOutOpName = "_mxamp_fan_out";
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
 // after the failing call.
@@ -398,6 +403,7 @@ struct BatchNormAttributes {
   float momentum = 0.9f;
   bool fix_gamma = true;
   bool use_global_stats = false;
+  bool relu = false;
   int64_t axis = 1;
 
   mxamp::BatchNormSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
@@ -413,6 +419,7 @@ struct BatchNormAttributes {
     s.momentum = momentum;
     s.fix_gamma = fix_gamma;
     s.use_global_stats = use_global_stats;
+    s.relu = relu;
     s.validate();
     return s;
   }
@@ -441,6 +448,10 @@ BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const*
       a.use_global_stats = parse_bool(key, value);
     } else if (key == "axis") {
       a.axis = parse_int(key, value);
+    } else if (key == "act_type") {
+      if (value != "relu")
+        throw std::invalid_argument("act_type=" + value + ": only relu is fused");
+      a.relu = true;
     } else if (key != "output_mean_var" && key != "cudnn_off") {
       throw std::invalid_argument("unknown attribute " + key + "=" + value);
     }
@@ -510,6 +521,8 @@ int batch_norm_infer_type(const char* const* keys, const char* const* vals, int 
   return 1;
 }
 
+// The moving statistics are declared mutated by the forward pass, as MXNet's BatchNorm declares
+// them, which makes them a graph's auxiliary states; both update them in the backward pass.
 int batch_norm_mutate(const char* const*, const char* const*, int, int** indices, int* count) {
   *indices = allocate<int>(2);
   (*indices)[0] = 3;  // moving_mean
@@ -529,7 +542,7 @@ int batch_norm_forward(const Call& c) {
   check_same_shape("output", c.outshapes[0], c.outdims[0], spec.data_shape);
   mxamp::BatchNormForwardArrays arrays = {
       c.indata[0], static_cast<const float*>(c.indata[1]), static_cast<const float*>(c.indata[2]),
-      static_cast<float*>(c.indata[3]), static_cast<float*>(c.indata[4]), c.outdata[0],
+      static_cast<const float*>(c.indata[3]), static_cast<const float*>(c.indata[4]), c.outdata[0],
       static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
   mxamp::batch_norm_forward(spec, arrays, c.scratch);
   return 1;
@@ -544,8 +557,11 @@ int batch_norm_backward(const Call& c) {
       parse_batch_norm(c.keys, c.vals, c.num).spec(c.inshapes[3], c.indims[3], c.intypes[3]);
   check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.data_shape);
   mxamp::BatchNormBackwardArrays arrays = {
-      c.indata[0], c.indata[3], static_cast<const float*>(c.indata[4]),
+      c.indata[0], c.indata[8], c.indata[3], static_cast<const float*>(c.indata[4]),
       static_cast<const float*>(c.indata[9]), static_cast<const float*>(c.indata[10]),
+      // The moving statistics MXNet passes back are the forward's arrays themselves, which its
+      // own BatchNorm updates here too (batch_norm.cc's backward).
+      static_cast<float*>(c.indata[6]), static_cast<float*>(c.indata[7]),
       c.outdata[0], static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
   mxamp::batch_norm_backward(spec, arrays, c.scratch);
   for (int i = 3; i < kBatchNormInputs; ++i) {  // the moving statistics take no gradient
@@ -578,6 +594,101 @@ int dense_storage(const char* const*, const char* const*, int, int* instypes, in
   return 1;
 }
 
+// _mxamp_fan_out: one array, num_outputs copies; the gradient sums theirs.
+int parse_fan_out(const char* const* keys, const char* const* vals, int num) {
+  int outputs = 0;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key != "num_outputs")
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    outputs = parse_int(key, value);
+  }
+  if (outputs < 2) throw std::invalid_argument("num_outputs must be 2 or more");
+  return outputs;
+}
+
+int fan_out_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                  int* num_out) {
+  *num_in = 1;
+  *num_out = parse_fan_out(keys, vals, num);
+  return 1;
+}
+
+int fan_out_infer_shape(const char* const* keys, const char* const* vals, int num,
+                        unsigned int** inshapes, int* indims, int num_in,
+                        unsigned int*** mod_inshapes, int** mod_indims,
+                        unsigned int*** outshapes, int** outdims, int num_out) {
+  if (num_in != 1 || num_out != parse_fan_out(keys, vals, num))
+    throw std::invalid_argument("expected 1 input and num_outputs outputs");
+  if (indims[0] <= 0) throw std::invalid_argument("the input shape is unknown");
+  const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
+  *mod_indims = allocate<int>(1);
+  *mod_inshapes = allocate<unsigned int*>(1);
+  (*mod_indims)[0] = indims[0];
+  (*mod_inshapes)[0] = copy_shape(shape);
+  *outdims = allocate<int>(num_out);
+  *outshapes = allocate<unsigned int*>(num_out);
+  for (int i = 0; i < num_out; ++i) {
+    (*outdims)[i] = indims[0];
+    (*outshapes)[i] = copy_shape(shape);
+  }
+  return 1;
+}
+
+int fan_out_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                       int num_in, int* outtypes, int num_out) {
+  if (num_in != 1 || num_out != parse_fan_out(keys, vals, num))
+    throw std::invalid_argument("expected 1 input and num_outputs outputs");
+  int known = intypes[0];
+  for (int i = 0; i < num_out && known < 0; ++i) known = outtypes[i];
+  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " + kFanOutOpName +
+                                " takes float32 or bfloat16");
+  intypes[0] = known;
+  for (int i = 0; i < num_out; ++i) outtypes[i] = known;
+  return 1;
+}
+
+int fan_out_forward(const Call& c) {
+  if (c.num_in != 1 || c.num_out != parse_fan_out(c.keys, c.vals, c.num))
+    throw std::invalid_argument("expected 1 input and num_outputs outputs");
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  const size_t bytes = element_count(c.inshapes[0], c.indims[0]) *
+                       (c.intypes[0] == mxamp::kFlagBFloat16 ? 2 : 4);
+  for (int i = 0; i < c.num_out; ++i) {
+    check_same_shape("output", c.outshapes[i], c.outdims[i], shape);
+    mxamp::copy_bytes(c.indata[0], c.outdata[i], bytes);
+  }
+  return 1;
+}
+
+int fan_out_backward(const Call& c) {
+  const int k = parse_fan_out(c.keys, c.vals, c.num);
+  if (c.num_in != 2 * k + 1 || c.num_out != 1)
+    throw std::invalid_argument("expected " + std::to_string(2 * k + 1) + " inputs and 1 output");
+  const std::vector<int64_t> shape(c.outshapes[0], c.outshapes[0] + c.outdims[0]);
+  const size_t size = element_count(c.outshapes[0], c.outdims[0]);
+  for (int i = 0; i < k; ++i) {
+    check_same_shape("output gradient", c.inshapes[i], c.indims[i], shape);
+    if (c.intypes[i] != c.intypes[0])
+      throw std::invalid_argument("output gradients of different data types");
+  }
+  if (c.intypes[0] == mxamp::kFlagBFloat16) {
+    std::vector<const uint16_t*> grads(k);
+    for (int i = 0; i < k; ++i) grads[i] = static_cast<const uint16_t*>(c.indata[i]);
+    mxamp::sum_bfloat16(grads.data(), k, static_cast<uint16_t*>(c.outdata[0]), size);
+  } else if (c.intypes[0] == mxamp::kFlagFloat32) {
+    std::vector<const float*> grads(k);
+    for (int i = 0; i < k; ++i) grads[i] = static_cast<const float*>(c.indata[i]);
+    mxamp::sum_float32(grads.data(), k, static_cast<float*>(c.outdata[0]), size);
+  } else {
+    throw std::invalid_argument("data type flag " + std::to_string(c.intypes[0]) +
+                                ": float32 or bfloat16 only");
+  }
+  return 1;
+}
+
 // One registered operator: its name and functions.  No backward: MXNet registers no gradient.
 struct Operator {
   const char* name;
@@ -600,6 +711,9 @@ Operator operators[] = {
     {kBatchNormOpName, &batch_norm_parse, &batch_norm_infer_shape, &batch_norm_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&batch_norm_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&batch_norm_backward)}, 1, &batch_norm_mutate},
+    {kFanOutOpName, &fan_out_parse, &fan_out_infer_shape, &fan_out_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_backward)}, 1, nullptr},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 

@@ -32,11 +32,16 @@ class BatchNorm {
     if (spec.use_global_stats) flags_ |= dnnl::normalization_flags::use_global_stats;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // The fused ReLU: forward only.  oneDNN's fused backward needs the forward's workspace, a
+    // further output MXNet would keep alive until the backward pass; the backward instead takes
+    // the ReLU's gradient from the output (eltwise_relu_use_dst_for_bwd), then the plain one.
+    const dnnl::normalization_flags forward_flags =
+        spec.relu ? flags_ | dnnl::normalization_flags::fuse_norm_relu : flags_;
     forward_pd_ = dnnl::batch_normalization_forward::primitive_desc(
         cpu_engine(),
         spec.use_global_stats ? dnnl::prop_kind::forward_inference
                               : dnnl::prop_kind::forward_training,
-        data_, data_, spec.eps, flags_, attr);
+        data_, data_, spec.eps, forward_flags, attr);
     forward_ = dnnl::batch_normalization_forward(forward_pd_);
   }
 
@@ -52,6 +57,15 @@ class BatchNorm {
         cpu_engine(), dnnl::prop_kind::backward, data_, data_, data_, spec_.eps, flags_, hint,
         attr);
     backward_ = dnnl::batch_normalization_backward(backward_pd_);
+    if (spec_.relu) {
+      auto relu_hint = dnnl::eltwise_forward::primitive_desc(
+          cpu_engine(), dnnl::prop_kind::forward_training,
+          dnnl::algorithm::eltwise_relu_use_dst_for_bwd, data_, data_, 0.0f, 0.0f);
+      relu_backward_pd_ = dnnl::eltwise_backward::primitive_desc(
+          cpu_engine(), dnnl::algorithm::eltwise_relu_use_dst_for_bwd, data_, data_, data_, 0.0f,
+          0.0f, relu_hint, attr);
+      relu_backward_ = dnnl::eltwise_backward(relu_backward_pd_);
+    }
     has_backward_ = true;
   }
 
@@ -61,7 +75,9 @@ class BatchNorm {
                const Scratch& scratch) const {
     const int64_t channels = spec.channels();
     const size_t scratchpad = forward_pd_.scratchpad_desc().get_size();
-    char* space = scratch_memory(scratch, aligned(scratchpad) + aligned(channels * 4));
+    const size_t workspace = forward_pd_.workspace_desc().get_size();
+    char* space = scratch_memory(
+        scratch, aligned(scratchpad) + aligned(channels * 4) + aligned(workspace));
     const float* gamma = gamma_or_ones(spec, a.gamma, space + aligned(scratchpad));
     dnnl::engine& engine = cpu_engine();
     std::unordered_map<int, memory> args = {
@@ -76,33 +92,46 @@ class BatchNorm {
     }
     args.emplace(DNNL_ARG_MEAN, memory(vector_, engine, a.mean));
     args.emplace(DNNL_ARG_VARIANCE, memory(vector_, engine, a.variance));
+    // The fused ReLU's workspace is for oneDNN's fused backward, which is not used: scratch.
+    if (workspace > 0)
+      args.emplace(DNNL_ARG_WORKSPACE,
+                   memory(forward_pd_.workspace_desc(), engine,
+                          space + aligned(scratchpad) + aligned(channels * 4)));
     forward_.execute(thread_stream(), args);
     thread_stream().wait();
-    if (!spec_.use_global_stats) {
-      // MXNet's update, with the biased batch variance, as its BatchNorm does.
-      const float keep = spec.momentum, take = 1.0f - spec.momentum;
-      for (int64_t c = 0; c < channels; ++c) {
-        a.moving_mean[c] = a.moving_mean[c] * keep + a.mean[c] * take;
-        a.moving_var[c] = a.moving_var[c] * keep + a.variance[c] * take;
-      }
-    }
   }
 
   void backward(const BatchNormSpec& spec, const BatchNormBackwardArrays& a,
                 const Scratch& scratch) const {
     const int64_t channels = spec.channels();
-    const size_t scratchpad = backward_pd_.scratchpad_desc().get_size();
-    char* space = scratch_memory(scratch, aligned(scratchpad) + 2 * aligned(channels * 4));
+    const size_t scratchpad = std::max(
+        backward_pd_.scratchpad_desc().get_size(),
+        spec_.relu ? relu_backward_pd_.scratchpad_desc().get_size() : size_t(0));
+    const size_t relu_grad = spec_.relu ? data_.get_size() : 0;
+    char* space = scratch_memory(
+        scratch, aligned(scratchpad) + 2 * aligned(channels * 4) + aligned(relu_grad));
     char* ones = space + aligned(scratchpad);
     float* shift_grad = reinterpret_cast<float*>(ones + aligned(channels * 4));
     const float* gamma = gamma_or_ones(spec, a.gamma, ones);
     dnnl::engine& engine = cpu_engine();
+    const void* output_grad = a.output_grad;
+    if (spec_.relu) {
+      // The gradient before the ReLU: the output's where the output is positive, else 0.
+      void* before_relu = ones + 2 * aligned(channels * 4);
+      relu_backward_.execute(
+          thread_stream(),
+          {{DNNL_ARG_DST, memory(data_, engine, const_cast<void*>(a.output))},
+           {DNNL_ARG_DIFF_DST, memory(data_, engine, const_cast<void*>(output_grad))},
+           {DNNL_ARG_DIFF_SRC, memory(data_, engine, before_relu)},
+           {DNNL_ARG_SCRATCHPAD, memory(relu_backward_pd_.scratchpad_desc(), engine, space)}});
+      output_grad = before_relu;
+    }
     float* gamma_grad = a.gamma_grad != nullptr ? a.gamma_grad : shift_grad;
     float* beta_grad = a.beta_grad != nullptr ? a.beta_grad : shift_grad;
     backward_.execute(
         thread_stream(),
         {{DNNL_ARG_SRC, memory(data_, engine, const_cast<void*>(a.data))},
-         {DNNL_ARG_DIFF_DST, memory(data_, engine, const_cast<void*>(a.output_grad))},
+         {DNNL_ARG_DIFF_DST, memory(data_, engine, const_cast<void*>(output_grad))},
          {DNNL_ARG_MEAN, memory(vector_, engine, const_cast<float*>(a.mean))},
          {DNNL_ARG_VARIANCE, memory(vector_, engine, const_cast<float*>(a.variance))},
          {DNNL_ARG_SCALE, memory(vector_, engine, const_cast<float*>(gamma))},
@@ -113,7 +142,14 @@ class BatchNorm {
     thread_stream().wait();
     // fix_gamma: gamma is a constant 1, so its gradient is 0 (as MXNet's BatchNorm gives).
     if (spec.fix_gamma && a.gamma_grad != nullptr)
-      std::fill(a.gamma_grad, a.gamma_grad + channels, 0.0f);
+      std::fill(a.gamma_grad, a.gamma_grad + channels, 0.0f);    if (!spec_.use_global_stats) {
+      // MXNet's update, with the biased batch variance, as its BatchNorm does.
+      const float keep = spec.momentum, take = 1.0f - spec.momentum;
+      for (int64_t c = 0; c < channels; ++c) {
+        a.moving_mean[c] = a.moving_mean[c] * keep + a.mean[c] * take;
+        a.moving_var[c] = a.moving_var[c] * keep + a.variance[c] * take;
+      }
+    }
   }
 
  private:
@@ -132,6 +168,8 @@ class BatchNorm {
   dnnl::batch_normalization_forward forward_;
   dnnl::batch_normalization_backward::primitive_desc backward_pd_;
   dnnl::batch_normalization_backward backward_;
+  dnnl::eltwise_backward::primitive_desc relu_backward_pd_;
+  dnnl::eltwise_backward relu_backward_;
   bool has_backward_ = false;
 };
 
@@ -141,7 +179,8 @@ std::string describe(const BatchNormSpec& spec) {
     shape += (i ? ", " : "") + std::to_string(spec.data_shape[i]);
   return std::string(dtype_name(spec.dtype_flag)) + " data (" + shape + ")" +
          (spec.channels_last ? " channels last" : "") +
-         (spec.use_global_stats ? " with global statistics" : "");
+         (spec.use_global_stats ? " with global statistics" : "") +
+         (spec.relu ? " and a ReLU" : "");
 }
 
 std::mutex cache_mutex;

@@ -1,7 +1,7 @@
 // mxamp's own batch normalisation on oneDNN 3: what it computes and how it is called.
 //
-// Owns training-mode batch normalisation (batch statistics, the moving statistics' update, and
-// its gradient) and the global-statistics form, on oneDNN 3.x, for data whose channels are the
+// Owns training-mode batch normalisation (batch statistics, its gradient and, with the gradient
+// as MXNet does, the moving statistics' update) and the global-statistics form, on oneDNN 3.x, for data whose channels are the
 // second dimension (N, C, spatial...) or the last (N, spatial..., C): the layout mxamp's
 // channels-last convolutions pass on, where MXNet 1.9.1's BatchNorm runs a scalar loop.  Data in
 // float32 or bfloat16; gamma, beta and the statistics in float32, as MXNet keeps them.  Knows
@@ -26,6 +26,7 @@ struct BatchNormSpec {
   float momentum = 0.9f;
   bool fix_gamma = true;            // gamma taken as 1, its gradient 0
   bool use_global_stats = false;    // normalise with the moving statistics
+  bool relu = false;                // a ReLU on the output (its gradient read from the output)
 
   int64_t channels() const { return channels_last ? data_shape.back() : data_shape[1]; }
   // Throws std::invalid_argument naming the first inconsistent attribute.
@@ -33,24 +34,30 @@ struct BatchNormSpec {
 };
 
 // MXNet's arrays of one forward call.  mean and variance receive the batch statistics (the
-// moving ones under use_global_stats); the moving statistics are updated in place in training.
+// moving ones under use_global_stats).
 struct BatchNormForwardArrays {
   const void* data;
   const float* gamma;
   const float* beta;
-  float* moving_mean;
-  float* moving_var;
+  const float* moving_mean;
+  const float* moving_var;
   void* output;
   float* mean;
   float* variance;
 };
 
+// The moving statistics are updated here, in place, unless use_global_stats: where MXNet's
+// BatchNorm updates them, so a forward pass without its backward (a loss computed under
+// autograd.record and dropped) leaves them as MXNet does.
 struct BatchNormBackwardArrays {
   const void* output_grad;
+  const void* output;     // the forward's output, for the fused ReLU's gradient
   const void* data;
   const float* gamma;
   const float* mean;      // the forward's outputs
   const float* variance;
+  float* moving_mean;
+  float* moving_var;
   void* data_grad;
   float* gamma_grad;
   float* beta_grad;

@@ -101,7 +101,7 @@ from mxnet.gluon import Block, HybridBlock
 
 from . import dtypes
 from . import graph as graph_mod
-from . import hardware, own_conv_choice
+from . import channels_last, hardware, own_conv_choice
 from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
 from .network_state import (NetworkState, Settings, Stage, Tree, attach, check_convertible,
@@ -258,30 +258,44 @@ class _Converted(object):
     # a low-precision parameter not cast yet) and makes the CachedOp; arrays
     # are fetched at call time, so casting after it is in time for the first
     # call.
-    # The CachedOp runs the runtime graph (some convolutions on mxamp's own
-    # operator, see _runtime_graph); _cached_graph, which export, infer_shape
-    # and summary read, keeps MXNet's Convolution.  (With a backend, MXNet's
+    # The CachedOp runs the runtime graph for the current mode (some
+    # convolutions on mxamp's own operator, channels-last regions when
+    # training, see _runtime_graph); _cached_graph, which export, infer_shape
+    # and summary read, keeps MXNet's operators.  (With a backend, MXNet's
     # _build_cache stores the partitioned graph there: that one stays.)
     def _build_cache(self, *args):
         inputs, symbol = self._get_graph(*args)
-        runtime = _runtime_graph(self, symbol, args)
+        training = autograd.is_training()
+        runtime, modes_differ = _runtime_graph(self, symbol, args, training)
         self._cached_graph = inputs, runtime
         try:
             super(_Converted, self)._build_cache(*args)
         finally:
             if self._cached_graph and self._cached_graph[1] is runtime:
                 self._cached_graph = inputs, symbol
+        state = converted_state(self)
+        state.cached_for = _mode_name(training) if modes_differ else 'both'
         _sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
     # None, then runs it.  A graph built for another device type (float16
     # emulation on CPU vs GPU kernels), or before a child was added to the
-    # tree, is rebuilt.
+    # tree, is rebuilt.  A block whose training graph has channels-last
+    # regions keeps a second CachedOp for inference (_use_cached_op_for).
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
         if _own_conv_gradient_added(self):
             self._clear_cached_op()
+        _use_cached_op_for(self, _mode_name(autograd.is_training()))
         return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
+
+    # MXNet 1.9.1: _clear_cached_op drops the graph, _cached_op and
+    # _cached_op_args; the CachedOp kept for the other mode goes with them.
+    def _clear_cached_op(self):
+        super(_Converted, self)._clear_cached_op()
+        state = converted_state(self)
+        state.cached_ops = {}
+        state.cached_for = None
 
     # MXNet 1.9.1: Block.__setattr__ refuses to replace a Block attribute with a
     # value that is not an instance of the attribute's class, here the
@@ -594,41 +608,81 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
                                    portable=False)
 
 
-def _runtime_graph(block, symbol, args):
-    """`symbol` with the convolutions `mxamp.own_conv_choice` chose for mxamp's own operator.
+# What the training graph runs a channels-last region's ops on (mxamp.channels_last).
+_CHANNELS_LAST_OPS = {'Convolution': own_conv_choice.own_conv.OP_NAME,
+                      'BatchNorm': own_conv_choice.own_conv.BATCH_NORM_OP_NAME}
 
-    Only training graphs on a CPU in bfloat16: a graph fused for inference
-    (``_backend``, set by `mxamp.for_inference`) keeps MXNet's convolutions,
-    which oneDNN fuses with their BatchNorm.  Records the chosen convolutions'
-    parameters in the block's state (see `_own_conv_gradient_added`).
+
+def _mode_name(training):
+    return 'training' if training else 'inference'
+
+
+def _use_cached_op_for(block, mode):
+    """Make `block`'s CachedOp the one for `mode`, keeping the other mode's aside.
+
+    MXNet 1.9.1's ``_call_cached_op`` runs ``_cached_op`` with the arrays
+    ``_cached_op_args`` names, and builds both when ``_cached_op`` is None.
     """
     state = converted_state(block)
-    state.own_conv_nodes = state.own_conv_params = frozenset()
+    if block._cached_op is None or state.cached_for in ('both', mode):
+        return
+    state.cached_ops[state.cached_for] = block._cached_op, block._cached_op_args
+    block._cached_op, block._cached_op_args = state.cached_ops.pop(mode, (None, []))
+    state.cached_for = mode if block._cached_op is not None else None
+
+
+def _runtime_graph(block, symbol, args, training):
+    """The graph `block`'s CachedOp runs, and whether it differs between training and inference.
+
+    `symbol` with the convolutions `mxamp.own_conv_choice` chose for mxamp's
+    own operator and, for `training`, the channels-last regions
+    `mxamp.channels_last` chose (inference keeps MXNet's graph there: the
+    own batch normalisation always uses the batch statistics).  Only graphs
+    on a CPU in bfloat16: a graph fused for inference (``_backend``, set by
+    `mxamp.for_inference`) keeps MXNet's operators, which oneDNN fuses.
+    Records in the block's state the nodes on the own operators and the
+    parameters whose gradients they write (see `_own_conv_gradient_added`).
+    """
+    state = converted_state(block)
+    state.own_conv_nodes = state.own_conv_params = state.channels_last_nodes = frozenset()
     device = _device_type(args) or _params_device_type(block)
     cached = state.conversion_for(device)
     if block._backend is not None or device != 'cpu' or cached is None or \
             cached[1].dtype != 'bfloat16':
-        return symbol
-    cpu_class = state.settings.policy(device).cpu_class
-    threads = own_conv_choice.running_threads()
-    if not own_conv_choice.may_choose(cpu_class, threads):
-        return symbol
+        return symbol, False
     conversion = cached[1]
-    names = own_conv_choice.bfloat16_convolutions(conversion)
-    if not names:
-        return symbol
+    cpu_class = state.settings.policy(device).cpu_class
     shapes = dict(conversion.shapes)
     inputs, _ = block._cached_graph
     shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
                   if isinstance(arg, mx.nd.NDArray))
     params = block.collect_params()
-    sites = own_conv_choice.conv_sites(symbol, shapes, names, 'bfloat16')
-    chosen = own_conv_choice.choose(
-        sites, cpu_class, threads,
-        lambda name: name not in params or params[name].grad_req != 'add')
+
+    def writes_gradient(name):
+        return name not in params or params[name].grad_req != 'add'
+
+    regions = channels_last.choose_regions(channels_last.find_regions(
+        symbol, shapes, [record.name for record in conversion.nodes
+                         if record.computes_in == 'bfloat16'], writes_gradient), cpu_class) \
+        if channels_last.mode() != 'off' else []
+    in_regions = frozenset(name for region in regions for name in region.nodes)
+    threads = own_conv_choice.running_threads()
+    chosen = []
+    if own_conv_choice.may_choose(cpu_class, threads):
+        names = [name for name in own_conv_choice.bfloat16_convolutions(conversion)
+                 if not (training and name in in_regions)]
+        sites = own_conv_choice.conv_sites(symbol, shapes, names, 'bfloat16')
+        chosen = own_conv_choice.choose(sites, cpu_class, threads, writes_gradient)
     state.own_conv_nodes = frozenset(site.name for site in chosen)
     state.own_conv_params = frozenset(p for site in chosen for p in site.params)
-    return own_conv_choice.with_own_convolutions(symbol, state.own_conv_nodes)
+    # Both modes record the training graph's regions: summary shows them, and a parameter
+    # of theirs turning to grad_req='add' rebuilds either CachedOp.
+    state.channels_last_nodes = in_regions
+    state.own_conv_params |= frozenset(p for region in regions for p in region.params)
+    if training and regions:
+        symbol = channels_last.with_channels_last(symbol, regions, shapes)
+    symbol = own_conv_choice.with_own_convolutions(symbol, state.own_conv_nodes)
+    return channels_last.with_fanned_out_inputs(symbol, state.own_conv_nodes), bool(regions)
 
 
 def _own_conv_gradient_added(block):
@@ -944,6 +998,7 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     rows = []
     counts: Counter[str] = collections.Counter()
     own_nodes = converted_state(net).own_conv_nodes
+    channels_last_nodes = converted_state(net).channels_last_nodes
     for node in conversion.nodes:
         shown = node.computes_in
         if node.computes_in != node.precision:
@@ -952,8 +1007,11 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
         reads = ['%s%s' % ('%s->%s' % (read.cast.source, read.cast.to_dtype) if read.cast else read.source,
                            ' +1 zero channel' if read.pad else '')
                  for read in node.inputs if read.cast or read.pad]
-        # The CachedOp may run it on mxamp's own operator (mxamp.own_conv_choice).
+        # The CachedOp may run it on mxamp's own operators (mxamp.own_conv_choice; in
+        # training, mxamp.channels_last).
         op = own_conv_choice.own_conv.OP_NAME if node.name in own_nodes else node.op
+        if node.name in channels_last_nodes and node.op in _CHANNELS_LAST_OPS:
+            op = '%s (training: %s)' % (node.op, _CHANNELS_LAST_OPS[node.op])
         rows.append((node.name, op, shown, ', '.join(reads)))
     heads = ['%s->%s' % (cast.source, cast.to_dtype) for cast in conversion.output_casts if cast]
     widths = [max([len(r[i]) for r in rows] + [len(h)])
@@ -984,6 +1042,9 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     if own_nodes:
         lines.append("convolutions on mxamp's own oneDNN 3 operator: %d (mxamp.own_conv_choice)"
                      % len(own_nodes))
+    if channels_last_nodes:
+        lines.append('computed channels last in training: %d ops (mxamp.channels_last; inference '
+                     "runs MXNet's)" % len(channels_last_nodes))
     by_dtype: Dict[str, Tuple[int, int]] = {}
     for param in net.collect_params().values():
         key = name_of_array(param) or str(param.dtype)

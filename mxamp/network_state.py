@@ -158,11 +158,24 @@ class NetworkState(object):
         (`mxamp.fusion.fold_batchnorm`); empty otherwise.
     own_conv_nodes, own_conv_params : frozenset of str
         The convolutions the block's CachedOp runs on mxamp's own operator
-        (`mxamp.own_conv_choice`), and their parameters; empty when none.
+        (`mxamp.own_conv_choice`), and the parameters whose gradients mxamp's
+        own operators write (those and the channels-last regions'); empty
+        when none.
+    channels_last_nodes : frozenset of str
+        The nodes the training CachedOp computes channels last
+        (`mxamp.channels_last`); empty when none.
+    cached_ops : dict
+        The CachedOps (with their argument lists) kept for the other mode
+        while the block runs in one, by ``'training'`` / ``'inference'``: a
+        block with channels-last regions trains on one graph and predicts on
+        MXNet's (see `mxamp.gluon`).
+    cached_for : str or None
+        The mode(s) the block's current CachedOp serves: ``'training'``,
+        ``'inference'``, ``'both'``, or None before it is built.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
                  '_built_at', 'fused_for_inference', 'float32_originals', 'own_conv_nodes',
-                 'own_conv_params')
+                 'own_conv_params', 'channels_last_nodes', 'cached_ops', 'cached_for')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -178,6 +191,9 @@ class NetworkState(object):
         self.float32_originals: Dict[str, Any] = {}
         self.own_conv_nodes: FrozenSet[str] = frozenset()
         self.own_conv_params: FrozenSet[str] = frozenset()
+        self.channels_last_nodes: FrozenSet[str] = frozenset()
+        self.cached_ops: Dict[str, Tuple[Any, Any]] = {}
+        self.cached_for: Optional[str] = None
 
     @classmethod
     def kept_float32(cls, reason: str) -> 'NetworkState':

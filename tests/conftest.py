@@ -255,3 +255,35 @@ def model(tmp_path):
     prefix = str(tmp_path / 'cnn')
     mx.model.save_checkpoint(prefix, 0, symbol, args, auxs)
     return prefix
+
+
+def pattern_task(seed=0):
+    """A task a small ResNet learns in 30 steps: 8 batches of 16 noisy copies of 10 patterns.
+
+    Returns (batches (8, 16, 3, 16, 16), labels (8, 16) as NDArrays, classes as numpy).
+    """
+    import mxnet as mx
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    patterns = rng.uniform(-1, 1, size=(10, 3, 16, 16))
+    classes = rng.randint(0, 10, size=(8, 16))
+    batches = mx.nd.array(patterns[classes] + rng.normal(0, 0.5, size=(8, 16, 3, 16, 16)))
+    return batches, mx.nd.array(classes), classes
+
+
+def loss_curve(net, batches, labels, steps=30):
+    """The loss of each of `steps` SGD steps (momentum 0.9, learning rate 0.02) of `net`."""
+    import numpy as np
+    from mxnet import autograd, gluon
+    import mxamp
+    trainer = mxamp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.02, 'momentum': 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    curve = []
+    for step in range(steps):
+        x, y = batches[step % len(batches)], labels[step % len(labels)]
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+        curve.append(loss.mean().asscalar())
+    return np.array(curve)

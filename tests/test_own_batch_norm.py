@@ -5,7 +5,8 @@ scalar loop on channels-last data, oneDNN 3 a vectorised kernel.  In float32 it
 must give MXNet's ``BatchNorm`` in training mode (channels second, or last on
 the data MXNet normalises with ``axis=3``): the output, the gradients of data,
 gamma and beta, and the moving statistics after a forward and backward pass,
-for ``fix_gamma`` either way and ``use_global_stats``.  Errors are normalised by
+for ``fix_gamma`` either way and ``use_global_stats``, and with the fused
+ReLU against MXNet's ``BatchNorm`` then ``Activation``.  Errors are normalised by
 the largest value, held to 1e-5 (float32 roundoff; the sums run in other
 orders).  bfloat16 data is held to bfloat16 rounding of the float32 result.
 """
@@ -31,7 +32,10 @@ def normalised_error(got, want):
 
 
 def run(data, head, params, own, **attributes):
-    """Output, gradients of (data, gamma, beta) and the moving statistics after one step."""
+    """Output, gradients of (data, gamma, beta) and the moving statistics after one step.
+
+    ``act_type='relu'``: MXNet's side is its BatchNorm, then its Activation.
+    """
     gamma, beta, moving_mean, moving_var = [array.copy() for array in params]
     data = data.copy()
     for array in (data, gamma, beta):
@@ -42,8 +46,11 @@ def run(data, head, params, own, **attributes):
                                       **attributes)[0]
         else:
             axis = attributes.pop('axis', 1)
+            act_type = attributes.pop('act_type', None)
             out = mx.nd.BatchNorm(data, gamma, beta, moving_mean, moving_var,
                                   axis=axis if axis == 1 else data.ndim - 1, **attributes)
+            if act_type is not None:
+                out = mx.nd.Activation(out, act_type=act_type)
     out.backward(head)
     cast = lambda a: mx.nd.amp_cast(a, dtype='float32').asnumpy()
     return [cast(out), cast(data.grad), gamma.grad.asnumpy(), beta.grad.asnumpy(),
@@ -64,10 +71,12 @@ def random_case(shape, seed=0):
                                         ((6, CHANNELS, 7), 1)])
 @pytest.mark.parametrize('fix_gamma', [False, True])
 @pytest.mark.parametrize('use_global_stats', [False, True])
-def test_float32_matches_mxnet_batch_norm_in_training(shape, axis, fix_gamma, use_global_stats):
+@pytest.mark.parametrize('act_type', [None, 'relu'])
+def test_float32_matches_mxnet_batch_norm_in_training(shape, axis, fix_gamma, use_global_stats,
+                                                      act_type):
     data, head, params = random_case(shape)
     attributes = dict(eps=1e-5, momentum=0.8, fix_gamma=fix_gamma,
-                      use_global_stats=use_global_stats, axis=axis)
+                      use_global_stats=use_global_stats, axis=axis, act_type=act_type)
     own = run(data, head, params, True, **attributes)
     mxnet = run(data, head, params, False, **attributes)
     names = ['output', 'data gradient', 'gamma gradient', 'beta gradient', 'moving mean',
@@ -89,15 +98,33 @@ def test_moving_statistics_follow_mxnets_update_over_steps():
     expected_mean, expected_var = np.zeros(CHANNELS), np.ones(CHANNELS)
     for step in range(3):
         batch = data.asnumpy() * (step + 1)
+        batch_data = mx.nd.array(batch)
+        batch_data.attach_grad()
         with autograd.record():
             out, batch_mean, batch_var = own_conv.batch_norm(
-                mx.nd.array(batch), params[0], params[1], mean, var, momentum=0.9, axis=-1)
+                batch_data, params[0], params[1], mean, var, momentum=0.9, axis=-1)
+        out.backward()
         np.testing.assert_allclose(batch_mean.asnumpy(), batch.mean(axis=(0, 1, 2)), rtol=1e-5)
         np.testing.assert_allclose(batch_var.asnumpy(), batch.var(axis=(0, 1, 2)), rtol=1e-4)
         expected_mean = expected_mean * 0.9 + batch.mean(axis=(0, 1, 2)) * 0.1
         expected_var = expected_var * 0.9 + batch.var(axis=(0, 1, 2)) * 0.1
         np.testing.assert_allclose(mean.asnumpy(), expected_mean, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(var.asnumpy(), expected_var, rtol=1e-4)
+
+
+@pytest.mark.parametrize('own', [False, True], ids=['mxnet', 'own'])
+def test_a_forward_pass_without_its_backward_leaves_the_moving_statistics(own):
+    # MXNet's BatchNorm updates them in the backward pass: a loss computed under
+    # autograd.record and dropped (or a forward in train_mode) leaves them, for both.
+    data, _, params = random_case((4, CHANNELS, 3, 3))
+    mean, var = params[2].copy(), params[3].copy()
+    with autograd.record():
+        if own:
+            own_conv.batch_norm(data, params[0], params[1], mean, var)[0].wait_to_read()
+        else:
+            mx.nd.BatchNorm(data, params[0], params[1], mean, var).wait_to_read()
+    np.testing.assert_array_equal(mean.asnumpy(), params[2].asnumpy())
+    np.testing.assert_array_equal(var.asnumpy(), params[3].asnumpy())
 
 
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
@@ -141,6 +168,7 @@ def test_in_a_symbol_graph_the_moving_statistics_are_auxiliary_states():
 @pytest.mark.parametrize('attributes,message', [
     (dict(axis=2), 'axis=2'),
     (dict(axis=-1, momentum='fast'), 'momentum=fast is not a number'),
+    (dict(act_type='tanh'), 'act_type=tanh: only relu is fused'),
 ])
 def test_bad_attributes_get_one_clear_line(attributes, message):
     data, _, params = random_case((2, 3, 3, CHANNELS))

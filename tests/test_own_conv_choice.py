@@ -20,7 +20,7 @@ from mxamp import cli, own_conv, own_conv_choice
 from mxamp.network_state import converted_state
 from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
 
-from conftest import needs_bfloat16_compute
+from conftest import loss_curve, needs_bfloat16_compute, pattern_task
 
 CASE = ConvCase((16, 64, 56, 56), (3, 3), (1, 1), (1, 1), (1, 1), 64, 1, True, 'bfloat16',
                 'batchnorm')
@@ -304,12 +304,7 @@ def test_a_network_fused_for_inference_keeps_mxnets_convolution(monkeypatch):
 def test_a_resnet_trains_on_the_own_operator_as_on_mxnets(monkeypatch):
     """Loss curves side by side: 30 SGD steps of a small ResNet, same data, same start."""
     from mxnet.gluon.model_zoo.vision import get_resnet
-    rng = np.random.RandomState(0)
-    # A task it can learn in 30 steps: each class is a fixed pattern under noise.
-    patterns = rng.uniform(-1, 1, size=(10, 3, 16, 16))
-    classes = rng.randint(0, 10, size=(8, 16))
-    images = mx.nd.array(patterns[classes] + rng.normal(0, 0.5, size=(8, 16, 3, 16, 16)))
-    labels = mx.nd.array(classes)
+    batches, labels, _ = pattern_task()
     curves = {}
     for mode in ('0', 'all'):
         monkeypatch.setenv('MXAMP_OWN_CONV', mode)
@@ -318,18 +313,7 @@ def test_a_resnet_trains_on_the_own_operator_as_on_mxnets(monkeypatch):
         net.initialize(mx.init.Xavier())
         mxamp.convert(net, 'bfloat16')
         net.hybridize()
-        trainer = mxamp.Trainer(net.collect_params(), 'sgd',
-                                {'learning_rate': 0.02, 'momentum': 0.9})
-        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-        curve = []
-        for step in range(30):
-            x, y = images[step % 8], labels[step % 8]
-            with autograd.record():
-                loss = loss_fn(net(x), y)
-            loss.backward()
-            trainer.step(16)
-            curve.append(loss.mean().asscalar())
-        curves[mode] = np.array(curve)
+        curves[mode] = loss_curve(net, batches, labels)
         if mode == 'all':
             assert len(_own_weights(net)) >= 16   # every 64-channel-or-wider convolution
     mxnet_curve, own_curve = curves['0'], curves['all']

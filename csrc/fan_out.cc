@@ -1,0 +1,67 @@
+// One array read by several operators, as one operator (see fan_out.h).
+#include "fan_out.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "master_weights.h"
+
+namespace mxamp {
+namespace {
+
+// Threads only where each gets a few hundred kilobytes: below that, starting them costs more.
+constexpr int64_t kParallelFrom = 1 << 16;
+constexpr int64_t kCopyChunk = 1 << 18;  // bytes per copied chunk
+
+float widen(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+}  // namespace
+
+void copy_bytes(const void* source, void* target, size_t bytes) {
+  const char* from = static_cast<const char*>(source);
+  char* to = static_cast<char*>(target);
+  const int64_t chunks = (static_cast<int64_t>(bytes) + kCopyChunk - 1) / kCopyChunk;
+#pragma omp parallel for if (chunks > 1) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t begin = static_cast<size_t>(c * kCopyChunk);
+    std::memcpy(to + begin, from + begin, std::min(bytes - begin, static_cast<size_t>(kCopyChunk)));
+  }
+}
+
+// O3 here only (the rest of the library keeps -O2), so that the compiler vectorises the loops.
+__attribute__((optimize("O3"))) void sum_float32(const float* const* inputs, int count, float* out,
+                                                 size_t size) {
+  const int64_t n = static_cast<int64_t>(size);
+#pragma omp parallel for simd if (n >= kParallelFrom) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float total = inputs[0][i];
+    for (int k = 1; k < count; ++k) total += inputs[k][i];
+    out[i] = total;
+  }
+}
+
+// Two inputs (a residual block's input: its body and its shortcut) are the common case, with a
+// loop of its own: the general one does not vectorise.
+__attribute__((optimize("O3"))) void sum_two_bfloat16(const uint16_t* a, const uint16_t* b,
+                                                      uint16_t* out, int64_t n) {
+#pragma omp parallel for simd if (n >= kParallelFrom) schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = round_to_bfloat16(widen(a[i]) + widen(b[i]));
+}
+
+void sum_bfloat16(const uint16_t* const* inputs, int count, uint16_t* out, size_t size) {
+  const int64_t n = static_cast<int64_t>(size);
+  if (count == 2) return sum_two_bfloat16(inputs[0], inputs[1], out, n);
+#pragma omp parallel for if (n >= kParallelFrom) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float total = widen(inputs[0][i]);
+    for (int k = 1; k < count; ++k) total += widen(inputs[k][i]);
+    out[i] = round_to_bfloat16(total);
+  }
+}
+
+}  // namespace mxamp

@@ -1,0 +1,477 @@
+"""Channels-last regions of a training graph: activations kept channels last across a chain.
+
+mxamp's own convolution wins nothing one convolution at a time inside
+MXNet's graphs (`mxamp.own_conv_choice`): MXNet reorders every array in
+oneDNN 2.4's layout to its plain one before an extension operator reads it,
+and its next operator reorders it back.  A whole chain on mxamp's own
+operators with the activations channels last (``(N, spatial..., C)``, the
+layout oneDNN 3's AMX kernels compute in) pays that price only at its
+borders: measured on ResNet-50 v1's 16 bottlenecks, forward and backward, the
+chain takes 0.66x of MXNet's time at 2 threads and 0.69x at 16 on an AMX
+Xeon (docs/own-convolution.rst).  This module owns those chains:
+
+* **finding** them (:func:`find_regions`): the connected runs of eligible
+  nodes of a converted graph, joined by their data edges.  Eligible are
+  ``Convolution`` (computing in the region's dtype, MXNet's default layout,
+  known data shape, gradients written, see `mxamp.own_conv`), ``BatchNorm``
+  over the channels (``axis=1``, without ``output_mean_var``) and the
+  elementwise operators between them (`ELEMENTWISE_OPS`: activations,
+  same-shape sums and products, casts), whose result does not depend on the
+  layout;
+* the **rule** (:func:`choose_regions`): a region pays for its two borders
+  when it holds at least `MIN_CONVOLUTIONS` convolutions, on a CPU class
+  where chains were measured faster (`MEASURED_FASTER`); ``MXAMP_CHANNELS_LAST``
+  (below) overrides it;
+* the **rewrite** (:func:`with_channels_last`): inside a region, convolutions
+  become ``_mxamp_convolution(channels_last=True)`` and batch normalisations
+  ``_mxamp_batch_norm(axis=-1)``, the elementwise operators stay as they are,
+  and a ``transpose`` stands on each data edge crossing the border (one per
+  array, however many readers it has).  MXNet 1.9.1's ``transpose`` corrupts
+  memory on bfloat16 arrays with oneDNN (see `mxamp.policy`), so a bfloat16
+  array is transposed in FP32 between exact casts.  An array of the region
+  with several readers (a residual block's input) goes through
+  ``_mxamp_fan_out`` (`mxamp.own_conv.fan_out`), one copy per reader: MXNet
+  would otherwise sum its gradients with ``add_n``, a scalar loop on plain
+  bfloat16 arrays, or, under ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``, add them
+  into the own operators' gradient outputs, which MXNet's extension ABI
+  cannot honour (the own operators always write: wrong gradients).
+
+Only training graphs of the Gluon front get regions (`mxamp.gluon`):
+``_mxamp_batch_norm`` always normalises with the batch statistics (MXNet's
+extension ABI does not tell an operator whether MXNet is training), so a
+converted block keeps MXNet's graph for inference, a second CachedOp.  Like
+MXNet's ``BatchNorm``, it updates the moving statistics in the backward pass.
+Exported files, symbol files and graphs fused for inference never hold a
+region.
+
+Environment variables
+---------------------
+MXAMP_CHANNELS_LAST
+    ``0`` (or ``false``, ``no``, ``off``): no regions.  ``all``: every region
+    of at least `MIN_CONVOLUTIONS` convolutions, on any CPU class where the
+    graph computes in bfloat16 (to measure whole networks both ways).  Unset
+    (or ``1``): the measured rule.  ``MXAMP_OWN_CONV=0`` also turns regions
+    off: they run on mxamp's own operators.
+"""
+import json
+import os
+from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
+                    Set, Tuple)
+
+import mxnet as mx
+
+from . import graph as graph_mod
+from . import own_conv
+
+__all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
+           'find_regions', 'choose_regions', 'with_channels_last', 'with_fanned_out_inputs']
+
+#: The environment variable that overrides the measured rule.
+ENV = 'MXAMP_CHANNELS_LAST'
+
+#: Fewest convolutions a region needs to pay for its borders: two transposes (in FP32 for
+#: bfloat16 data) and MXNet's reorders there.  A ResNet bottleneck has three.
+MIN_CONVOLUTIONS = 3
+
+#: CPU classes (`mxamp.hardware.cpu_class`) where channels-last chains were measured faster
+#: than MXNet's own graph, with the measurement.  The avx512_bf16 class (no AMX) is not
+#: measured yet: ``MXAMP_CHANNELS_LAST=all`` tries it.
+MEASURED_FASTER: Mapping[str, str] = {
+    'amx': "ResNet-50 v1 training, bfloat16, batch 16, 2 threads, Xeon with AMX (2 cores): "
+           "0.816 s per step with regions, 0.881 without (0.91x to 0.93x in three pairs); its "
+           "16 bottlenecks alone, forward and backward: 0.66x of MXNet's time at 2 threads, "
+           "0.69x at 16 threads, batch 64 (16-core Xeon with AMX)",
+}
+
+#: Operators whose output at each position depends only on their inputs at that position:
+#: they compute the same on channels-last data.  Their inputs must all have their output's shape.
+ELEMENTWISE_OPS: FrozenSet[str] = frozenset('''
+    Activation relu sigmoid tanh elemwise_add elemwise_sub elemwise_mul _Plus _plus _add
+    _Minus _minus _sub _Mul _mul add_n ElementWiseSum amp_cast Cast
+'''.split())
+
+_CONVOLUTION, _BATCH_NORM = 'Convolution', 'BatchNorm'
+_DEFAULT_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
+# The attributes _mxamp_batch_norm takes from MXNet's BatchNorm (axis becomes -1).
+_BATCH_NORM_ATTRIBUTES = ('eps', 'momentum', 'fix_gamma', 'use_global_stats')
+_OFF_VALUES = ('0', 'false', 'no', 'off')
+_ON_VALUES = ('', '1', 'true', 'yes', 'on')
+
+
+def mode() -> str:
+    """``'off'``, ``'measured'`` (the default) or ``'all'``: ``MXAMP_CHANNELS_LAST`` read.
+
+    ``'off'`` also when ``MXAMP_OWN_CONV`` switches mxamp's own operators off.
+
+    Raises
+    ------
+    ValueError
+        For a value of neither variable's, naming the variable and the values it takes.
+    """
+    if own_conv.mode() == 'off':
+        return 'off'
+    value = os.environ.get(ENV, '1').strip().lower()
+    if value in _OFF_VALUES:
+        return 'off'
+    if value in _ON_VALUES:
+        return 'measured'
+    if value == 'all':
+        return 'all'
+    raise ValueError('%s=%s: expected 0 (off), 1 (the measured choice, the default) or all'
+                     % (ENV, os.environ[ENV]))
+
+
+class Region(NamedTuple):
+    """A connected run of eligible nodes that can compute channels last.
+
+    ``nodes`` are the node names; ``params`` the variables its convolutions
+    and batch normalisations read (gradients the own operators write);
+    ``convolutions`` and ``batch_norms`` count theirs; ``borders`` is the
+    number of arrays that cross it (each a transpose in the rewrite).
+    """
+
+    nodes: FrozenSet[str]
+    params: FrozenSet[str]
+    convolutions: int
+    batch_norms: int
+    borders: int
+
+    def describe(self) -> str:
+        """``'52 convolutions, 53 batch norms, 2 border transposes'``."""
+        return '%d convolutions, %d batch norms, %d border transposes' % (
+            self.convolutions, self.batch_norms, self.borders)
+
+
+def _is_true(text: Any) -> bool:
+    return str(text).lower() in ('1', 'true')
+
+
+def _data_inputs(node: Mapping[str, Any]) -> List[int]:
+    """Positions of the inputs of a region node that carry channels-last data."""
+    return [0] if node['op'] in (_CONVOLUTION, _BATCH_NORM) else list(range(len(node['inputs'])))
+
+
+def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]],
+              shapes: Mapping[Tuple[int, int], Tuple[int, ...]], low_precision: Set[str],
+              writes_gradient: Callable[[str], bool]) -> bool:
+    op, attrs = node['op'], node.get('attrs', {})
+    if node['name'] not in low_precision:
+        return False
+    out_shape = shapes.get((nid, 0))
+    if not out_shape or not 3 <= len(out_shape) <= 5:
+        return False
+    in_shapes = [shapes.get((src, k)) for src, k, _ in node['inputs']]
+    if op in ELEMENTWISE_OPS:
+        return bool(in_shapes) and all(shape == out_shape for shape in in_shapes)
+    params = [nodes[src]['name'] for src, _, _ in node['inputs'][1:] if nodes[src]['op'] == 'null']
+    if not all(writes_gradient(name) for name in params):
+        return False  # the own operators write gradients, never add to them
+    if op == _CONVOLUTION:
+        return str(attrs.get('layout', 'None')) in _DEFAULT_LAYOUTS and \
+            in_shapes[0] is not None and len(in_shapes[0]) == len(out_shape)
+    if op == _BATCH_NORM:
+        return int(attrs.get('axis', 1)) == 1 and not _is_true(attrs.get('output_mean_var', False)) \
+            and in_shapes[0] == out_shape
+    return False
+
+
+def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
+                 low_precision: Iterable[str],
+                 writes_gradient: Callable[[str], bool] = lambda name: True) -> List[Region]:
+    """The channels-last regions of `symbol` that hold a convolution, largest first.
+
+    Parameters
+    ----------
+    symbol : mx.sym.Symbol
+        A converted graph (the runtime graph of a Gluon block).
+    shapes : dict
+        Shapes of its variables by name; nodes whose shapes do not infer from
+        them are not eligible.
+    low_precision : iterable of str
+        Names of the nodes computing in the region's precision (one
+        precision per region: the graph's casts stay where they were).
+    writes_gradient : callable
+        ``writes_gradient(parameter name)`` is False for a parameter whose
+        gradient is added to (``grad_req='add'``), which the own operators
+        cannot honour: its node is not eligible.
+    """
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    nodes = graph['nodes']
+    entry_shapes = dict(graph_mod.infer_entry_shapes(graph, shapes))
+    for nid, node in enumerate(nodes):
+        if node['op'] == 'null' and node['name'] in shapes:
+            entry_shapes[(nid, 0)] = tuple(shapes[node['name']])
+    wanted = set(low_precision)
+    eligible = {nid for nid, node in enumerate(nodes) if node['op'] != 'null' and
+                _eligible(nid, node, nodes, entry_shapes, wanted, writes_gradient)}
+    # Connected components over the data edges between eligible nodes (union-find).
+    parent = {nid: nid for nid in eligible}
+
+    def root(nid):
+        while parent[nid] != nid:
+            parent[nid] = parent[parent[nid]]
+            nid = parent[nid]
+        return nid
+
+    for nid in eligible:
+        for position in _data_inputs(nodes[nid]):
+            src = nodes[nid]['inputs'][position][0]
+            if src in eligible:
+                parent[root(nid)] = root(src)
+    members: Dict[int, Set[int]] = {}
+    for nid in eligible:
+        members.setdefault(root(nid), set()).add(nid)
+    regions = []
+    for group in members.values():
+        ops = [nodes[nid]['op'] for nid in group]
+        if _CONVOLUTION not in ops:
+            continue
+        params = frozenset(nodes[src]['name'] for nid in group if nodes[nid]['op'] != 'null'
+                           for src, _, _ in nodes[nid]['inputs'][1:]
+                           if nodes[nid]['op'] in (_CONVOLUTION, _BATCH_NORM)
+                           and nodes[src]['op'] == 'null')
+        regions.append(Region(frozenset(nodes[nid]['name'] for nid in group), params,
+                              ops.count(_CONVOLUTION), ops.count(_BATCH_NORM),
+                              _border_count(graph, group)))
+    return sorted(regions, key=lambda region: (-region.convolutions, sorted(region.nodes)))
+
+
+def _border_count(graph: Mapping[str, Any], group: Set[int]) -> int:
+    """Arrays crossing the border of the node indices `group`, in or out."""
+    nodes = graph['nodes']
+    entering, leaving = set(), set()
+    for nid, node in enumerate(nodes):
+        inside = nid in group
+        positions = _data_inputs(node) if inside else range(len(node.get('inputs', [])))
+        for position in positions:
+            src, k, _ = node['inputs'][position]
+            if inside and src not in group:
+                entering.add((src, k))
+            elif not inside and src in group:
+                leaving.add((src, k))
+    leaving.update((src, k) for src, k, _ in graph['heads'] if src in group)
+    return len(entering) + len(leaving)
+
+
+def choose_regions(regions: Iterable[Region], cpu_class: str) -> List[Region]:
+    """The regions that compute channels last on this CPU class (see the module's rule)."""
+    current = mode()
+    if current == 'off' or (current == 'measured' and cpu_class not in MEASURED_FASTER) or \
+            not own_conv.available():
+        return []
+    return [region for region in regions if region.convolutions >= MIN_CONVOLUTIONS]
+
+
+def with_channels_last(symbol: mx.sym.Symbol, regions: Iterable[Region],
+                       shapes: Mapping[str, Sequence[int]]) -> mx.sym.Symbol:
+    """`symbol` with `regions` computing channels last (see the module's rewrite).
+
+    `shapes` are the variables' shapes, as given to :func:`find_regions`.  The
+    graph keeps its variables, in the same order, and its outputs; the nodes
+    of a region keep their names.
+    """
+    names: Set[str] = set()
+    for region in regions:
+        names |= region.nodes
+    if not names:
+        return symbol
+    own_conv.require_loaded()
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    nodes = graph['nodes']
+    inside = {nid for nid, node in enumerate(nodes) if node['name'] in names}
+    entry_shapes = dict(graph_mod.infer_entry_shapes(graph, shapes))
+    for nid, node in enumerate(nodes):
+        if node['op'] == 'null' and node['name'] in shapes:
+            entry_shapes[(nid, 0)] = tuple(shapes[node['name']])
+    types = graph_mod.infer_entry_types(graph)
+    return _Rewrite(nodes, inside, entry_shapes, types).run(graph)
+
+
+def _fusable_relus(nodes: Sequence[Mapping[str, Any]], inside: Set[int]) -> Dict[int, int]:
+    """``{batch norm: ReLU}`` for each region batch norm whose output only a region ReLU reads.
+
+    ``_mxamp_batch_norm(act_type='relu')`` computes both in one pass and keeps
+    one array for the backward pass instead of two.
+    """
+    readers: Dict[Tuple[int, int], List[int]] = {}
+    for nid, node in enumerate(nodes):
+        for src, k, _ in node.get('inputs', []):
+            readers.setdefault((src, k), []).append(nid)
+    fused = {}
+    for nid in inside:
+        node = nodes[nid]
+        is_relu = node['op'] == 'relu' or (node['op'] == 'Activation' and
+                                            node.get('attrs', {}).get('act_type') == 'relu')
+        if not is_relu:
+            continue
+        src, k, _ = node['inputs'][0]
+        if src in inside and k == 0 and nodes[src]['op'] == _BATCH_NORM and \
+                readers.get((src, 0)) == [nid]:
+            fused[src] = nid
+    return fused
+
+
+class _Rewrite(object):
+    """One pass over a graph's nodes in order, building the channels-last graph."""
+
+    def __init__(self, nodes, inside, shapes, types):
+        self.nodes, self.inside, self.shapes, self.types = nodes, inside, shapes, types
+        self.relu_of = _fusable_relus(nodes, inside)  # batch norm -> the ReLU it absorbs
+        self.absorbed = {relu: norm for norm, relu in self.relu_of.items()}
+        self.out: List[Dict[str, Any]] = []
+        self.index: Dict[int, int] = {}  # old node -> new node computing it
+        # Old entries of the other layout than their node's: transposes made once per array.
+        self.plain: Dict[Tuple[int, int], List[int]] = {}
+        self.last: Dict[Tuple[int, int], List[int]] = {}
+        self.channels_last: Set[Tuple[int, int]] = set()  # new entries holding channels-last data
+
+    def run(self, graph):
+        for nid, node in enumerate(self.nodes):
+            if nid in self.absorbed:   # computed by its batch norm: the same array
+                self.index[nid] = self.index[self.absorbed[nid]]
+                continue
+            if nid in self.inside:
+                new = self._region_node(node)
+                if nid in self.relu_of:
+                    new['attrs']['act_type'] = 'relu'
+            else:
+                new = dict(node, inputs=[self.plain_entry(src, k) for src, k, _ in node['inputs']])
+            self.index[nid] = self._append(new)
+            if nid in self.inside:
+                self.channels_last.add((self.index[nid], 0))
+        heads = [self.plain_entry(src, k) for src, k, _ in graph['heads']]
+        nodes, heads = _with_fan_outs(self.out, heads,
+                                      self.channels_last | _own_operator_inputs(self.out))
+        result = {'nodes': nodes,
+                  'arg_nodes': [i for i, n in enumerate(nodes) if n['op'] == 'null'],
+                  'heads': heads,
+                  'attrs': graph.get('attrs', {'mxnet_version': ['int', 10901]})}
+        return mx.sym.load_json(json.dumps(result))
+
+    def _append(self, node):
+        self.out.append(node)
+        return len(self.out) - 1
+
+    def _region_node(self, node):
+        data = set(_data_inputs(node))
+        inputs = [self.last_entry(src, k) if position in data else self.plain_entry(src, k)
+                  for position, (src, k, _) in enumerate(node['inputs'])]
+        attrs = dict(node.get('attrs', {}))
+        if node['op'] == _CONVOLUTION:
+            attrs.pop('layout', None)
+            attrs['channels_last'] = 'True'
+            return dict(node, op=own_conv.OP_NAME, attrs=attrs, inputs=inputs)
+        if node['op'] == _BATCH_NORM:
+            attrs = {key: value for key, value in attrs.items() if key in _BATCH_NORM_ATTRIBUTES}
+            attrs['axis'] = '-1'
+            return dict(node, op=own_conv.BATCH_NORM_OP_NAME, attrs=attrs, inputs=inputs)
+        return dict(node, inputs=inputs)
+
+    def _transpose(self, entry, old, axes, suffix):
+        """A transpose node of the new `entry` (old entry `old`), in FP32 for bfloat16 data."""
+        src, k = old
+        name = '%s%s_mxamp_%s' % (self.nodes[src]['name'], '_%d' % k if k else '', suffix)
+        dtype = self.types.get(old)
+        low = dtype not in (None, 'float32')
+        if low:
+            entry = [self._append({'op': 'amp_cast', 'name': name + '_float32',
+                                   'attrs': {'dtype': 'float32'}, 'inputs': [entry]}), 0, 0]
+        entry = [self._append({'op': 'transpose', 'name': name,
+                               'attrs': {'axes': str(tuple(axes))}, 'inputs': [entry]}), 0, 0]
+        if low:
+            entry = [self._append({'op': 'amp_cast', 'name': name + '_' + dtype,
+                                   'attrs': {'dtype': dtype}, 'inputs': [entry]}), 0, 0]
+        return entry
+
+    def plain_entry(self, src, k):
+        """The new input entry for old entry (src, k), in MXNet's layout."""
+        if src not in self.inside:
+            return [self.index[src], k, 0]
+        if (src, k) not in self.plain:
+            ndim = len(self.shapes[(src, k)])
+            self.plain[(src, k)] = self._transpose(
+                [self.index[src], k, 0], (src, k), (0, ndim - 1) + tuple(range(1, ndim - 1)),
+                'channels_first')
+        return self.plain[(src, k)]
+
+    def last_entry(self, src, k):
+        """The new input entry for old entry (src, k), channels last."""
+        if src in self.inside:
+            return [self.index[src], k, 0]
+        if (src, k) not in self.last:
+            ndim = len(self.shapes[(src, k)])
+            self.last[(src, k)] = self._transpose(
+                self.plain_entry(src, k), (src, k), (0,) + tuple(range(2, ndim)) + (1,),
+                'channels_last')
+            self.channels_last.add(tuple(self.last[(src, k)][:2]))
+        return self.last[(src, k)]
+
+
+_OWN_OPERATORS = (own_conv.OP_NAME, own_conv.BATCH_NORM_OP_NAME)
+
+
+def _own_operator_inputs(nodes: Sequence[Mapping[str, Any]],
+                         names: Optional[Set[str]] = None) -> Set[Tuple[int, int]]:
+    """The entries that mxamp's own convolutions and batch norms (those named `names`) read."""
+    return {(src, k) for node in nodes if node['op'] in _OWN_OPERATORS and
+            (names is None or node['name'] in names) for src, k, _ in node['inputs']}
+
+
+def with_fanned_out_inputs(symbol: mx.sym.Symbol, names: Iterable[str]) -> mx.sym.Symbol:
+    """`symbol` with a fan-out on each array that an own operator named in `names` shares.
+
+    For mxamp's own convolutions outside regions (`mxamp.own_conv_choice`):
+    MXNet must never sum gradients into an own operator's output (see the
+    module's rewrite), so no array they read may have another reader.
+    """
+    wanted = set(names)
+    if not wanted:
+        return symbol
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    entries = _own_operator_inputs(graph['nodes'], wanted)
+    nodes, heads = _with_fan_outs(graph['nodes'], [list(head) for head in graph['heads']], entries)
+    if nodes is graph['nodes']:
+        return symbol
+    graph.update(nodes=nodes, heads=heads,
+                 arg_nodes=[i for i, node in enumerate(nodes) if node['op'] == 'null'])
+    graph.pop('node_row_ptr', None)
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
+                   entries: Set[Tuple[int, int]]) -> Tuple[List[Dict[str, Any]], List[List[int]]]:
+    """`nodes` and `heads` with a ``_mxamp_fan_out`` after each of `entries` read more than once.
+
+    MXNet sums the gradients of an array with several readers with ``add_n``,
+    whose bfloat16 kernel on plain arrays is a scalar loop (see
+    ``csrc/fan_out.h``): each reader gets its own output of the fan-out
+    instead, and the fan-out's gradient sums theirs.
+    """
+    readers: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
+    for nid, node in enumerate(nodes):
+        for position, (src, k, _) in enumerate(node['inputs']):
+            if (src, k) in entries:
+                readers.setdefault((src, k), []).append((nid, position))
+    for position, (src, k, _) in enumerate(heads):
+        if (src, k) in entries:
+            readers.setdefault((src, k), []).append((-1, position))
+    shared = {entry: places for entry, places in readers.items() if len(places) > 1}
+    if not shared:
+        return nodes, heads
+    out: List[Dict[str, Any]] = []
+    index: Dict[int, int] = {}  # old node -> new
+    redirect: Dict[Tuple[int, int], List[int]] = {}  # reader (node or -1, position) -> entry
+    for nid, node in enumerate(nodes):
+        index[nid] = len(out)
+        out.append(dict(node, inputs=[redirect.get((nid, position)) or [index[src], k, 0]
+                                      for position, (src, k, _) in enumerate(node['inputs'])]))
+        for (src, k), places in sorted(shared.items()):
+            if src == nid:
+                out.append({'op': own_conv.FAN_OUT_OP_NAME,
+                            'name': '%s%s_mxamp_fan_out' % (node['name'], '_%d' % k if k else ''),
+                            'attrs': {'num_outputs': str(len(places))},
+                            'inputs': [[index[nid], k, 0]]})
+                for output, place in enumerate(places):
+                    redirect[place] = [len(out) - 1, output, 0]
+    return out, [redirect.get((-1, position)) or [index[src], k, 0]
+                 for position, (src, k, _) in enumerate(heads)]
