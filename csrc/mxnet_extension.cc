@@ -10,7 +10,8 @@
 // [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
 // "_mxamp_batch_norm" (onednn_batch_norm.h), with the attributes of MXNet's BatchNorm (eps,
 // momentum, fix_gamma, use_global_stats, axis: 1 or the last; act_type=relu for a fused ReLU
-// on the output; output_mean_var and cudnn_off accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var), the last two
+// on the output; residual=True for a sixth input added before it; output_mean_var and
+// cudnn_off accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var), the last two
 // mutated; outputs (output, batch mean, batch variance), always training mode unless
 // use_global_stats, since the ABI does not say whether MXNet is training.  Its gradient's inputs
 // are (3 output gradients, 5 inputs, 3 outputs), its outputs the gradients of the 5 inputs (the
@@ -404,7 +405,10 @@ struct BatchNormAttributes {
   bool fix_gamma = true;
   bool use_global_stats = false;
   bool relu = false;
+  bool residual = false;
   int64_t axis = 1;
+
+  int inputs() const { return residual ? 6 : 5; }
 
   mxamp::BatchNormSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
     mxamp::BatchNormSpec s;
@@ -420,6 +424,7 @@ struct BatchNormAttributes {
     s.fix_gamma = fix_gamma;
     s.use_global_stats = use_global_stats;
     s.relu = relu;
+    s.residual = residual;
     s.validate();
     return s;
   }
@@ -448,6 +453,8 @@ BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const*
       a.use_global_stats = parse_bool(key, value);
     } else if (key == "axis") {
       a.axis = parse_int(key, value);
+    } else if (key == "residual") {
+      a.residual = parse_bool(key, value);
     } else if (key == "act_type") {
       if (value != "relu")
         throw std::invalid_argument("act_type=" + value + ": only relu is fused");
@@ -459,12 +466,18 @@ BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const*
   return a;
 }
 
-constexpr int kBatchNormInputs = 5, kBatchNormOutputs = 3;
+// Inputs (data, gamma, beta, moving_mean, moving_var[, residual]); outputs (output, mean,
+// variance).
+constexpr int kBatchNormOutputs = 3;
+
+void check_batch_norm_counts(const BatchNormAttributes& a, int num_in, int num_out) {
+  if (num_in != a.inputs() || num_out != kBatchNormOutputs)
+    throw std::invalid_argument("expected " + std::to_string(a.inputs()) + " inputs and 3 outputs");
+}
 
 int batch_norm_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
                      int* num_out) {
-  parse_batch_norm(keys, vals, num);
-  *num_in = kBatchNormInputs;
+  *num_in = parse_batch_norm(keys, vals, num).inputs();
   *num_out = kBatchNormOutputs;
   return 1;
 }
@@ -474,23 +487,26 @@ int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int
                            unsigned int*** mod_inshapes, int** mod_indims,
                            unsigned int*** outshapes, int** outdims, int num_out) {
   const BatchNormAttributes a = parse_batch_norm(keys, vals, num);
-  if (num_in != kBatchNormInputs || num_out != kBatchNormOutputs)
-    throw std::invalid_argument("expected 5 inputs and 3 outputs");
+  check_batch_norm_counts(a, num_in, num_out);
   if (indims[0] < 3) throw std::invalid_argument("the data shape is unknown or below 3 dimensions");
   const std::vector<int64_t> data(inshapes[0], inshapes[0] + indims[0]);
   const mxamp::BatchNormSpec spec = a.spec(data.data(), indims[0], mxamp::kFlagFloat32);
   const std::vector<int64_t> vector = {spec.channels()};
-  for (int i = 1; i < num_in; ++i) {
+  for (int i = 1; i < 5; ++i) {
     if (indims[i] > 0 && !(indims[i] == 1 && (inshapes[i][0] == 0 ||
                                               inshapes[i][0] == static_cast<unsigned int>(-1))))
       check_same_shape("gamma, beta and the moving statistics", std::vector<int64_t>(
                            inshapes[i], inshapes[i] + indims[i]).data(), indims[i], vector);
   }
+  if (a.residual && indims[5] > 0)
+    check_same_shape("the residual", std::vector<int64_t>(inshapes[5], inshapes[5] + indims[5])
+                     .data(), indims[5], data);
   *mod_indims = allocate<int>(num_in);
   *mod_inshapes = allocate<unsigned int*>(num_in);
   for (int i = 0; i < num_in; ++i) {
-    (*mod_indims)[i] = i == 0 ? indims[0] : 1;
-    (*mod_inshapes)[i] = copy_shape(i == 0 ? data : vector);
+    const bool like_data = i == 0 || i == 5;
+    (*mod_indims)[i] = like_data ? indims[0] : 1;
+    (*mod_inshapes)[i] = copy_shape(like_data ? data : vector);
   }
   *outdims = allocate<int>(num_out);
   *outshapes = allocate<unsigned int*>(num_out);
@@ -503,18 +519,24 @@ int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int
 
 int batch_norm_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
                           int num_in, int* outtypes, int num_out) {
-  parse_batch_norm(keys, vals, num);
-  if (num_in != kBatchNormInputs || num_out != kBatchNormOutputs)
-    throw std::invalid_argument("expected 5 inputs and 3 outputs");
-  const int data = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  const BatchNormAttributes a = parse_batch_norm(keys, vals, num);
+  check_batch_norm_counts(a, num_in, num_out);
+  int data = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  if (data < 0 && a.residual) data = intypes[5];
   if (data >= 0 && data != mxamp::kFlagFloat32 && data != mxamp::kFlagBFloat16)
     throw std::invalid_argument("data type flag " + std::to_string(data) +
                                 ": mxamp's batch normalisation takes float32 or bfloat16 data");
-  for (int i = 1; i < num_in; ++i) {
+  for (int i = 1; i < 5; ++i) {
     if (intypes[i] >= 0 && intypes[i] != mxamp::kFlagFloat32)
       throw std::invalid_argument("gamma, beta and the moving statistics must be float32 (type "
                                   "flag " + std::to_string(intypes[i]) + ")");
     intypes[i] = mxamp::kFlagFloat32;
+  }
+  if (a.residual) {
+    if (intypes[5] >= 0 && data >= 0 && intypes[5] != data)
+      throw std::invalid_argument("the residual's data type (flag " + std::to_string(intypes[5]) +
+                                  ") differs from the data's (" + std::to_string(data) + ")");
+    intypes[5] = data;
   }
   intypes[0] = outtypes[0] = data;
   outtypes[1] = outtypes[2] = mxamp::kFlagFloat32;
@@ -532,39 +554,45 @@ int batch_norm_mutate(const char* const*, const char* const*, int, int** indices
 }
 
 int batch_norm_forward(const Call& c) {
-  if (c.num_in != kBatchNormInputs || c.num_out != kBatchNormOutputs)
-    throw std::invalid_argument("expected 5 inputs and 3 outputs");
-  const mxamp::BatchNormSpec spec =
-      parse_batch_norm(c.keys, c.vals, c.num).spec(c.inshapes[0], c.indims[0], c.intypes[0]);
+  const BatchNormAttributes a = parse_batch_norm(c.keys, c.vals, c.num);
+  check_batch_norm_counts(a, c.num_in, c.num_out);
+  const mxamp::BatchNormSpec spec = a.spec(c.inshapes[0], c.indims[0], c.intypes[0]);
   const std::vector<int64_t> vector = {spec.channels()};
-  for (int i = 1; i < kBatchNormInputs; ++i)
+  for (int i = 1; i < 5; ++i)
     check_same_shape("a statistics input", c.inshapes[i], c.indims[i], vector);
+  if (spec.residual) check_same_shape("the residual", c.inshapes[5], c.indims[5], spec.data_shape);
   check_same_shape("output", c.outshapes[0], c.outdims[0], spec.data_shape);
   mxamp::BatchNormForwardArrays arrays = {
       c.indata[0], static_cast<const float*>(c.indata[1]), static_cast<const float*>(c.indata[2]),
-      static_cast<const float*>(c.indata[3]), static_cast<const float*>(c.indata[4]), c.outdata[0],
+      static_cast<const float*>(c.indata[3]), static_cast<const float*>(c.indata[4]),
+      spec.residual ? c.indata[5] : nullptr, c.outdata[0],
       static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
   mxamp::batch_norm_forward(spec, arrays, c.scratch);
   return 1;
 }
 
 int batch_norm_backward(const Call& c) {
-  // Inputs: gradients of (output, mean, variance), then (data, gamma, beta, moving_mean,
-  // moving_var), then (output, mean, variance).
-  if (c.num_in != 2 * kBatchNormOutputs + kBatchNormInputs || c.num_out != kBatchNormInputs)
-    throw std::invalid_argument("expected 11 inputs and 5 outputs");
-  const mxamp::BatchNormSpec spec =
-      parse_batch_norm(c.keys, c.vals, c.num).spec(c.inshapes[3], c.indims[3], c.intypes[3]);
+  // Inputs: gradients of (output, mean, variance), then the n forward inputs (data, gamma, beta,
+  // moving_mean, moving_var[, residual]), then (output, mean, variance).
+  const BatchNormAttributes a = parse_batch_norm(c.keys, c.vals, c.num);
+  const int n = a.inputs();
+  if (c.num_in != 2 * kBatchNormOutputs + n || c.num_out != n)
+    throw std::invalid_argument("expected " + std::to_string(2 * kBatchNormOutputs + n) +
+                                " inputs and " + std::to_string(n) + " outputs");
+  const mxamp::BatchNormSpec spec = a.spec(c.inshapes[3], c.indims[3], c.intypes[3]);
   check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.data_shape);
+  const int output = 3 + n;  // the forward's outputs follow its inputs
   mxamp::BatchNormBackwardArrays arrays = {
-      c.indata[0], c.indata[8], c.indata[3], static_cast<const float*>(c.indata[4]),
-      static_cast<const float*>(c.indata[9]), static_cast<const float*>(c.indata[10]),
+      c.indata[0], c.indata[output], c.indata[3], static_cast<const float*>(c.indata[4]),
+      static_cast<const float*>(c.indata[output + 1]),
+      static_cast<const float*>(c.indata[output + 2]),
       // The moving statistics MXNet passes back are the forward's arrays themselves, which its
       // own BatchNorm updates here too (batch_norm.cc's backward).
       static_cast<float*>(c.indata[6]), static_cast<float*>(c.indata[7]),
-      c.outdata[0], static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
+      c.outdata[0], static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2]),
+      spec.residual ? c.outdata[5] : nullptr};
   mxamp::batch_norm_backward(spec, arrays, c.scratch);
-  for (int i = 3; i < kBatchNormInputs; ++i) {  // the moving statistics take no gradient
+  for (int i = 3; i < 5; ++i) {  // the moving statistics take no gradient
     if (c.outdata[i] != nullptr)
       std::memset(c.outdata[i], 0, sizeof(float) * element_count(c.outshapes[i], c.outdims[i]));
   }

@@ -6,6 +6,7 @@
 #include "onednn_batch_norm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -36,13 +37,27 @@ class BatchNorm {
     // further output MXNet would keep alive until the backward pass; the backward instead takes
     // the ReLU's gradient from the output (eltwise_relu_use_dst_for_bwd), then the plain one.
     const dnnl::normalization_flags forward_flags =
-        spec.relu ? flags_ | dnnl::normalization_flags::fuse_norm_relu : flags_;
+        spec.relu && !spec.residual ? flags_ | dnnl::normalization_flags::fuse_norm_relu : flags_;
     forward_pd_ = dnnl::batch_normalization_forward::primitive_desc(
         cpu_engine(),
         spec.use_global_stats ? dnnl::prop_kind::forward_inference
                               : dnnl::prop_kind::forward_training,
         data_, data_, spec.eps, forward_flags, attr);
     forward_ = dnnl::batch_normalization_forward(forward_pd_);
+    if (spec.residual) {
+      // The residual is added to the output in place, the ReLU as the sum's post-op: one more
+      // pass, which MXNet's addition and ReLU took two of.
+      dnnl::primitive_attr sum_attr;
+      sum_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      if (spec.relu) {
+        dnnl::post_ops relu;
+        relu.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+        sum_attr.set_post_ops(relu);
+      }
+      residual_pd_ = dnnl::binary::primitive_desc(cpu_engine(), dnnl::algorithm::binary_add, data_,
+                                                  data_, data_, sum_attr);
+      residual_ = dnnl::binary(residual_pd_);
+    }
   }
 
   void make_backward() {
@@ -74,7 +89,9 @@ class BatchNorm {
   void forward(const BatchNormSpec& spec, const BatchNormForwardArrays& a,
                const Scratch& scratch) const {
     const int64_t channels = spec.channels();
-    const size_t scratchpad = forward_pd_.scratchpad_desc().get_size();
+    const size_t scratchpad = std::max(
+        forward_pd_.scratchpad_desc().get_size(),
+        spec_.residual ? residual_pd_.scratchpad_desc().get_size() : size_t(0));
     const size_t workspace = forward_pd_.workspace_desc().get_size();
     char* space = scratch_memory(
         scratch, aligned(scratchpad) + aligned(channels * 4) + aligned(workspace));
@@ -98,6 +115,14 @@ class BatchNorm {
                    memory(forward_pd_.workspace_desc(), engine,
                           space + aligned(scratchpad) + aligned(channels * 4)));
     forward_.execute(thread_stream(), args);
+    if (spec_.residual) {
+      residual_.execute(
+          thread_stream(),
+          {{DNNL_ARG_SRC_0, memory(data_, engine, a.output)},
+           {DNNL_ARG_SRC_1, memory(data_, engine, const_cast<void*>(a.residual))},
+           {DNNL_ARG_DST, memory(data_, engine, a.output)},
+           {DNNL_ARG_SCRATCHPAD, memory(residual_pd_.scratchpad_desc(), engine, space)}});
+    }
     thread_stream().wait();
   }
 
@@ -107,7 +132,9 @@ class BatchNorm {
     const size_t scratchpad = std::max(
         backward_pd_.scratchpad_desc().get_size(),
         spec_.relu ? relu_backward_pd_.scratchpad_desc().get_size() : size_t(0));
-    const size_t relu_grad = spec_.relu ? data_.get_size() : 0;
+    // The gradient before the ReLU goes to the residual's gradient when there is one (the
+    // sum passes it on unchanged), else to scratch.
+    const size_t relu_grad = spec_.relu && !spec_.residual ? data_.get_size() : 0;
     char* space = scratch_memory(
         scratch, aligned(scratchpad) + 2 * aligned(channels * 4) + aligned(relu_grad));
     char* ones = space + aligned(scratchpad);
@@ -117,7 +144,7 @@ class BatchNorm {
     const void* output_grad = a.output_grad;
     if (spec_.relu) {
       // The gradient before the ReLU: the output's where the output is positive, else 0.
-      void* before_relu = ones + 2 * aligned(channels * 4);
+      void* before_relu = spec_.residual ? a.residual_grad : ones + 2 * aligned(channels * 4);
       relu_backward_.execute(
           thread_stream(),
           {{DNNL_ARG_DST, memory(data_, engine, const_cast<void*>(a.output))},
@@ -125,6 +152,8 @@ class BatchNorm {
            {DNNL_ARG_DIFF_SRC, memory(data_, engine, before_relu)},
            {DNNL_ARG_SCRATCHPAD, memory(relu_backward_pd_.scratchpad_desc(), engine, space)}});
       output_grad = before_relu;
+    } else if (spec_.residual) {
+      std::memcpy(a.residual_grad, a.output_grad, data_.get_size());
     }
     float* gamma_grad = a.gamma_grad != nullptr ? a.gamma_grad : shift_grad;
     float* beta_grad = a.beta_grad != nullptr ? a.beta_grad : shift_grad;
@@ -170,6 +199,8 @@ class BatchNorm {
   dnnl::batch_normalization_backward backward_;
   dnnl::eltwise_backward::primitive_desc relu_backward_pd_;
   dnnl::eltwise_backward relu_backward_;
+  dnnl::binary::primitive_desc residual_pd_;
+  dnnl::binary residual_;
   bool has_backward_ = false;
 };
 
@@ -180,7 +211,7 @@ std::string describe(const BatchNormSpec& spec) {
   return std::string(dtype_name(spec.dtype_flag)) + " data (" + shape + ")" +
          (spec.channels_last ? " channels last" : "") +
          (spec.use_global_stats ? " with global statistics" : "") +
-         (spec.relu ? " and a ReLU" : "");
+         (spec.residual ? " plus a residual" : "") + (spec.relu ? " and a ReLU" : "");
 }
 
 std::mutex cache_mutex;

@@ -27,6 +27,7 @@ struct BatchNormSpec {
   bool fix_gamma = true;            // gamma taken as 1, its gradient 0
   bool use_global_stats = false;    // normalise with the moving statistics
   bool relu = false;                // a ReLU on the output (its gradient read from the output)
+  bool residual = false;            // an array like data added to the output, before the ReLU
 
   int64_t channels() const { return channels_last ? data_shape.back() : data_shape[1]; }
   // Throws std::invalid_argument naming the first inconsistent attribute.
@@ -41,6 +42,7 @@ struct BatchNormForwardArrays {
   const float* beta;
   const float* moving_mean;
   const float* moving_var;
+  const void* residual;   // null without
   void* output;
   float* mean;
   float* variance;
@@ -61,6 +63,7 @@ struct BatchNormBackwardArrays {
   void* data_grad;
   float* gamma_grad;
   float* beta_grad;
+  void* residual_grad;   // null without
 };
 
 void batch_norm_forward(const BatchNormSpec& spec, const BatchNormForwardArrays& arrays,

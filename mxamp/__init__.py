@@ -36,7 +36,7 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .graph import GraphError  # noqa: E402
     from .symbol import ConversionResult, convert_model, convert_symbol, convert_with_record  # noqa: E402
     from . import migration  # noqa: E402
-    from . import own_conv, own_conv_choice, system_info  # noqa: E402
+    from . import channels_last, own_conv, own_conv_choice, system_info  # noqa: E402
     from .policy import PolicyLists, policy_lists  # noqa: E402
     from .loss_scaler import LossScaler  # noqa: E402
     from .module import Float32Init, ModuleTrainer  # noqa: E402
@@ -45,5 +45,6 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
 
 __all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'Float32Init', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer', 'convert_with_record', 'ConversionResult',
-           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'own_conv', 'own_conv_choice', 'profile',
+           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'own_conv', 'own_conv_choice',
+           'channels_last', 'profile',
            'ProfileReport', '__version__']

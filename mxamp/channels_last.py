@@ -61,10 +61,10 @@ from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Nam
 import mxnet as mx
 
 from . import graph as graph_mod
-from . import own_conv
+from . import hardware, own_conv
 
 __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
-           'find_regions', 'choose_regions', 'with_channels_last', 'with_fanned_out_inputs']
+           'describe', 'find_regions', 'choose_regions', 'with_channels_last', 'with_fanned_out_inputs']
 
 #: The environment variable that overrides the measured rule.
 ENV = 'MXAMP_CHANNELS_LAST'
@@ -78,9 +78,10 @@ MIN_CONVOLUTIONS = 3
 #: measured yet: ``MXAMP_CHANNELS_LAST=all`` tries it.
 MEASURED_FASTER: Mapping[str, str] = {
     'amx': "ResNet-50 v1 training, bfloat16, batch 16, 2 threads, Xeon with AMX (2 cores): "
-           "0.816 s per step with regions, 0.881 without (0.91x to 0.93x in three pairs); its "
-           "16 bottlenecks alone, forward and backward: 0.66x of MXNet's time at 2 threads, "
-           "0.69x at 16 threads, batch 64 (16-core Xeon with AMX)",
+           "0.784-0.798 s per step with regions, 0.904-0.953 without (three pairs); 1.385 "
+           "against 1.658 s at 1 thread; its 16 "
+           "bottlenecks alone, forward and backward: 0.66x of MXNet's time at 2 threads, 0.69x "
+           "at 16 threads, batch 64 (16-core Xeon with AMX)",
 }
 
 #: Operators whose output at each position depends only on their inputs at that position:
@@ -119,6 +120,38 @@ def mode() -> str:
         return 'all'
     raise ValueError('%s=%s: expected 0 (off), 1 (the measured choice, the default) or all'
                      % (ENV, os.environ[ENV]))
+
+
+def describe(cpu_class: Optional[str] = None) -> str:
+    """One line for ``mxamp info``: whether training graphs get channels-last regions here.
+
+    Example
+    -------
+    >>> print(mxamp.channels_last.describe('avx2'))  # doctest: +ELLIPSIS
+    channels-last regions in training: ...
+    """
+    if cpu_class is None:
+        cpu_class = hardware.cpu_class()
+    try:
+        current = mode()
+    except ValueError as error:
+        return 'channels-last regions in training: unknown, %s' % error
+    if current == 'off':
+        return 'channels-last regions in training: off (%s)' % (
+            'MXAMP_OWN_CONV=0' if own_conv.mode() == 'off' else '%s=0' % ENV)
+    if not own_conv.available():
+        return "channels-last regions in training: off (mxamp's own operators cannot run here)"
+    if not _own_operators_compute_bfloat16():
+        return ('channels-last regions in training: off (oneDNN 3 has no bfloat16 kernels for '
+                '%s)' % own_conv.status().cpu_isa)
+    if current == 'all':
+        return ('channels-last regions in training: on wherever bfloat16 computes (%s=all)'
+                % ENV)
+    if cpu_class in MEASURED_FASTER:
+        return ('channels-last regions in training: on for this CPU class (%s), measured faster '
+                '(%s=0 turns them off)' % (cpu_class, ENV))
+    return ('channels-last regions in training: off, not measured on this CPU class (%s; %s=all '
+            'tries them)' % (cpu_class, ENV))
 
 
 class Region(NamedTuple):
@@ -253,11 +286,22 @@ def _border_count(graph: Mapping[str, Any], group: Set[int]) -> int:
     return len(entering) + len(leaving)
 
 
+def _own_operators_compute_bfloat16() -> bool:
+    """Whether oneDNN 3 has bfloat16 kernels here: the instruction set it uses on this CPU.
+
+    Asked of the library itself, not of `mxamp.hardware`, whose CPU class a
+    test run may simulate: oneDNN 3 reports the real CPU (under
+    ``DNNL_MAX_CPU_ISA``), and an ``avx2`` or plain ``avx512_core`` has none.
+    """
+    isa = own_conv.status().cpu_isa or ''
+    return 'bf16' in isa or 'amx' in isa
+
+
 def choose_regions(regions: Iterable[Region], cpu_class: str) -> List[Region]:
     """The regions that compute channels last on this CPU class (see the module's rule)."""
     current = mode()
     if current == 'off' or (current == 'measured' and cpu_class not in MEASURED_FASTER) or \
-            not own_conv.available():
+            not own_conv.available() or not _own_operators_compute_bfloat16():
         return []
     return [region for region in regions if region.convolutions >= MIN_CONVOLUTIONS]
 
@@ -293,16 +337,11 @@ def _fusable_relus(nodes: Sequence[Mapping[str, Any]], inside: Set[int]) -> Dict
     ``_mxamp_batch_norm(act_type='relu')`` computes both in one pass and keeps
     one array for the backward pass instead of two.
     """
-    readers: Dict[Tuple[int, int], List[int]] = {}
-    for nid, node in enumerate(nodes):
-        for src, k, _ in node.get('inputs', []):
-            readers.setdefault((src, k), []).append(nid)
+    readers = _readers(nodes)
     fused = {}
     for nid in inside:
         node = nodes[nid]
-        is_relu = node['op'] == 'relu' or (node['op'] == 'Activation' and
-                                            node.get('attrs', {}).get('act_type') == 'relu')
-        if not is_relu:
+        if not _is_relu(node):
             continue
         src, k, _ = node['inputs'][0]
         if src in inside and k == 0 and nodes[src]['op'] == _BATCH_NORM and \
@@ -311,13 +350,64 @@ def _fusable_relus(nodes: Sequence[Mapping[str, Any]], inside: Set[int]) -> Dict
     return fused
 
 
+_SUMS = ('elemwise_add', '_Plus', '_plus', '_add')
+
+
+def _is_relu(node: Mapping[str, Any]) -> bool:
+    return node['op'] == 'relu' or (node['op'] == 'Activation' and
+                                    node.get('attrs', {}).get('act_type') == 'relu')
+
+
+def _fusable_residuals(nodes: Sequence[Mapping[str, Any]], inside: Set[int],
+                       taken: Set[int]) -> Dict[int, Tuple[int, Tuple[int, int], Optional[int]]]:
+    """``{batch norm: (sum, (other input), ReLU or None)}`` for a residual block's end.
+
+    A region batch norm (not in `taken`) whose output only a region sum of
+    two arrays reads, the sum's output read only by a region ReLU (or not):
+    ``_mxamp_batch_norm(residual=True, act_type='relu')`` computes the three
+    and keeps one array for the backward pass instead of three.
+    """
+    readers = _readers(nodes)
+    fused: Dict[int, Tuple[int, Tuple[int, int], Optional[int]]] = {}
+    for nid in sorted(inside):
+        node = nodes[nid]
+        if node['op'] not in _SUMS or len(node['inputs']) != 2:
+            continue
+        for position in (0, 1):
+            src, k, _ = node['inputs'][position]
+            other = tuple(node['inputs'][1 - position][:2])
+            if src in inside and k == 0 and src not in taken and src not in fused and \
+                    nodes[src]['op'] == _BATCH_NORM and readers.get((src, 0)) == [nid] and \
+                    other != (src, 0):
+                after = readers.get((nid, 0), [])
+                relu = after[0] if len(after) == 1 and after[0] in inside and \
+                    _is_relu(nodes[after[0]]) else None
+                fused[src] = (nid, (int(other[0]), int(other[1])), relu)
+                break
+    return fused
+
+
+def _readers(nodes: Sequence[Mapping[str, Any]]) -> Dict[Tuple[int, int], List[int]]:
+    readers: Dict[Tuple[int, int], List[int]] = {}
+    for nid, node in enumerate(nodes):
+        for src, k, _ in node.get('inputs', []):
+            readers.setdefault((src, k), []).append(nid)
+    return readers
+
+
 class _Rewrite(object):
     """One pass over a graph's nodes in order, building the channels-last graph."""
 
     def __init__(self, nodes, inside, shapes, types):
         self.nodes, self.inside, self.shapes, self.types = nodes, inside, shapes, types
         self.relu_of = _fusable_relus(nodes, inside)  # batch norm -> the ReLU it absorbs
+        # batch norm -> (the sum it absorbs, the sum's other input, the ReLU after it or None)
+        self.residual_of = _fusable_residuals(nodes, inside, set(self.relu_of))
         self.absorbed = {relu: norm for norm, relu in self.relu_of.items()}
+        for norm, (total, _, relu) in self.residual_of.items():
+            self.absorbed[total] = norm
+            if relu is not None:
+                self.absorbed[relu] = norm
         self.out: List[Dict[str, Any]] = []
         self.index: Dict[int, int] = {}  # old node -> new node computing it
         # Old entries of the other layout than their node's: transposes made once per array.
@@ -326,19 +416,16 @@ class _Rewrite(object):
         self.channels_last: Set[Tuple[int, int]] = set()  # new entries holding channels-last data
 
     def run(self, graph):
-        for nid, node in enumerate(self.nodes):
+        sums = {total: norm for norm, (total, _, _) in self.residual_of.items()}
+        for nid in range(len(self.nodes)):
+            if nid in self.residual_of:
+                continue   # made where its sum stood, once the sum's other input exists
+            if nid in sums:
+                self._emit(sums[nid])
             if nid in self.absorbed:   # computed by its batch norm: the same array
                 self.index[nid] = self.index[self.absorbed[nid]]
                 continue
-            if nid in self.inside:
-                new = self._region_node(node)
-                if nid in self.relu_of:
-                    new['attrs']['act_type'] = 'relu'
-            else:
-                new = dict(node, inputs=[self.plain_entry(src, k) for src, k, _ in node['inputs']])
-            self.index[nid] = self._append(new)
-            if nid in self.inside:
-                self.channels_last.add((self.index[nid], 0))
+            self._emit(nid)
         heads = [self.plain_entry(src, k) for src, k, _ in graph['heads']]
         nodes, heads = _with_fan_outs(self.out, heads,
                                       self.channels_last | _own_operator_inputs(self.out))
@@ -347,6 +434,24 @@ class _Rewrite(object):
                   'heads': heads,
                   'attrs': graph.get('attrs', {'mxnet_version': ['int', 10901]})}
         return mx.sym.load_json(json.dumps(result))
+
+    def _emit(self, nid):
+        node = self.nodes[nid]
+        if nid in self.inside:
+            new = self._region_node(node)
+            if nid in self.relu_of:
+                new['attrs']['act_type'] = 'relu'
+            if nid in self.residual_of:
+                _, (src, k), relu = self.residual_of[nid]
+                new['inputs'].append(self.last_entry(src, k))
+                new['attrs']['residual'] = 'True'
+                if relu is not None:
+                    new['attrs']['act_type'] = 'relu'
+        else:
+            new = dict(node, inputs=[self.plain_entry(src, k) for src, k, _ in node['inputs']])
+        self.index[nid] = self._append(new)
+        if nid in self.inside:
+            self.channels_last.add((self.index[nid], 0))
 
     def _append(self, node):
         self.out.append(node)

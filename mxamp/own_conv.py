@@ -383,7 +383,7 @@ def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[in
 def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: Any, *,
                eps: float = 1e-3, momentum: float = 0.9, fix_gamma: bool = True,
                use_global_stats: bool = False, axis: int = 1, act_type: Optional[str] = None,
-               name: Optional[str] = None) -> Any:
+               residual: Any = None, name: Optional[str] = None) -> Any:
     """Training-mode batch normalisation on mxamp's own oneDNN 3 operator.
 
     MXNet ``BatchNorm``'s arithmetic and attributes, for data whose channels
@@ -412,6 +412,9 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     act_type : {None, 'relu'}
         ``'relu'``: a ReLU on the output, in the same pass (its gradient
         taken from the output, as MXNet's ``Activation`` takes it).
+    residual : NDArray or Symbol, optional
+        An array like `data` added to the normalised output, before the
+        ReLU (a residual block's end); it gets the sum's gradient.
     name : str, optional
         The node's name (Symbols only).
 
@@ -435,6 +438,9 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     if act_type is not None:
         attributes['act_type'] = act_type
     inputs = [data, gamma, beta, moving_mean, moving_var]
+    if residual is not None:
+        attributes['residual'] = True
+        inputs.append(residual)
     if isinstance(data, mx.sym.Symbol):
         for what, symbol in zip(('gamma', 'beta', 'moving_mean', 'moving_var'), inputs[1:]):
             _require_known_shape(what, symbol)

@@ -3,7 +3,7 @@
 What mxamp would do here and why: versions, the CPU and its class (and what
 lowered it), AMX, what ``dtype='auto'`` picks, the GPUs MXNet sees, the OpenMP
 threads MXNet computes with, MXNet's build features, mxamp's own convolution
-(built, on, its oneDNN), and the environment
+(built, on, its oneDNN) and its channels-last regions, and the environment
 variables it was started with that change any of it.  Like PyTorch's ``collect_env``: a user
 pastes it into an issue.
 
@@ -11,7 +11,7 @@ Example
 -------
 >>> info = mxamp.system_info.collect()
 >>> sorted(info)[:4]
-['auto', 'cpu', 'environment', 'gpus']
+['auto', 'channels_last', 'cpu', 'environment']
 >>> print(mxamp.system_info.format_info(info))  # doctest: +ELLIPSIS
 mxamp ...
 
@@ -23,7 +23,7 @@ import platform
 import warnings
 from typing import Any, Dict, Optional
 
-from . import dtypes, hardware, own_conv, own_conv_choice
+from . import channels_last, dtypes, hardware, own_conv, own_conv_choice
 from ._version import __version__
 
 __all__ = ['collect', 'format_info']
@@ -90,8 +90,10 @@ def collect() -> Dict[str, Any]:
         why), ``gpus`` (count), ``openmp`` (`mxamp.hardware.mxnet_openmp_threads`),
         ``mxnet_features``, ``environment`` (the variables that change how
         MXNet computes), ``own_conv`` (`mxamp.own_conv.describe`: built, on,
-        its oneDNN) and ``own_conv_choice`` (`mxamp.own_conv_choice.describe`:
-        which convolutions run on it here).
+        its oneDNN), ``own_conv_choice`` (`mxamp.own_conv_choice.describe`:
+        which convolutions run on it here) and ``channels_last``
+        (`mxamp.channels_last.describe`: whether training graphs get
+        channels-last regions here).
     """
     import mxnet as mx
     import numpy as np
@@ -106,7 +108,8 @@ def collect() -> Dict[str, Any]:
     return {'versions': versions, 'cpu': cpu, 'auto': _auto(), 'gpus': hardware.gpu_count(),
             'openmp': hardware.mxnet_openmp_threads(), 'mxnet_features': _features(),
             'environment': hardware.performance_variables(), 'own_conv': own_conv.describe(),
-            'own_conv_choice': own_conv_choice.describe()}
+            'own_conv_choice': own_conv_choice.describe(),
+            'channels_last': channels_last.describe()}
 
 
 def format_info(info: Dict[str, Any]) -> str:
@@ -138,6 +141,7 @@ def format_info(info: Dict[str, Any]) -> str:
         '%s %s' % (name, 'on' if on else 'off') for name, on in features.items()))
     lines.append(info['own_conv'])
     lines.append(info['own_conv_choice'])
+    lines.append(info['channels_last'])
     environment = info['environment']
     lines.append('environment: %s' % (' '.join('%s=%s' % kv for kv in environment.items())
                                       or 'none of OMP_*, KMP_*, MXNET_*, DNNL_*, MXAMP_* set'))

@@ -6,7 +6,8 @@ must give MXNet's ``BatchNorm`` in training mode (channels second, or last on
 the data MXNet normalises with ``axis=3``): the output, the gradients of data,
 gamma and beta, and the moving statistics after a forward and backward pass,
 for ``fix_gamma`` either way and ``use_global_stats``, and with the fused
-ReLU against MXNet's ``BatchNorm`` then ``Activation``.  Errors are normalised by
+ReLU (and a residual added before it) against MXNet's ``BatchNorm`` then its
+addition and ``Activation``.  Errors are normalised by
 the largest value, held to 1e-5 (float32 roundoff; the sums run in other
 orders).  bfloat16 data is held to bfloat16 rounding of the float32 result.
 """
@@ -34,27 +35,33 @@ def normalised_error(got, want):
 def run(data, head, params, own, **attributes):
     """Output, gradients of (data, gamma, beta) and the moving statistics after one step.
 
-    ``act_type='relu'``: MXNet's side is its BatchNorm, then its Activation.
+    ``act_type='relu'``: MXNet's side is its BatchNorm, then its Activation; a
+    `residual` array is added before it, and its gradient comes last.
     """
     gamma, beta, moving_mean, moving_var = [array.copy() for array in params]
     data = data.copy()
-    for array in (data, gamma, beta):
+    residual = attributes.pop('residual', None)
+    arrays = [data, gamma, beta] + ([] if residual is None else [residual.copy()])
+    for array in arrays:
         array.attach_grad()
     with autograd.record():
         if own:
             out = own_conv.batch_norm(data, gamma, beta, moving_mean, moving_var,
+                                      residual=None if residual is None else arrays[3],
                                       **attributes)[0]
         else:
             axis = attributes.pop('axis', 1)
             act_type = attributes.pop('act_type', None)
             out = mx.nd.BatchNorm(data, gamma, beta, moving_mean, moving_var,
                                   axis=axis if axis == 1 else data.ndim - 1, **attributes)
+            if residual is not None:
+                out = out + arrays[3]
             if act_type is not None:
                 out = mx.nd.Activation(out, act_type=act_type)
     out.backward(head)
     cast = lambda a: mx.nd.amp_cast(a, dtype='float32').asnumpy()
     return [cast(out), cast(data.grad), gamma.grad.asnumpy(), beta.grad.asnumpy(),
-            moving_mean.asnumpy(), moving_var.asnumpy()]
+            moving_mean.asnumpy(), moving_var.asnumpy()] + [cast(a.grad) for a in arrays[3:]]
 
 
 def random_case(shape, seed=0):
@@ -72,15 +79,19 @@ def random_case(shape, seed=0):
 @pytest.mark.parametrize('fix_gamma', [False, True])
 @pytest.mark.parametrize('use_global_stats', [False, True])
 @pytest.mark.parametrize('act_type', [None, 'relu'])
+@pytest.mark.parametrize('with_residual', [False, True])
 def test_float32_matches_mxnet_batch_norm_in_training(shape, axis, fix_gamma, use_global_stats,
-                                                      act_type):
+                                                      act_type, with_residual):
     data, head, params = random_case(shape)
     attributes = dict(eps=1e-5, momentum=0.8, fix_gamma=fix_gamma,
                       use_global_stats=use_global_stats, axis=axis, act_type=act_type)
-    own = run(data, head, params, True, **attributes)
-    mxnet = run(data, head, params, False, **attributes)
+    if with_residual:
+        attributes['residual'] = mx.nd.array(np.random.RandomState(5).normal(size=shape))
+    own = run(data, head, params, True, **dict(attributes))
+    mxnet = run(data, head, params, False, **dict(attributes))
     names = ['output', 'data gradient', 'gamma gradient', 'beta gradient', 'moving mean',
-             'moving variance']
+             'moving variance', 'residual gradient']
+    assert len(own) == len(mxnet) == 6 + with_residual
     for name, got, want in zip(names, own, mxnet):
         assert normalised_error(got, want) < TOLERANCE, (name, got, want)
     if fix_gamma:

@@ -96,7 +96,9 @@ def test_the_own_convolution_choice_is_one_line_whatever_the_switch(monkeypatch,
     from mxamp import own_conv_choice
     from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
     monkeypatch.setenv('MXAMP_OWN_CONV', '0')
-    assert 'none' in system_info.format_info(system_info.collect()).splitlines()[-2]
+    lines = system_info.format_info(system_info.collect()).splitlines()
+    assert 'none' in next(line for line in lines if line.startswith('own convolution choice'))
+    assert lines[-2].startswith('channels-last regions in training: off')
     monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
     assert own_conv_choice.describe().endswith('(MXAMP_OWN_CONV=all)')
     monkeypatch.setenv('MXAMP_OWN_CONV', '1')
