@@ -10,12 +10,13 @@
 // [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
 // "_mxamp_batch_norm" (onednn_batch_norm.h), with the attributes of MXNet's BatchNorm (eps,
 // momentum, fix_gamma, use_global_stats, axis: 1 or the last; act_type=relu for a fused ReLU
-// on the output; residual=True for a sixth input added before it; output_mean_var and
-// cudnn_off accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var), the last two
-// mutated; outputs (output, batch mean, batch variance), always training mode unless
-// use_global_stats, since the ABI does not say whether MXNet is training.  Its gradient's inputs
-// are (3 output gradients, 5 inputs, 3 outputs), its outputs the gradients of the 5 inputs (the
-// moving statistics' are 0).
+// on the output; residual=True for a sixth input added before it; copies=k for k further
+// outputs, each a copy of the output for one more reader; output_mean_var and cudnn_off
+// accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var[, residual]), the
+// moving statistics mutated; outputs (output, batch mean, batch variance[, copies...]), always
+// training mode unless use_global_stats, since the ABI does not say whether MXNet is training.
+// Its gradient's inputs are (the outputs' gradients, the inputs, the outputs), its outputs the
+// gradients of the inputs (the moving statistics' are 0).
 // "_mxamp_fan_out" (fan_out.h), attribute num_outputs (2 or more): one input (float32 or
 // bfloat16), num_outputs copies of it; its gradient's inputs are (num_outputs output gradients,
 // the input, the outputs), its output their sum.
@@ -406,9 +407,11 @@ struct BatchNormAttributes {
   bool use_global_stats = false;
   bool relu = false;
   bool residual = false;
+  int copies = 0;  // further outputs, each a copy of the output for one more reader
   int64_t axis = 1;
 
   int inputs() const { return residual ? 6 : 5; }
+  int outputs() const { return 3 + copies; }
 
   mxamp::BatchNormSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
     mxamp::BatchNormSpec s;
@@ -455,6 +458,9 @@ BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const*
       a.axis = parse_int(key, value);
     } else if (key == "residual") {
       a.residual = parse_bool(key, value);
+    } else if (key == "copies") {
+      a.copies = parse_int(key, value);
+      if (a.copies < 0) throw std::invalid_argument("copies=" + value + " is negative");
     } else if (key == "act_type") {
       if (value != "relu")
         throw std::invalid_argument("act_type=" + value + ": only relu is fused");
@@ -467,18 +473,18 @@ BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const*
 }
 
 // Inputs (data, gamma, beta, moving_mean, moving_var[, residual]); outputs (output, mean,
-// variance).
-constexpr int kBatchNormOutputs = 3;
-
+// variance, copies of the output...).
 void check_batch_norm_counts(const BatchNormAttributes& a, int num_in, int num_out) {
-  if (num_in != a.inputs() || num_out != kBatchNormOutputs)
-    throw std::invalid_argument("expected " + std::to_string(a.inputs()) + " inputs and 3 outputs");
+  if (num_in != a.inputs() || num_out != a.outputs())
+    throw std::invalid_argument("expected " + std::to_string(a.inputs()) + " inputs and " +
+                                std::to_string(a.outputs()) + " outputs");
 }
 
 int batch_norm_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
                      int* num_out) {
-  *num_in = parse_batch_norm(keys, vals, num).inputs();
-  *num_out = kBatchNormOutputs;
+  const BatchNormAttributes a = parse_batch_norm(keys, vals, num);
+  *num_in = a.inputs();
+  *num_out = a.outputs();
   return 1;
 }
 
@@ -511,8 +517,9 @@ int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int
   *outdims = allocate<int>(num_out);
   *outshapes = allocate<unsigned int*>(num_out);
   for (int i = 0; i < num_out; ++i) {
-    (*outdims)[i] = i == 0 ? indims[0] : 1;
-    (*outshapes)[i] = copy_shape(i == 0 ? data : vector);
+    const bool like_data = i == 0 || i >= 3;
+    (*outdims)[i] = like_data ? indims[0] : 1;
+    (*outshapes)[i] = copy_shape(like_data ? data : vector);
   }
   return 1;
 }
@@ -540,6 +547,7 @@ int batch_norm_infer_type(const char* const* keys, const char* const* vals, int 
   }
   intypes[0] = outtypes[0] = data;
   outtypes[1] = outtypes[2] = mxamp::kFlagFloat32;
+  for (int i = 3; i < num_out; ++i) outtypes[i] = data;
   return 1;
 }
 
@@ -568,29 +576,39 @@ int batch_norm_forward(const Call& c) {
       spec.residual ? c.indata[5] : nullptr, c.outdata[0],
       static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
   mxamp::batch_norm_forward(spec, arrays, c.scratch);
+  const size_t bytes = element_count(c.outshapes[0], c.outdims[0]) *
+                       (spec.dtype_flag == mxamp::kFlagBFloat16 ? 2 : 4);
+  for (int i = 3; i < c.num_out; ++i) {
+    check_same_shape("a copy of the output", c.outshapes[i], c.outdims[i], spec.data_shape);
+    mxamp::copy_bytes(c.outdata[0], c.outdata[i], bytes);
+  }
   return 1;
 }
 
 int batch_norm_backward(const Call& c) {
-  // Inputs: gradients of (output, mean, variance), then the n forward inputs (data, gamma, beta,
-  // moving_mean, moving_var[, residual]), then (output, mean, variance).
+  // Inputs: gradients of the m outputs (output, mean, variance, copies...), then the n forward
+  // inputs (data, gamma, beta, moving_mean, moving_var[, residual]), then the m outputs.
   const BatchNormAttributes a = parse_batch_norm(c.keys, c.vals, c.num);
-  const int n = a.inputs();
-  if (c.num_in != 2 * kBatchNormOutputs + n || c.num_out != n)
-    throw std::invalid_argument("expected " + std::to_string(2 * kBatchNormOutputs + n) +
-                                " inputs and " + std::to_string(n) + " outputs");
-  const mxamp::BatchNormSpec spec = a.spec(c.inshapes[3], c.indims[3], c.intypes[3]);
-  check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.data_shape);
-  const int output = 3 + n;  // the forward's outputs follow its inputs
+  const int n = a.inputs(), m = a.outputs();
+  if (c.num_in != 2 * m + n || c.num_out != n)
+    throw std::invalid_argument("expected " + std::to_string(2 * m + n) + " inputs and " +
+                                std::to_string(n) + " outputs");
+  const int input = m, output = m + n;  // where the forward's inputs and outputs start
+  const mxamp::BatchNormSpec spec =
+      a.spec(c.inshapes[input], c.indims[input], c.intypes[input]);
+  for (int i = 0; i < m; i = i == 0 ? 3 : i + 1)
+    check_same_shape("an output gradient", c.inshapes[i], c.indims[i], spec.data_shape);
+  std::vector<const void*> copy_grads(c.indata + 3, c.indata + m);
   mxamp::BatchNormBackwardArrays arrays = {
-      c.indata[0], c.indata[output], c.indata[3], static_cast<const float*>(c.indata[4]),
+      c.indata[0], c.indata[output], c.indata[input],
+      static_cast<const float*>(c.indata[input + 1]),
       static_cast<const float*>(c.indata[output + 1]),
       static_cast<const float*>(c.indata[output + 2]),
       // The moving statistics MXNet passes back are the forward's arrays themselves, which its
       // own BatchNorm updates here too (batch_norm.cc's backward).
-      static_cast<float*>(c.indata[6]), static_cast<float*>(c.indata[7]),
+      static_cast<float*>(c.indata[input + 3]), static_cast<float*>(c.indata[input + 4]),
       c.outdata[0], static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2]),
-      spec.residual ? c.outdata[5] : nullptr};
+      spec.residual ? c.outdata[5] : nullptr, copy_grads.data(), a.copies};
   mxamp::batch_norm_backward(spec, arrays, c.scratch);
   for (int i = 3; i < 5; ++i) {  // the moving statistics take no gradient
     if (c.outdata[i] != nullptr)

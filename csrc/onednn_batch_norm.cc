@@ -12,7 +12,9 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
+#include "fan_out.h"
 #include "onednn_runtime.h"
 
 namespace mxamp {
@@ -135,13 +137,29 @@ class BatchNorm {
     // The gradient before the ReLU goes to the residual's gradient when there is one (the
     // sum passes it on unchanged), else to scratch.
     const size_t relu_grad = spec_.relu && !spec_.residual ? data_.get_size() : 0;
-    char* space = scratch_memory(
-        scratch, aligned(scratchpad) + 2 * aligned(channels * 4) + aligned(relu_grad));
+    const size_t summed = a.copies > 0 ? data_.get_size() : 0;
+    char* space = scratch_memory(scratch, aligned(scratchpad) + 2 * aligned(channels * 4) +
+                                              aligned(relu_grad) + aligned(summed));
     char* ones = space + aligned(scratchpad);
     float* shift_grad = reinterpret_cast<float*>(ones + aligned(channels * 4));
     const float* gamma = gamma_or_ones(spec, a.gamma, ones);
     dnnl::engine& engine = cpu_engine();
     const void* output_grad = a.output_grad;
+    if (a.copies > 0) {
+      // The output's readers' gradients, one per copy, summed as a fan-out sums them.
+      void* total = ones + 2 * aligned(channels * 4) + aligned(relu_grad);
+      std::vector<const void*> grads = {a.output_grad};
+      grads.insert(grads.end(), a.copy_grads, a.copy_grads + a.copies);
+      const size_t count = data_.get_size() / (spec.dtype_flag == kFlagBFloat16 ? 2 : 4);
+      if (spec.dtype_flag == kFlagBFloat16) {
+        sum_bfloat16(reinterpret_cast<const uint16_t* const*>(grads.data()),
+                     static_cast<int>(grads.size()), static_cast<uint16_t*>(total), count);
+      } else {
+        sum_float32(reinterpret_cast<const float* const*>(grads.data()),
+                    static_cast<int>(grads.size()), static_cast<float*>(total), count);
+      }
+      output_grad = total;
+    }
     if (spec_.relu) {
       // The gradient before the ReLU: the output's where the output is positive, else 0.
       void* before_relu = spec_.residual ? a.residual_grad : ones + 2 * aligned(channels * 4);
@@ -153,7 +171,7 @@ class BatchNorm {
            {DNNL_ARG_SCRATCHPAD, memory(relu_backward_pd_.scratchpad_desc(), engine, space)}});
       output_grad = before_relu;
     } else if (spec_.residual) {
-      std::memcpy(a.residual_grad, a.output_grad, data_.get_size());
+      std::memcpy(a.residual_grad, output_grad, data_.get_size());
     }
     float* gamma_grad = a.gamma_grad != nullptr ? a.gamma_grad : shift_grad;
     float* beta_grad = a.beta_grad != nullptr ? a.beta_grad : shift_grad;
@@ -171,7 +189,8 @@ class BatchNorm {
     thread_stream().wait();
     // fix_gamma: gamma is a constant 1, so its gradient is 0 (as MXNet's BatchNorm gives).
     if (spec.fix_gamma && a.gamma_grad != nullptr)
-      std::fill(a.gamma_grad, a.gamma_grad + channels, 0.0f);    if (!spec_.use_global_stats) {
+      std::fill(a.gamma_grad, a.gamma_grad + channels, 0.0f);
+    if (!spec_.use_global_stats) {
       // MXNet's update, with the biased batch variance, as its BatchNorm does.
       const float keep = spec.momentum, take = 1.0f - spec.momentum;
       for (int64_t c = 0; c < channels; ++c) {

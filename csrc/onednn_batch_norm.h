@@ -64,6 +64,10 @@ struct BatchNormBackwardArrays {
   float* gamma_grad;
   float* beta_grad;
   void* residual_grad;   // null without
+  // Gradients of copies of the output (written by the caller for other readers), added to
+  // output_grad.
+  const void* const* copy_grads = nullptr;
+  int copies = 0;
 };
 
 void batch_norm_forward(const BatchNormSpec& spec, const BatchNormForwardArrays& arrays,

@@ -24,14 +24,18 @@ Xeon (docs/own-convolution.rst).  This module owns those chains:
   (below) overrides it;
 * the **rewrite** (:func:`with_channels_last`): inside a region, convolutions
   become ``_mxamp_convolution(channels_last=True)`` and batch normalisations
-  ``_mxamp_batch_norm(axis=-1)``, the elementwise operators stay as they are,
-  and a ``transpose`` stands on each data edge crossing the border (one per
-  array, however many readers it has).  MXNet 1.9.1's ``transpose`` corrupts
-  memory on bfloat16 arrays with oneDNN (see `mxamp.policy`), so a bfloat16
-  array is transposed in FP32 between exact casts.  An array of the region
-  with several readers (a residual block's input) goes through
-  ``_mxamp_fan_out`` (`mxamp.own_conv.fan_out`), one copy per reader: MXNet
-  would otherwise sum its gradients with ``add_n``, a scalar loop on plain
+  ``_mxamp_batch_norm(axis=-1)``; a batch normalisation absorbs the ReLU that
+  alone reads it (``act_type='relu'``), or the sum with a residual and the
+  ReLU after it (``residual=True``); the other elementwise operators stay as
+  they are, and a ``transpose`` stands on each data edge crossing the border
+  (one per array, however many readers it has).  MXNet 1.9.1's
+  ``transpose`` corrupts memory on bfloat16 arrays with oneDNN (see
+  `mxamp.policy`), so a bfloat16 array is transposed in FP32 between exact
+  casts.  An array of the region with several readers (a residual block's
+  input) is given one copy per reader, written by the batch normalisation
+  that computes it (``copies``) or by a ``_mxamp_fan_out``
+  (`mxamp.own_conv.fan_out`) after whatever computes it: MXNet would
+  otherwise sum its gradients with ``add_n``, a scalar loop on plain
   bfloat16 arrays, or, under ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``, add them
   into the own operators' gradient outputs, which MXNet's extension ABI
   cannot honour (the own operators always write: wrong gradients).
@@ -75,13 +79,13 @@ MIN_CONVOLUTIONS = 3
 
 #: CPU classes (`mxamp.hardware.cpu_class`) where channels-last chains were measured faster
 #: than MXNet's own graph, with the measurement.  The avx512_bf16 class (no AMX) is not
-#: measured yet: ``MXAMP_CHANNELS_LAST=all`` tries it.
+#: measured on its own CPU (on a Xeon capped to its kernels, regions were slower):
+#: ``MXAMP_CHANNELS_LAST=all`` tries it.
 MEASURED_FASTER: Mapping[str, str] = {
-    'amx': "ResNet-50 v1 training, bfloat16, batch 16, 2 threads, Xeon with AMX (2 cores): "
-           "0.784-0.798 s per step with regions, 0.904-0.953 without (three pairs); 1.385 "
-           "against 1.658 s at 1 thread; its 16 "
-           "bottlenecks alone, forward and backward: 0.66x of MXNet's time at 2 threads, 0.69x "
-           "at 16 threads, batch 64 (16-core Xeon with AMX)",
+    'amx': "ResNet-50 v1 training, bfloat16, batch 16, Xeon with AMX (2 cores): 0.704-0.724 s "
+           "per step with regions, 0.852-0.861 without at 2 threads (two pairs), 1.276 against "
+           "1.624 s at 1 thread; its 16 bottlenecks alone, forward and backward: 0.69x of "
+           "MXNet's time at 16 threads, batch 64 (16-core Xeon with AMX)",
 }
 
 #: Operators whose output at each position depends only on their inputs at that position:
@@ -545,12 +549,14 @@ def with_fanned_out_inputs(symbol: mx.sym.Symbol, names: Iterable[str]) -> mx.sy
 
 def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
                    entries: Set[Tuple[int, int]]) -> Tuple[List[Dict[str, Any]], List[List[int]]]:
-    """`nodes` and `heads` with a ``_mxamp_fan_out`` after each of `entries` read more than once.
+    """`nodes` and `heads` with each of `entries` read more than once given one copy per reader.
 
     MXNet sums the gradients of an array with several readers with ``add_n``,
     whose bfloat16 kernel on plain arrays is a scalar loop (see
-    ``csrc/fan_out.h``): each reader gets its own output of the fan-out
-    instead, and the fan-out's gradient sums theirs.
+    ``csrc/fan_out.h``), or adds them into an own operator's output: each
+    reader gets its own copy instead, written by the own batch norm that
+    computes the array (``copies``) or by a ``_mxamp_fan_out`` after it, and
+    the gradients are summed there.
     """
     readers: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
     for nid, node in enumerate(nodes):
@@ -571,12 +577,22 @@ def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
         out.append(dict(node, inputs=[redirect.get((nid, position)) or [index[src], k, 0]
                                       for position, (src, k, _) in enumerate(node['inputs'])]))
         for (src, k), places in sorted(shared.items()):
-            if src == nid:
-                out.append({'op': own_conv.FAN_OUT_OP_NAME,
-                            'name': '%s%s_mxamp_fan_out' % (node['name'], '_%d' % k if k else ''),
-                            'attrs': {'num_outputs': str(len(places))},
-                            'inputs': [[index[nid], k, 0]]})
-                for output, place in enumerate(places):
-                    redirect[place] = [len(out) - 1, output, 0]
+            if src != nid:
+                continue
+            if node['op'] == own_conv.BATCH_NORM_OP_NAME and k == 0:
+                # The batch norm writes the copies itself (outputs 3...): no pass over its
+                # output, and one array fewer kept for the backward pass.
+                producer = out[index[nid]]
+                producer['attrs'] = dict(producer.get('attrs', {}), copies=str(len(places) - 1))
+                outputs = [0] + list(range(3, 2 + len(places)))
+                for output, place in zip(outputs, places):
+                    redirect[place] = [index[nid], output, 0]
+                continue
+            out.append({'op': own_conv.FAN_OUT_OP_NAME,
+                        'name': '%s%s_mxamp_fan_out' % (node['name'], '_%d' % k if k else ''),
+                        'attrs': {'num_outputs': str(len(places))},
+                        'inputs': [[index[nid], k, 0]]})
+            for output, place in enumerate(places):
+                redirect[place] = [len(out) - 1, output, 0]
     return out, [redirect.get((-1, position)) or [index[src], k, 0]
                  for position, (src, k, _) in enumerate(heads)]

@@ -383,7 +383,7 @@ def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[in
 def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: Any, *,
                eps: float = 1e-3, momentum: float = 0.9, fix_gamma: bool = True,
                use_global_stats: bool = False, axis: int = 1, act_type: Optional[str] = None,
-               residual: Any = None, name: Optional[str] = None) -> Any:
+               residual: Any = None, copies: int = 0, name: Optional[str] = None) -> Any:
     """Training-mode batch normalisation on mxamp's own oneDNN 3 operator.
 
     MXNet ``BatchNorm``'s arithmetic and attributes, for data whose channels
@@ -415,6 +415,10 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     residual : NDArray or Symbol, optional
         An array like `data` added to the normalised output, before the
         ReLU (a residual block's end); it gets the sum's gradient.
+    copies : int
+        Further outputs, each a copy of the output for one more reader, whose
+        gradients are summed with the output's (what ``_mxamp_fan_out`` does
+        after an operator, without its pass over the output).
     name : str, optional
         The node's name (Symbols only).
 
@@ -422,7 +426,8 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     -------
     list of NDArray, or Symbol
         The output (like `data`), the batch mean and the batch variance
-        (float32, ``(C,)``), as a list of NDArrays or a Symbol of three outputs.
+        (float32, ``(C,)``), then the output's `copies`, as a list of NDArrays
+        or a Symbol of that many outputs.
 
     Raises
     ------
@@ -441,6 +446,8 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     if residual is not None:
         attributes['residual'] = True
         inputs.append(residual)
+    if copies:
+        attributes['copies'] = int(copies)
     if isinstance(data, mx.sym.Symbol):
         for what, symbol in zip(('gamma', 'beta', 'moving_mean', 'moving_var'), inputs[1:]):
             _require_known_shape(what, symbol)

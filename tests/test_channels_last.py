@@ -227,13 +227,16 @@ def test_a_rewritten_resnet_computes_what_mxnet_computes_in_float32():
     assert counts[own_conv.OP_NAME] == 20 and counts[own_conv.BATCH_NORM_OP_NAME] == 20
     assert 'Convolution' not in counts and 'BatchNorm' not in counts
     assert counts['transpose'] == 4            # two regions, two borders each
-    assert counts[own_conv.FAN_OUT_OP_NAME] == 8   # each residual block's input
+    # Each residual block's input has two readers: the first block's gets a fan-out after its
+    # border transpose, the other seven are copies written by the batch norm that computes them.
+    assert counts[own_conv.FAN_OUT_OP_NAME] == 1
     # Every ReLU and residual sum fused into a batch norm (17 ReLUs, 8 sums).
     assert 'Activation' not in counts and 'elemwise_add' not in counts
     graph = json.loads(rewritten.tojson())
     fused = [node['attrs'] for node in graph['nodes'] if node['op'] == own_conv.BATCH_NORM_OP_NAME]
     assert sum(attrs.get('act_type') == 'relu' for attrs in fused) == 17
     assert sum(attrs.get('residual') == 'True' for attrs in fused) == 8
+    assert sorted(attrs.get('copies', '0') for attrs in fused) == ['0'] * 13 + ['1'] * 7
     assert_same_numbers(symbol, rewritten, shapes)
 
 

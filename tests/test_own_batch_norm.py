@@ -123,6 +123,33 @@ def test_moving_statistics_follow_mxnets_update_over_steps():
         np.testing.assert_allclose(var.asnumpy(), expected_var, rtol=1e-4)
 
 
+@pytest.mark.parametrize('act_type', [None, 'relu'])
+def test_copies_of_the_output_sum_their_gradients(act_type):
+    # MXNet's side: one output read by three heads, whose gradients MXNet sums.
+    data, _, params = random_case((4, 3, 5, CHANNELS))
+    rng = np.random.RandomState(3)
+    heads = [mx.nd.array(rng.uniform(-1, 1, data.shape)) for _ in range(3)]
+    attributes = dict(fix_gamma=False, axis=-1, act_type=act_type)
+    want = run(data, heads[0] + heads[1] + heads[2], params, False, **dict(attributes))
+    gamma, beta, moving_mean, moving_var = [array.copy() for array in params]
+    data = data.copy()
+    for array in (data, gamma, beta):
+        array.attach_grad()
+    with autograd.record():
+        outputs = own_conv.batch_norm(data, gamma, beta, moving_mean, moving_var, copies=2,
+                                      **attributes)
+    assert len(outputs) == 5
+    for copy in outputs[3:]:
+        np.testing.assert_array_equal(copy.asnumpy(), outputs[0].asnumpy())
+    autograd.backward([outputs[0], outputs[3], outputs[4]], heads)
+    got = [outputs[0].asnumpy(), data.grad.asnumpy(), gamma.grad.asnumpy(), beta.grad.asnumpy(),
+           moving_mean.asnumpy(), moving_var.asnumpy()]
+    for name, got_array, want_array in zip(['output', 'data gradient', 'gamma gradient',
+                                            'beta gradient', 'moving mean', 'moving variance'],
+                                           got, want):
+        assert normalised_error(got_array, want_array) < TOLERANCE, name
+
+
 @pytest.mark.parametrize('own', [False, True], ids=['mxnet', 'own'])
 def test_a_forward_pass_without_its_backward_leaves_the_moving_statistics(own):
     # MXNet's BatchNorm updates them in the backward pass: a loss computed under
