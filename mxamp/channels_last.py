@@ -68,7 +68,8 @@ from . import graph as graph_mod
 from . import hardware, own_conv
 
 __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
-           'describe', 'find_regions', 'choose_regions', 'with_channels_last', 'with_fanned_out_inputs']
+           'describe', 'find_regions', 'may_choose', 'choose_regions', 'with_channels_last',
+           'with_fanned_out_inputs']
 
 #: The environment variable that overrides the measured rule.
 ENV = 'MXAMP_CHANNELS_LAST'
@@ -174,7 +175,7 @@ class Region(NamedTuple):
     borders: int
 
     def describe(self) -> str:
-        """``'52 convolutions, 53 batch norms, 2 border transposes'``."""
+        """``'52 convolutions, 52 batch norms, 2 border transposes'``."""
         return '%d convolutions, %d batch norms, %d border transposes' % (
             self.convolutions, self.batch_norms, self.borders)
 
@@ -234,10 +235,7 @@ def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     """
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
-    entry_shapes = dict(graph_mod.infer_entry_shapes(graph, shapes))
-    for nid, node in enumerate(nodes):
-        if node['op'] == 'null' and node['name'] in shapes:
-            entry_shapes[(nid, 0)] = tuple(shapes[node['name']])
+    entry_shapes = _entry_shapes(graph, shapes)
     wanted = set(low_precision)
     eligible = {nid for nid, node in enumerate(nodes) if node['op'] != 'null' and
                 _eligible(nid, node, nodes, entry_shapes, wanted, writes_gradient)}
@@ -263,14 +261,23 @@ def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
         ops = [nodes[nid]['op'] for nid in group]
         if _CONVOLUTION not in ops:
             continue
-        params = frozenset(nodes[src]['name'] for nid in group if nodes[nid]['op'] != 'null'
-                           for src, _, _ in nodes[nid]['inputs'][1:]
+        params = frozenset(nodes[src]['name'] for nid in group
                            if nodes[nid]['op'] in (_CONVOLUTION, _BATCH_NORM)
-                           and nodes[src]['op'] == 'null')
+                           for src, _, _ in nodes[nid]['inputs'][1:] if nodes[src]['op'] == 'null')
         regions.append(Region(frozenset(nodes[nid]['name'] for nid in group), params,
                               ops.count(_CONVOLUTION), ops.count(_BATCH_NORM),
                               _border_count(graph, group)))
     return sorted(regions, key=lambda region: (-region.convolutions, sorted(region.nodes)))
+
+
+def _entry_shapes(graph: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]
+                  ) -> Dict[Tuple[int, int], Tuple[int, ...]]:
+    """The shapes of `graph`'s entries, op outputs and variables, inferred from `shapes`."""
+    entry_shapes = dict(graph_mod.infer_entry_shapes(graph, shapes))
+    for nid, node in enumerate(graph['nodes']):
+        if node['op'] == 'null' and node['name'] in shapes:
+            entry_shapes[(nid, 0)] = tuple(shapes[node['name']])
+    return entry_shapes
 
 
 def _border_count(graph: Mapping[str, Any], group: Set[int]) -> int:
@@ -301,11 +308,20 @@ def _own_operators_compute_bfloat16() -> bool:
     return 'bf16' in isa or 'amx' in isa
 
 
+def may_choose(cpu_class: str) -> bool:
+    """Whether :func:`choose_regions` can choose any region on this CPU class.
+
+    Cheap next to :func:`find_regions` (no graph is read): the switch, the
+    measured classes, and whether the own operators run with bfloat16 kernels.
+    """
+    current = mode()
+    return current != 'off' and (current == 'all' or cpu_class in MEASURED_FASTER) and \
+        own_conv.available() and _own_operators_compute_bfloat16()
+
+
 def choose_regions(regions: Iterable[Region], cpu_class: str) -> List[Region]:
     """The regions that compute channels last on this CPU class (see the module's rule)."""
-    current = mode()
-    if current == 'off' or (current == 'measured' and cpu_class not in MEASURED_FASTER) or \
-            not own_conv.available() or not _own_operators_compute_bfloat16():
+    if not may_choose(cpu_class):
         return []
     return [region for region in regions if region.convolutions >= MIN_CONVOLUTIONS]
 
@@ -327,21 +343,19 @@ def with_channels_last(symbol: mx.sym.Symbol, regions: Iterable[Region],
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     inside = {nid for nid, node in enumerate(nodes) if node['name'] in names}
-    entry_shapes = dict(graph_mod.infer_entry_shapes(graph, shapes))
-    for nid, node in enumerate(nodes):
-        if node['op'] == 'null' and node['name'] in shapes:
-            entry_shapes[(nid, 0)] = tuple(shapes[node['name']])
+    entry_shapes = _entry_shapes(graph, shapes)
     types = graph_mod.infer_entry_types(graph)
-    return _Rewrite(nodes, inside, entry_shapes, types).run(graph)
+    return _Rewrite(graph, inside, entry_shapes, types).run(graph)
 
 
-def _fusable_relus(nodes: Sequence[Mapping[str, Any]], inside: Set[int]) -> Dict[int, int]:
+def _fusable_relus(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Sequence[int]],
+                   inside: Set[int]) -> Dict[int, int]:
     """``{batch norm: ReLU}`` for each region batch norm whose output only a region ReLU reads.
 
     ``_mxamp_batch_norm(act_type='relu')`` computes both in one pass and keeps
     one array for the backward pass instead of two.
     """
-    readers = _readers(nodes)
+    readers = _readers(nodes, heads)
     fused = {}
     for nid in inside:
         node = nodes[nid]
@@ -362,8 +376,9 @@ def _is_relu(node: Mapping[str, Any]) -> bool:
                                     node.get('attrs', {}).get('act_type') == 'relu')
 
 
-def _fusable_residuals(nodes: Sequence[Mapping[str, Any]], inside: Set[int],
-                       taken: Set[int]) -> Dict[int, Tuple[int, Tuple[int, int], Optional[int]]]:
+def _fusable_residuals(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Sequence[int]],
+                       inside: Set[int], taken: Set[int]
+                       ) -> Dict[int, Tuple[int, Tuple[int, int], Optional[int]]]:
     """``{batch norm: (sum, (other input), ReLU or None)}`` for a residual block's end.
 
     A region batch norm (not in `taken`) whose output only a region sum of
@@ -371,7 +386,7 @@ def _fusable_residuals(nodes: Sequence[Mapping[str, Any]], inside: Set[int],
     ``_mxamp_batch_norm(residual=True, act_type='relu')`` computes the three
     and keeps one array for the backward pass instead of three.
     """
-    readers = _readers(nodes)
+    readers = _readers(nodes, heads)
     fused: Dict[int, Tuple[int, Tuple[int, int], Optional[int]]] = {}
     for nid in sorted(inside):
         node = nodes[nid]
@@ -391,22 +406,28 @@ def _fusable_residuals(nodes: Sequence[Mapping[str, Any]], inside: Set[int],
     return fused
 
 
-def _readers(nodes: Sequence[Mapping[str, Any]]) -> Dict[Tuple[int, int], List[int]]:
+def _readers(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Sequence[int]]
+             ) -> Dict[Tuple[int, int], List[int]]:
+    """``{entry: the nodes reading it}``, a graph output counting as reader -1."""
     readers: Dict[Tuple[int, int], List[int]] = {}
     for nid, node in enumerate(nodes):
         for src, k, _ in node.get('inputs', []):
             readers.setdefault((src, k), []).append(nid)
+    for head in heads:
+        readers.setdefault((head[0], head[1]), []).append(-1)
     return readers
 
 
 class _Rewrite(object):
     """One pass over a graph's nodes in order, building the channels-last graph."""
 
-    def __init__(self, nodes, inside, shapes, types):
+    def __init__(self, graph, inside, shapes, types):
+        nodes = graph['nodes']
         self.nodes, self.inside, self.shapes, self.types = nodes, inside, shapes, types
-        self.relu_of = _fusable_relus(nodes, inside)  # batch norm -> the ReLU it absorbs
+        # batch norm -> the ReLU it absorbs
+        self.relu_of = _fusable_relus(nodes, graph['heads'], inside)
         # batch norm -> (the sum it absorbs, the sum's other input, the ReLU after it or None)
-        self.residual_of = _fusable_residuals(nodes, inside, set(self.relu_of))
+        self.residual_of = _fusable_residuals(nodes, graph['heads'], inside, set(self.relu_of))
         self.absorbed = {relu: norm for norm, relu in self.relu_of.items()}
         for norm, (total, _, relu) in self.residual_of.items():
             self.absorbed[total] = norm

@@ -664,7 +664,7 @@ def _runtime_graph(block, symbol, args, training):
     regions = channels_last.choose_regions(channels_last.find_regions(
         symbol, shapes, [record.name for record in conversion.nodes
                          if record.computes_in == 'bfloat16'], writes_gradient), cpu_class) \
-        if channels_last.mode() != 'off' else []
+        if channels_last.may_choose(cpu_class) else []
     in_regions = frozenset(name for region in regions for name in region.nodes)
     threads = own_conv_choice.running_threads()
     chosen = []

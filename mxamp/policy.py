@@ -357,6 +357,11 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     gradients in two layers at every step).  It runs in FP32, at no cost worth
     naming: such maps are a few values.
 
+    On an AMX CPU oneDNN 2.4's AMX kernel for a 1x1, stride-1 convolution
+    corrupts the heap when the map has 27, 33, 36, 39, 42, 45 or 48 positions
+    (`_amx_1x1_kernel_breaks`): the process dies, forward or backward (a 6x6
+    map: ResNet-50's third stage on 96x96 images).  It runs in FP32.
+
     On an AMX CPU (`cpu_class` ``'amx'``) oneDNN 2.4's AMX kernels compute
     in the channels-last layout, and only some convolutions
     (`_amx_kernel_takes`); the others run its AVX512-BF16 kernels, in the
@@ -380,6 +385,8 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
         strides = _int_tuple(attrs.get('stride'), len(data) - 2)
         if any(size < stride for size, stride in zip(data[2:], strides)):
             return FLOAT32
+        if cpu_class == AMX and _amx_1x1_kernel_breaks(attrs, data):
+            return FLOAT32
     weight = input_shapes[1] if input_shapes and len(input_shapes) > 1 else None
     if not weight or len(weight) < 3 or not all(weight):
         return BLOCKED
@@ -398,6 +405,26 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     if groups == 1 and in_per_group < 16:
         return BLOCKED if in_per_group % 2 == 0 else PAD_CHANNELS
     return FLOAT32
+
+
+# Map sizes (positions, the product of the spatial dimensions) at which oneDNN 2.4's AMX
+# kernel for a bfloat16 1x1 stride-1 convolution corrupts the heap ("malloc_consolidate():
+# invalid chunk size", "free(): invalid next size"; MXNet 1.9.1 on an AMX Xeon, AMX enabled).
+# Measured for every size from 1 to 64 and 72 to 196 (and 1xN, Nx1, 6x7, 4x9 and 3x12 maps),
+# batch 1 to 16, 64 to 2048 channels in and out, forward and both backward primitives: these,
+# and no other.  Stride 2 onto such a map, 3x3 kernels, and AMX off are fine.
+_AMX_1X1_BROKEN_SIZES = frozenset((27, 33, 36, 39, 42, 45, 48))
+
+
+def _amx_1x1_kernel_breaks(attrs, data):
+    """Whether oneDNN 2.4's AMX kernel would corrupt the heap on this bfloat16 convolution."""
+    spatial = len(data) - 2
+    positions = 1
+    for size in data[2:]:
+        positions *= int(size)
+    return (_int_tuple(attrs.get('kernel'), spatial) == (1,) * spatial
+            and _int_tuple(attrs.get('stride'), spatial) == (1,) * spatial
+            and positions in _AMX_1X1_BROKEN_SIZES)
 
 
 def _amx_kernel_takes(out_per_group, in_per_group):

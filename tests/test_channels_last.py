@@ -278,7 +278,10 @@ def test_a_sum_or_relu_with_other_readers_stays_apart():
     total = mx.sym.elemwise_add(a, b, name='sum')          # read twice: its ReLU stays
     relu = mx.sym.Activation(total, act_type='relu', name='relu')
     tail = mx.sym.Activation(c, act_type='relu', name='relu3')
-    symbol = mx.sym.Group([relu, total * 2, tail, c * 3])   # bn3's output read twice
+    d = mx.sym.BatchNorm(mx.sym.Convolution(data, name='c4', **conv), name='bn4')
+    head = mx.sym.Activation(d, act_type='relu', name='relu4')
+    # bn3's output read twice; bn4's read by its ReLU and an output of the graph.
+    symbol = mx.sym.Group([relu, total * 2, tail, c * 3, head, d])
     shapes = dict(zip(symbol.list_arguments(), symbol.infer_shape(data=(2, 4, 6, 6))[0]))
     shapes.update(zip(symbol.list_auxiliary_states(), symbol.infer_shape(data=(2, 4, 6, 6))[2]))
     rewritten = channels_last.with_channels_last(
@@ -287,6 +290,7 @@ def test_a_sum_or_relu_with_other_readers_stays_apart():
     assert nodes['bn1']['attrs'].get('residual') == 'True' and 'act_type' not in nodes['bn1']['attrs']
     assert 'sum' not in nodes and nodes['relu']['op'] == 'Activation'
     assert 'residual' not in nodes['bn3']['attrs'] and 'act_type' not in nodes['bn3']['attrs']
+    assert 'act_type' not in nodes['bn4']['attrs'] and nodes['relu4']['op'] == 'Activation'
     assert_same_numbers(symbol, rewritten, shapes)
 
 

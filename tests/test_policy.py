@@ -396,6 +396,57 @@ def test_amx_runs_convolutions_its_amx_kernels_do_not_take_in_float32(weight, gr
     assert Policy('float16', cpu_class=hardware.AMX).layout('Convolution', attrs, shapes) == 'blocked'
 
 
+@pytest.mark.parametrize('data, kernel, stride, expected', [
+    ((4, 256, 6, 6), '(1, 1)', None, 'float32'),      # ResNet-50's third stage at 96x96
+    ((1, 64, 1, 27), '(1, 1)', '(1, 1)', 'float32'),
+    ((16, 1024, 3, 16), '(1, 1)', None, 'float32'),   # 48 positions
+    ((4, 256, 5, 6), '(1, 1)', None, 'blocked'),      # 30
+    ((4, 256, 7, 7), '(1, 1)', None, 'blocked'),      # 49
+    ((4, 256, 6, 6), '(3, 3)', None, 'blocked'),
+    ((4, 256, 12, 12), '(1, 1)', '(2, 2)', 'blocked'),   # stride 2 onto a 6x6 map
+    ((4, 256, 0, 0), '(1, 1)', None, 'blocked'),      # unknown: assumed blocked
+])
+def test_amx_runs_1x1_convolutions_of_the_map_sizes_its_kernel_breaks_on_in_float32(
+        data, kernel, stride, expected):
+    # oneDNN 2.4's AMX kernel corrupts the heap there (the process dies): see policy's
+    # _AMX_1X1_BROKEN_SIZES, measured on an AMX Xeon.
+    attrs = {'kernel': kernel, 'num_filter': '256'}
+    if stride:
+        attrs['stride'] = stride
+    weight = (256, data[1]) + tuple(int(v) for v in kernel.strip('()').split(','))
+    assert Policy('bfloat16', cpu_class=hardware.AMX).layout('Convolution', attrs,
+                                                             [data, weight]) == expected
+    # Other CPU classes run other kernels.
+    assert Policy('bfloat16', cpu_class=hardware.AVX512_BF16).layout(
+        'Convolution', attrs, [data, weight]) == 'blocked'
+
+
+_AMX_1X1_CHILD = textwrap.dedent('''
+    import mxnet as mx, mxamp
+    from mxnet import autograd, gluon
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(64, 1, use_bias=False, in_channels=64), gluon.nn.BatchNorm())
+    net.initialize()
+    mxamp.convert(net, 'bfloat16')
+    net.hybridize()
+    x = mx.nd.ones((4, 64, 6, 6))
+    for _ in range(3):
+        with autograd.record():
+            y = net(x)
+        y.backward()
+    mx.nd.waitall()
+    print('ok')
+''')
+
+
+@pytest.mark.skipif(hardware.cpu_class() != hardware.AMX, reason='needs an AMX CPU (its kernel)')
+def test_a_converted_1x1_convolution_of_a_6x6_map_trains_on_an_amx_cpu():
+    # In a child process: the failure this guards against kills the process.
+    result = subprocess.run([sys.executable, '-c', _AMX_1X1_CHILD], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, MXAMP_CHANNELS_LAST='0'))
+    assert result.returncode == 0 and result.stdout.strip().endswith('ok'), result.stderr[-1500:]
+
+
 _BATCHNORM_KERNELS_CHILD = textwrap.dedent('''
     import sys
     import mxnet as mx
