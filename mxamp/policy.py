@@ -410,9 +410,10 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
 # Map sizes (positions, the product of the spatial dimensions) at which oneDNN 2.4's AMX
 # kernel for a bfloat16 1x1 stride-1 convolution corrupts the heap ("malloc_consolidate():
 # invalid chunk size", "free(): invalid next size"; MXNet 1.9.1 on an AMX Xeon, AMX enabled).
-# Measured for every size from 1 to 64 and 72 to 196 (and 1xN, Nx1, 6x7, 4x9 and 3x12 maps),
-# batch 1 to 16, 64 to 2048 channels in and out, forward and both backward primitives: these,
-# and no other.  Stride 2 onto such a map, 3x3 kernels, and AMX off are fine.
+# Measured with 64 channels in and out, batch 4: every map size from 1 to 196 positions
+# forward (1xN maps; 6x6, 6x7, 4x9 and 3x12 alike), 1 to 64 with both backward primitives:
+# these and no other; at 6x6 with batch 1 to 16 and 64 to 2048 channels in and out.  Stride 2
+# onto such a map, 3x3 kernels, and AMX off are fine.
 _AMX_1X1_BROKEN_SIZES = frozenset((27, 33, 36, 39, 42, 45, 48))
 
 
