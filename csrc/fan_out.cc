@@ -33,6 +33,8 @@ void copy_bytes(const void* source, void* target, size_t bytes) {
   }
 }
 
+namespace {
+
 // O3 here only (the rest of the library keeps -O2), so that the compiler vectorises the loops.
 __attribute__((optimize("O3"))) void sum_float32(const float* const* inputs, int count, float* out,
                                                  size_t size) {
@@ -61,6 +63,18 @@ void sum_bfloat16(const uint16_t* const* inputs, int count, uint16_t* out, size_
     float total = widen(inputs[0][i]);
     for (int k = 1; k < count; ++k) total += widen(inputs[k][i]);
     out[i] = round_to_bfloat16(total);
+  }
+}
+
+}  // namespace
+
+void sum_arrays(const void* const* inputs, int count, void* out, size_t size, bool bfloat16) {
+  if (bfloat16) {
+    sum_bfloat16(reinterpret_cast<const uint16_t* const*>(inputs), count,
+                 static_cast<uint16_t*>(out), size);
+  } else {
+    sum_float32(reinterpret_cast<const float* const*>(inputs), count, static_cast<float*>(out),
+                size);
   }
 }
 

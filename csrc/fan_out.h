@@ -17,10 +17,9 @@ namespace mxamp {
 // `bytes` bytes of `source` into `target`, on the calling thread's OpenMP team.
 void copy_bytes(const void* source, void* target, size_t bytes);
 
-// out[i] = sum over k < count of inputs[k][i], for `size` values: float32, or bfloat16 bits
-// summed in float32 and rounded once to nearest even (as oneDNN's sum rounds).
-void sum_float32(const float* const* inputs, int count, float* out, size_t size);
-void sum_bfloat16(const uint16_t* const* inputs, int count, uint16_t* out, size_t size);
+// out[i] = sum over k < count of inputs[k][i], for `size` values: float32, or (`bfloat16`)
+// bfloat16 bits summed in float32 and rounded once to nearest even (as oneDNN's sum rounds).
+void sum_arrays(const void* const* inputs, int count, void* out, size_t size, bool bfloat16);
 
 }  // namespace mxamp
 

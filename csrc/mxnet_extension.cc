@@ -576,8 +576,8 @@ int batch_norm_forward(const Call& c) {
       spec.residual ? c.indata[5] : nullptr, c.outdata[0],
       static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
   mxamp::batch_norm_forward(spec, arrays, c.scratch);
-  const size_t bytes = element_count(c.outshapes[0], c.outdims[0]) *
-                       (spec.dtype_flag == mxamp::kFlagBFloat16 ? 2 : 4);
+  const size_t bytes =
+      element_count(c.outshapes[0], c.outdims[0]) * mxamp::element_bytes(spec.dtype_flag);
   for (int i = 3; i < c.num_out; ++i) {
     check_same_shape("a copy of the output", c.outshapes[i], c.outdims[i], spec.data_shape);
     mxamp::copy_bytes(c.outdata[0], c.outdata[i], bytes);
@@ -700,8 +700,8 @@ int fan_out_forward(const Call& c) {
   if (c.num_in != 1 || c.num_out != parse_fan_out(c.keys, c.vals, c.num))
     throw std::invalid_argument("expected 1 input and num_outputs outputs");
   const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
-  const size_t bytes = element_count(c.inshapes[0], c.indims[0]) *
-                       (c.intypes[0] == mxamp::kFlagBFloat16 ? 2 : 4);
+  const size_t bytes =
+      element_count(c.inshapes[0], c.indims[0]) * mxamp::element_bytes(c.intypes[0]);
   for (int i = 0; i < c.num_out; ++i) {
     check_same_shape("output", c.outshapes[i], c.outdims[i], shape);
     mxamp::copy_bytes(c.indata[0], c.outdata[i], bytes);
@@ -720,18 +720,11 @@ int fan_out_backward(const Call& c) {
     if (c.intypes[i] != c.intypes[0])
       throw std::invalid_argument("output gradients of different data types");
   }
-  if (c.intypes[0] == mxamp::kFlagBFloat16) {
-    std::vector<const uint16_t*> grads(k);
-    for (int i = 0; i < k; ++i) grads[i] = static_cast<const uint16_t*>(c.indata[i]);
-    mxamp::sum_bfloat16(grads.data(), k, static_cast<uint16_t*>(c.outdata[0]), size);
-  } else if (c.intypes[0] == mxamp::kFlagFloat32) {
-    std::vector<const float*> grads(k);
-    for (int i = 0; i < k; ++i) grads[i] = static_cast<const float*>(c.indata[i]);
-    mxamp::sum_float32(grads.data(), k, static_cast<float*>(c.outdata[0]), size);
-  } else {
+  if (c.intypes[0] != mxamp::kFlagBFloat16 && c.intypes[0] != mxamp::kFlagFloat32)
     throw std::invalid_argument("data type flag " + std::to_string(c.intypes[0]) +
                                 ": float32 or bfloat16 only");
-  }
+  // The output gradients are the call's first k inputs.
+  mxamp::sum_arrays(c.indata, k, c.outdata[0], size, c.intypes[0] == mxamp::kFlagBFloat16);
   return 1;
 }
 

@@ -150,14 +150,9 @@ class BatchNorm {
       void* total = ones + 2 * aligned(channels * 4) + aligned(relu_grad);
       std::vector<const void*> grads = {a.output_grad};
       grads.insert(grads.end(), a.copy_grads, a.copy_grads + a.copies);
-      const size_t count = data_.get_size() / (spec.dtype_flag == kFlagBFloat16 ? 2 : 4);
-      if (spec.dtype_flag == kFlagBFloat16) {
-        sum_bfloat16(reinterpret_cast<const uint16_t* const*>(grads.data()),
-                     static_cast<int>(grads.size()), static_cast<uint16_t*>(total), count);
-      } else {
-        sum_float32(reinterpret_cast<const float* const*>(grads.data()),
-                    static_cast<int>(grads.size()), static_cast<float*>(total), count);
-      }
+      sum_arrays(grads.data(), static_cast<int>(grads.size()), total,
+                 data_.get_size() / element_bytes(spec.dtype_flag),
+                 spec.dtype_flag == kFlagBFloat16);
       output_grad = total;
     }
     if (spec_.relu) {

@@ -21,6 +21,9 @@ constexpr int kFlagFloat32 = 0;
 constexpr int kFlagFloat16 = 2;
 constexpr int kFlagBFloat16 = 12;
 
+// Bytes per value of the data types mxamp's operators take (float32, float16, bfloat16).
+inline size_t element_bytes(int dtype_flag) { return dtype_flag == kFlagFloat32 ? 4 : 2; }
+
 // One convolution in MXNet's terms (the attributes of its Convolution operator).
 struct ConvSpec {
   std::vector<int64_t> data_shape;  // N, C, then 1 to 3 spatial sizes; N, spatial..., C if

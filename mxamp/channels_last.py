@@ -66,6 +66,7 @@ import mxnet as mx
 
 from . import graph as graph_mod
 from . import hardware, own_conv
+from .policy import CHANNELS_FIRST_LAYOUTS
 
 __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
            'describe', 'find_regions', 'may_choose', 'choose_regions', 'with_channels_last',
@@ -97,7 +98,6 @@ ELEMENTWISE_OPS: FrozenSet[str] = frozenset('''
 '''.split())
 
 _CONVOLUTION, _BATCH_NORM = 'Convolution', 'BatchNorm'
-_DEFAULT_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
 # The attributes _mxamp_batch_norm takes from MXNet's BatchNorm (axis becomes -1).
 _BATCH_NORM_ATTRIBUTES = ('eps', 'momentum', 'fix_gamma', 'use_global_stats')
 _OFF_VALUES = ('0', 'false', 'no', 'off')
@@ -205,7 +205,7 @@ def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, An
     if not all(writes_gradient(name) for name in params):
         return False  # the own operators write gradients, never add to them
     if op == _CONVOLUTION:
-        return str(attrs.get('layout', 'None')) in _DEFAULT_LAYOUTS and \
+        return str(attrs.get('layout', 'None')) in CHANNELS_FIRST_LAYOUTS and \
             in_shapes[0] is not None and len(in_shapes[0]) == len(out_shape)
     if op == _BATCH_NORM:
         return int(attrs.get('axis', 1)) == 1 and not _is_true(attrs.get('output_mean_var', False)) \
@@ -345,17 +345,16 @@ def with_channels_last(symbol: mx.sym.Symbol, regions: Iterable[Region],
     inside = {nid for nid, node in enumerate(nodes) if node['name'] in names}
     entry_shapes = _entry_shapes(graph, shapes)
     types = graph_mod.infer_entry_types(graph)
-    return _Rewrite(graph, inside, entry_shapes, types).run(graph)
+    return _Rewrite(graph, inside, entry_shapes, types).run()
 
 
-def _fusable_relus(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Sequence[int]],
-                   inside: Set[int]) -> Dict[int, int]:
+def _fusable_relus(nodes: Sequence[Mapping[str, Any]],
+                   readers: Mapping[Tuple[int, int], List[int]], inside: Set[int]) -> Dict[int, int]:
     """``{batch norm: ReLU}`` for each region batch norm whose output only a region ReLU reads.
 
     ``_mxamp_batch_norm(act_type='relu')`` computes both in one pass and keeps
-    one array for the backward pass instead of two.
+    one array for the backward pass instead of two.  `readers`: :func:`_readers`.
     """
-    readers = _readers(nodes, heads)
     fused = {}
     for nid in inside:
         node = nodes[nid]
@@ -376,17 +375,18 @@ def _is_relu(node: Mapping[str, Any]) -> bool:
                                     node.get('attrs', {}).get('act_type') == 'relu')
 
 
-def _fusable_residuals(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Sequence[int]],
-                       inside: Set[int], taken: Set[int]
+def _fusable_residuals(nodes: Sequence[Mapping[str, Any]],
+                       readers: Mapping[Tuple[int, int], List[int]], inside: Set[int],
+                       taken: Set[int]
                        ) -> Dict[int, Tuple[int, Tuple[int, int], Optional[int]]]:
     """``{batch norm: (sum, (other input), ReLU or None)}`` for a residual block's end.
 
     A region batch norm (not in `taken`) whose output only a region sum of
     two arrays reads, the sum's output read only by a region ReLU (or not):
     ``_mxamp_batch_norm(residual=True, act_type='relu')`` computes the three
-    and keeps one array for the backward pass instead of three.
+    and keeps one array for the backward pass instead of three.  `readers`:
+    :func:`_readers`.
     """
-    readers = _readers(nodes, heads)
     fused: Dict[int, Tuple[int, Tuple[int, int], Optional[int]]] = {}
     for nid in sorted(inside):
         node = nodes[nid]
@@ -423,11 +423,13 @@ class _Rewrite(object):
 
     def __init__(self, graph, inside, shapes, types):
         nodes = graph['nodes']
-        self.nodes, self.inside, self.shapes, self.types = nodes, inside, shapes, types
+        self.graph, self.nodes, self.inside, self.shapes, self.types = (graph, nodes, inside,
+                                                                        shapes, types)
+        readers = _readers(nodes, graph['heads'])
         # batch norm -> the ReLU it absorbs
-        self.relu_of = _fusable_relus(nodes, graph['heads'], inside)
+        self.relu_of = _fusable_relus(nodes, readers, inside)
         # batch norm -> (the sum it absorbs, the sum's other input, the ReLU after it or None)
-        self.residual_of = _fusable_residuals(nodes, graph['heads'], inside, set(self.relu_of))
+        self.residual_of = _fusable_residuals(nodes, readers, inside, set(self.relu_of))
         self.absorbed = {relu: norm for norm, relu in self.relu_of.items()}
         for norm, (total, _, relu) in self.residual_of.items():
             self.absorbed[total] = norm
@@ -440,7 +442,8 @@ class _Rewrite(object):
         self.last: Dict[Tuple[int, int], List[int]] = {}
         self.channels_last: Set[Tuple[int, int]] = set()  # new entries holding channels-last data
 
-    def run(self, graph):
+    def run(self):
+        graph = self.graph
         sums = {total: norm for norm, (total, _, _) in self.residual_of.items()}
         for nid in range(len(self.nodes)):
             if nid in self.residual_of:

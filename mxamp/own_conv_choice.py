@@ -49,6 +49,7 @@ import mxnet as mx
 from . import graph as graph_mod
 from . import hardware, own_conv
 from .atomic_files import replaced_on_success
+from .policy import CHANNELS_FIRST_LAYOUTS
 
 __all__ = ['CONTEXTS', 'FASTER_BY', 'TABLE_ENV', 'ConvCase', 'ConvSite', 'Measurement',
            'ChoiceTable', 'shipped_table_path', 'table', 'running_threads',
@@ -67,8 +68,6 @@ TABLE_ENV = 'MXAMP_OWN_CONV_TABLE'
 
 _TABLE_FORMAT = 1
 _SHIPPED_NAME = 'own_conv_table.json'
-# Default layouts of MXNet's Convolution, the only ones the own operator takes.
-_DEFAULT_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
 
 
 class ConvCase(NamedTuple):
@@ -337,7 +336,7 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     for nid, node in enumerate(nodes):
         attrs = node.get('attrs', {})
         if node['op'] != 'Convolution' or node['name'] not in wanted or \
-                str(attrs.get('layout', 'None')) not in _DEFAULT_LAYOUTS:
+                str(attrs.get('layout', 'None')) not in CHANNELS_FIRST_LAYOUTS:
             continue
         src, k, _ = node['inputs'][0]
         data_shape = shapes.get(nodes[src]['name']) if nodes[src]['op'] == 'null' \

@@ -68,10 +68,14 @@ from .hardware import AMX, AVX512_BF16, CPU_CLASSES, computes_bfloat16
 from .hardware import cpu_class as this_cpu_class
 
 __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
-           'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CLASSES', 'FLOAT16_CPU_EMULATED', 'Condition', 'Policy',
+           'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS', 'CLASSES',
+           'FLOAT16_CPU_EMULATED', 'Condition', 'Policy',
            'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
            'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
            'policy_lists', 'registered_ops']
+
+#: ``layout`` attributes of MXNet's Convolution meaning channels second (``'None'``: the default).
+CHANNELS_FIRST_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
 
 LOW, FLOAT32, WIDEST, NEUTRAL = 'low', 'float32', 'widest', 'neutral'
 CLASSES = (LOW, FLOAT32, WIDEST, NEUTRAL)
@@ -378,7 +382,7 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     channels a multiple of 16: add a zero input channel, exact) or
     ``'float32'``.
     """
-    if attrs.get('layout', 'None') not in ('None', 'NCW', 'NCHW', 'NCDHW'):
+    if attrs.get('layout', 'None') not in CHANNELS_FIRST_LAYOUTS:
         return BLOCKED    # channels-last: not oneDNN's path in MXNet 1.9.1, left alone
     data = input_shapes[0] if input_shapes else None
     if data and len(data) > 2 and all(data):

@@ -27,7 +27,7 @@ WITHIN = {
     ('graph', 'policy'), ('migration', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
     ('network_state', 'policy'), ('diagnose', 'graph'), ('diagnose', 'policy'),
     ('diagnose', 'network_state'), ('own_conv_choice', 'graph'), ('own_conv_choice', 'policy'),
-    ('channels_last', 'graph'),
+    ('channels_last', 'graph'), ('channels_last', 'policy'),
     ('inference', 'gluon'),
     ('trainer', 'optimizer'), ('trainer', 'kvstore_transport'), ('trainer', 'loss_scaler'),
     ('module', 'optimizer'), ('module', 'kvstore_transport'), ('module', 'loss_scaler'),

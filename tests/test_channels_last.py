@@ -334,6 +334,21 @@ def images(seed=0, batch=8):
     return mx.nd.array(rng.normal(size=(batch, 3, 16, 16)))
 
 
+def backward_once(net, x):
+    with autograd.record():
+        net(x).backward()
+
+
+@pytest.fixture
+def trained_once(monkeypatch):
+    """A converted small ResNet with regions forced on, its batch, after one backward pass."""
+    monkeypatch.setenv(channels_last.ENV, 'all')
+    net = converted_small_resnet()
+    x = images()
+    backward_once(net, x)
+    return net, x
+
+
 @runs_own_ops
 @needs_bfloat16_compute
 def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monkeypatch):
@@ -344,8 +359,7 @@ def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monke
         mxamp.convert(block, 'bfloat16')
         block.hybridize()
     x = images()
-    with autograd.record():
-        net(x).backward()
+    backward_once(net, x)
     state = converted_state(net)
     assert state.cached_for == 'training' and state.channels_last_nodes
     assert 'computed channels last in training' in mxamp.summary(net, print_fn=None)
@@ -356,20 +370,15 @@ def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monke
     monkeypatch.setenv(channels_last.ENV, 'all')
     np.testing.assert_array_equal(net(x).asnumpy(), reference(x).asnumpy())
     assert state.cached_for == 'inference' and set(state.cached_ops) == {'training'}
-    with autograd.record():
-        net(x).backward()
+    backward_once(net, x)
     assert state.cached_for == 'training' and set(state.cached_ops) == {'inference'}
 
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_a_forward_pass_without_backward_leaves_the_moving_statistics(monkeypatch):
-    monkeypatch.setenv(channels_last.ENV, 'all')
-    net = converted_small_resnet()
-    x = images()
+def test_a_forward_pass_without_backward_leaves_the_moving_statistics(trained_once):
+    net, x = trained_once
     means = [p for name, p in net.collect_params().items() if name.endswith('running_mean')]
-    with autograd.record():
-        net(x).backward()
     # The backward pass writes them without MXNet's engine knowing (as MXNet's BatchNorm does):
     # a read waits for it only through waitall.
     mx.nd.waitall()
@@ -385,12 +394,8 @@ def test_a_forward_pass_without_backward_leaves_the_moving_statistics(monkeypatc
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_a_gradient_added_to_takes_its_node_out_of_the_region(monkeypatch):
-    monkeypatch.setenv(channels_last.ENV, 'all')
-    net = converted_small_resnet()
-    x = images()
-    with autograd.record():
-        net(x).backward()
+def test_a_gradient_added_to_takes_its_node_out_of_the_region(trained_once):
+    net, x = trained_once
     # A convolution reading its weight directly (the stem's reads it through the zero channel
     # mxamp pads it with, whose gradient MXNet's Concat adds as asked).
     weight = next(p for name, p in net.collect_params().items()
@@ -398,8 +403,7 @@ def test_a_gradient_added_to_takes_its_node_out_of_the_region(monkeypatch):
     node = weight.name[:-len('_weight')] + '_fwd'
     assert node in converted_state(net).channels_last_nodes
     weight.grad_req = 'add'
-    with autograd.record():
-        net(x).backward()
+    backward_once(net, x)
     assert node not in converted_state(net).channels_last_nodes
     assert converted_state(net).channels_last_nodes
 
