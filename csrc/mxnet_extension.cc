@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers four operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers five operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -13,13 +13,20 @@
 // on the output; residual=True for a sixth input added before it; copies=k for k further
 // outputs, each a copy of the output for one more reader; output_mean_var and cudnn_off
 // accepted and ignored): inputs (data, gamma, beta, moving_mean, moving_var[, residual]), the
-// moving statistics mutated; outputs (output, batch mean, batch variance[, copies...]), always
-// training mode unless use_global_stats, since the ABI does not say whether MXNet is training.
+// moving statistics mutated; outputs (output, batch mean, batch variance[, copies...][, the
+// fused ReLU's workspace, uint8 (bytes,), with act_type=relu and no residual]), always training
+// mode unless use_global_stats, since the ABI does not say whether MXNet is training.
 // Its gradient's inputs are (the outputs' gradients, the inputs, the outputs), its outputs the
 // gradients of the inputs (the moving statistics' are 0).
 // "_mxamp_fan_out" (fan_out.h), attribute num_outputs (2 or more): one input (float32 or
 // bfloat16), num_outputs copies of it; its gradient's inputs are (num_outputs output gradients,
 // the input, the outputs), its output their sum.
+// "_mxamp_pooling" (onednn_pooling.h), with the attributes of MXNet's Pooling (kernel, stride,
+// pad, pool_type max or avg, global_pool, count_include_pad; pooling_convention 'valid' (any
+// under global_pool) and layout NCW/NCHW/NCDHW only; cudnn_off accepted and ignored) and channels_last: one input, the
+// data; outputs the pooled data and, for max pooling, the workspace its gradient reads (uint8,
+// (bytes,)).  Its gradient's inputs are (the outputs' gradients, data, the outputs), its output
+// the data's gradient.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -43,6 +50,7 @@
 #include "onednn_batch_norm.h"
 #include "mxnet_lib_api_v11.h"
 #include "onednn_conv.h"
+#include "onednn_pooling.h"
 
 namespace {
 
@@ -52,6 +60,8 @@ constexpr const char* kConvOpName = "_mxamp_convolution";
 constexpr const char* kFollowOpName = "_mxamp_follow_weight";
 constexpr const char* kBatchNormOpName = "_mxamp_batch_norm";
 constexpr const char* kFanOutOpName = "_mxamp_fan_out";
+constexpr const char* kPoolingOpName = "_mxamp_pooling";
+constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
 // after the failing call.
@@ -411,7 +421,10 @@ struct BatchNormAttributes {
   int64_t axis = 1;
 
   int inputs() const { return residual ? 6 : 5; }
-  int outputs() const { return 3 + copies; }
+  // (output, mean, variance, copies...[, the fused ReLU's workspace])
+  bool relu_workspace() const { return relu && !residual; }
+  int outputs() const { return 3 + copies + (relu_workspace() ? 1 : 0); }
+  int workspace_output() const { return 3 + copies; }
 
   mxamp::BatchNormSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
     mxamp::BatchNormSpec s;
@@ -488,6 +501,21 @@ int batch_norm_parse(const char* const* keys, const char* const* vals, int num, 
   return 1;
 }
 
+// The fused ReLU's workspace for data of this shape.  Shape inference does not know the data
+// type, and oneDNN's kernels for each type size it their own way: the larger of float32's and
+// bfloat16's (where this CPU has a bfloat16 kernel).
+int64_t relu_workspace_bytes(const BatchNormAttributes& a, const std::vector<int64_t>& data) {
+  size_t bytes = mxamp::batch_norm_workspace_bytes(
+      a.spec(data.data(), static_cast<int>(data.size()), mxamp::kFlagFloat32));
+  try {
+    bytes = std::max(bytes, mxamp::batch_norm_workspace_bytes(a.spec(
+                                data.data(), static_cast<int>(data.size()), mxamp::kFlagBFloat16)));
+  } catch (const std::runtime_error&) {
+    // No bfloat16 kernel here: bfloat16 data would fail at its forward call, with the reason.
+  }
+  return static_cast<int64_t>(bytes);
+}
+
 int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int num,
                            unsigned int** inshapes, int* indims, int num_in,
                            unsigned int*** mod_inshapes, int** mod_indims,
@@ -517,6 +545,11 @@ int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int
   *outdims = allocate<int>(num_out);
   *outshapes = allocate<unsigned int*>(num_out);
   for (int i = 0; i < num_out; ++i) {
+    if (a.relu_workspace() && i == a.workspace_output()) {
+      (*outdims)[i] = 1;
+      (*outshapes)[i] = copy_shape({relu_workspace_bytes(a, data)});
+      continue;
+    }
     const bool like_data = i == 0 || i >= 3;
     (*outdims)[i] = like_data ? indims[0] : 1;
     (*outshapes)[i] = copy_shape(like_data ? data : vector);
@@ -547,7 +580,8 @@ int batch_norm_infer_type(const char* const* keys, const char* const* vals, int 
   }
   intypes[0] = outtypes[0] = data;
   outtypes[1] = outtypes[2] = mxamp::kFlagFloat32;
-  for (int i = 3; i < num_out; ++i) outtypes[i] = data;
+  for (int i = 3; i < 3 + a.copies; ++i) outtypes[i] = data;
+  if (a.relu_workspace()) outtypes[a.workspace_output()] = kFlagUInt8;
   return 1;
 }
 
@@ -559,6 +593,15 @@ int batch_norm_mutate(const char* const*, const char* const*, int, int** indices
   (*indices)[1] = 4;  // moving_var
   *count = 2;
   return 1;
+}
+
+// The workspace MXNet allocated from shape inference's size holds the kernel's.
+void check_workspace(const int64_t* shape, int ndim, const mxamp::BatchNormSpec& spec) {
+  const size_t needed = mxamp::batch_norm_workspace_bytes(spec);
+  if (ndim != 1 || shape[0] < static_cast<int64_t>(needed))
+    throw std::invalid_argument("the fused ReLU's workspace has " +
+                                std::to_string(element_count(shape, ndim)) + " bytes, " +
+                                std::to_string(needed) + " needed");
 }
 
 int batch_norm_forward(const Call& c) {
@@ -574,11 +617,15 @@ int batch_norm_forward(const Call& c) {
       c.indata[0], static_cast<const float*>(c.indata[1]), static_cast<const float*>(c.indata[2]),
       static_cast<const float*>(c.indata[3]), static_cast<const float*>(c.indata[4]),
       spec.residual ? c.indata[5] : nullptr, c.outdata[0],
-      static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2])};
+      static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2]), nullptr};
+  if (a.relu_workspace()) {
+    arrays.workspace = c.outdata[a.workspace_output()];
+    check_workspace(c.outshapes[a.workspace_output()], c.outdims[a.workspace_output()], spec);
+  }
   mxamp::batch_norm_forward(spec, arrays, c.scratch);
   const size_t bytes =
       element_count(c.outshapes[0], c.outdims[0]) * mxamp::element_bytes(spec.dtype_flag);
-  for (int i = 3; i < c.num_out; ++i) {
+  for (int i = 3; i < 3 + a.copies; ++i) {
     check_same_shape("a copy of the output", c.outshapes[i], c.outdims[i], spec.data_shape);
     mxamp::copy_bytes(c.outdata[0], c.outdata[i], bytes);
   }
@@ -586,8 +633,9 @@ int batch_norm_forward(const Call& c) {
 }
 
 int batch_norm_backward(const Call& c) {
-  // Inputs: gradients of the m outputs (output, mean, variance, copies...), then the n forward
-  // inputs (data, gamma, beta, moving_mean, moving_var[, residual]), then the m outputs.
+  // Inputs: gradients of the m outputs (output, mean, variance, copies...[, workspace]), then
+  // the n forward inputs (data, gamma, beta, moving_mean, moving_var[, residual]), then the m
+  // outputs.
   const BatchNormAttributes a = parse_batch_norm(c.keys, c.vals, c.num);
   const int n = a.inputs(), m = a.outputs();
   if (c.num_in != 2 * m + n || c.num_out != n)
@@ -596,11 +644,17 @@ int batch_norm_backward(const Call& c) {
   const int input = m, output = m + n;  // where the forward's inputs and outputs start
   const mxamp::BatchNormSpec spec =
       a.spec(c.inshapes[input], c.indims[input], c.intypes[input]);
-  for (int i = 0; i < m; i = i == 0 ? 3 : i + 1)
+  for (int i = 0; i < 3 + a.copies; i = i == 0 ? 3 : i + 1)
     check_same_shape("an output gradient", c.inshapes[i], c.indims[i], spec.data_shape);
-  std::vector<const void*> copy_grads(c.indata + 3, c.indata + m);
+  std::vector<const void*> copy_grads(c.indata + 3, c.indata + 3 + a.copies);
+  const void* workspace = nullptr;
+  if (a.relu_workspace()) {
+    const int at = output + a.workspace_output();
+    check_workspace(c.inshapes[at], c.indims[at], spec);
+    workspace = c.indata[at];
+  }
   mxamp::BatchNormBackwardArrays arrays = {
-      c.indata[0], c.indata[output], c.indata[input],
+      c.indata[0], c.indata[output], workspace, c.indata[input],
       static_cast<const float*>(c.indata[input + 1]),
       static_cast<const float*>(c.indata[output + 1]),
       static_cast<const float*>(c.indata[output + 2]),
@@ -728,6 +782,170 @@ int fan_out_backward(const Call& c) {
   return 1;
 }
 
+// _mxamp_pooling: the attributes, before the data shape is known.
+struct PoolingAttributes {
+  std::vector<int64_t> kernel, stride, pad;
+  bool max = true;
+  bool global_pool = false;
+  bool count_include_pad = true;
+  bool channels_last = false;
+
+  // Max pooling keeps where each maximum was for its gradient: a second output.
+  int outputs() const { return max ? 2 : 1; }
+
+  mxamp::PoolingSpec spec(const int64_t* shape, int ndim, int dtype_flag) const {
+    mxamp::PoolingSpec s;
+    s.data_shape.assign(shape, shape + ndim);
+    const size_t spatial = ndim >= 3 ? static_cast<size_t>(ndim - 2) : 0;
+    if (global_pool) {
+      for (size_t i = 0; i < spatial; ++i) s.kernel.push_back(shape[channels_last ? i + 1 : i + 2]);
+      s.stride.assign(spatial, 1);
+      s.pad.assign(spatial, 0);
+    } else {
+      s.kernel = kernel;
+      s.stride = stride.empty() ? std::vector<int64_t>(kernel.size(), 1) : stride;
+      s.pad = pad.empty() ? std::vector<int64_t>(kernel.size(), 0) : pad;
+    }
+    s.max = max;
+    s.count_include_pad = count_include_pad;
+    s.channels_last = channels_last;
+    s.dtype_flag = dtype_flag;
+    s.validate();
+    return s;
+  }
+};
+
+PoolingAttributes parse_pooling(const char* const* keys, const char* const* vals, int num) {
+  PoolingAttributes a;
+  std::string convention = "valid";
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key == "kernel") {
+      a.kernel = parse_tuple(key, value);
+    } else if (key == "stride") {
+      a.stride = parse_tuple(key, value);
+    } else if (key == "pad") {
+      a.pad = parse_tuple(key, value);
+    } else if (key == "pool_type") {
+      if (value != "max" && value != "avg")
+        throw std::invalid_argument("pool_type=" + value + ": mxamp's pooling takes max or avg");
+      a.max = value == "max";
+    } else if (key == "global_pool") {
+      a.global_pool = parse_bool(key, value);
+    } else if (key == "count_include_pad") {
+      a.count_include_pad = value == "None" || parse_bool(key, value);
+    } else if (key == "channels_last") {
+      a.channels_last = parse_bool(key, value);
+    } else if (key == "pooling_convention") {
+      convention = value;
+    } else if (key == "layout") {
+      if (value != "None" && value != "NCW" && value != "NCHW" && value != "NCDHW")
+        throw std::invalid_argument("layout=" + value +
+                                    ": mxamp's pooling takes NCW, NCHW or NCDHW only");
+    } else if (key != "cudnn_off") {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  if (!a.global_pool && a.kernel.empty())
+    throw std::invalid_argument("kernel is required unless global_pool");
+  // A global pooling has one window, whatever the convention.
+  if (!a.global_pool && convention != "valid")
+    throw std::invalid_argument("pooling_convention=" + convention +
+                                ": mxamp's pooling takes 'valid' only (or global_pool)");
+  return a;
+}
+
+int pooling_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                  int* num_out) {
+  *num_in = 1;
+  *num_out = parse_pooling(keys, vals, num).outputs();
+  return 1;
+}
+
+void check_pooling_counts(const PoolingAttributes& a, int num_in, int num_out) {
+  if (num_in != 1 || num_out != a.outputs())
+    throw std::invalid_argument("expected 1 input and " + std::to_string(a.outputs()) +
+                                " outputs");
+}
+
+// The output's shape from the data's; max pooling's workspace as (bytes,).
+int pooling_infer_shape(const char* const* keys, const char* const* vals, int num,
+                        unsigned int** inshapes, int* indims, int num_in,
+                        unsigned int*** mod_inshapes, int** mod_indims,
+                        unsigned int*** outshapes, int** outdims, int num_out) {
+  const PoolingAttributes a = parse_pooling(keys, vals, num);
+  check_pooling_counts(a, num_in, num_out);
+  if (indims[0] < 3) throw std::invalid_argument("the data shape is unknown or below 3 dimensions");
+  const std::vector<int64_t> data(inshapes[0], inshapes[0] + indims[0]);
+  // The data type changes no shape, nor the workspace (where the maxima were): float32 stands in.
+  const mxamp::PoolingSpec spec = a.spec(data.data(), indims[0], mxamp::kFlagFloat32);
+  std::vector<std::vector<int64_t>> outputs = {spec.output_shape()};
+  if (spec.max) outputs.push_back({static_cast<int64_t>(mxamp::pooling_workspace_bytes(spec))});
+  *mod_indims = allocate<int>(1);
+  *mod_inshapes = allocate<unsigned int*>(1);
+  (*mod_indims)[0] = indims[0];
+  (*mod_inshapes)[0] = copy_shape(data);
+  *outdims = allocate<int>(num_out);
+  *outshapes = allocate<unsigned int*>(num_out);
+  for (int i = 0; i < num_out; ++i) {
+    (*outdims)[i] = static_cast<int>(outputs[i].size());
+    (*outshapes)[i] = copy_shape(outputs[i]);
+  }
+  return 1;
+}
+
+int pooling_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                       int num_in, int* outtypes, int num_out) {
+  const PoolingAttributes a = parse_pooling(keys, vals, num);
+  check_pooling_counts(a, num_in, num_out);
+  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " +
+                                kPoolingOpName + " takes float32 or bfloat16");
+  intypes[0] = outtypes[0] = known;
+  if (a.max) outtypes[1] = kFlagUInt8;
+  return 1;
+}
+
+int pooling_forward(const Call& c) {
+  const PoolingAttributes a = parse_pooling(c.keys, c.vals, c.num);
+  check_pooling_counts(a, c.num_in, c.num_out);
+  const mxamp::PoolingSpec spec = a.spec(c.inshapes[0], c.indims[0], c.intypes[0]);
+  check_same_shape("output", c.outshapes[0], c.outdims[0], spec.output_shape());
+  void* workspace = nullptr;
+  if (spec.max) {
+    check_same_shape("workspace", c.outshapes[1], c.outdims[1],
+                     {static_cast<int64_t>(mxamp::pooling_workspace_bytes(spec))});
+    workspace = c.outdata[1];
+  }
+  mxamp::pooling_forward(spec, c.indata[0], c.outdata[0], workspace, c.scratch);
+  return 1;
+}
+
+int pooling_backward(const Call& c) {
+  const PoolingAttributes a = parse_pooling(c.keys, c.vals, c.num);
+  // MXNet's gradient node: inputs (the outputs' gradients, data, the outputs); output the data's
+  // gradient.
+  const int outputs = a.outputs();
+  if (c.num_in != 2 * outputs + 1 || c.num_out != 1)
+    throw std::invalid_argument("expected " + std::to_string(2 * outputs + 1) +
+                                " inputs and 1 output");
+  const int data = outputs;
+  const mxamp::PoolingSpec spec = a.spec(c.inshapes[data], c.indims[data], c.intypes[data]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.output_shape());
+  check_same_shape("data gradient", c.outshapes[0], c.outdims[0], spec.data_shape);
+  const void* workspace = nullptr;
+  if (spec.max) {
+    const int at = data + 2;  // after data and the output
+    check_same_shape("workspace", c.inshapes[at], c.indims[at],
+                     {static_cast<int64_t>(mxamp::pooling_workspace_bytes(spec))});
+    workspace = c.indata[at];
+  }
+  mxamp::pooling_backward(spec, c.indata[0], workspace, c.outdata[0], c.scratch);
+  return 1;
+}
+
 // One registered operator: its name and functions.  No backward: MXNet registers no gradient.
 struct Operator {
   const char* name;
@@ -753,6 +971,9 @@ Operator operators[] = {
     {kFanOutOpName, &fan_out_parse, &fan_out_infer_shape, &fan_out_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_backward)}, 1, nullptr},
+    {kPoolingOpName, &pooling_parse, &pooling_infer_shape, &pooling_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_backward)}, 1, nullptr},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 

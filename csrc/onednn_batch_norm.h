@@ -9,6 +9,7 @@
 #ifndef MXAMP_ONEDNN_BATCH_NORM_H_
 #define MXAMP_ONEDNN_BATCH_NORM_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,8 +27,13 @@ struct BatchNormSpec {
   float momentum = 0.9f;
   bool fix_gamma = true;            // gamma taken as 1, its gradient 0
   bool use_global_stats = false;    // normalise with the moving statistics
-  bool relu = false;                // a ReLU on the output (its gradient read from the output)
+  bool relu = false;                // a ReLU on the output
   bool residual = false;            // an array like data added to the output, before the ReLU
+
+  // A ReLU without a residual is oneDNN's fused one: its forward writes a workspace (where the
+  // output is positive) that its gradient reads.  With a residual, the ReLU's gradient is read
+  // from the output.
+  bool relu_workspace() const { return relu && !residual; }
 
   int64_t channels() const { return channels_last ? data_shape.back() : data_shape[1]; }
   // Throws std::invalid_argument naming the first inconsistent attribute.
@@ -46,6 +52,7 @@ struct BatchNormForwardArrays {
   void* output;
   float* mean;
   float* variance;
+  void* workspace;        // batch_norm_workspace_bytes(spec) bytes; null unless relu_workspace()
 };
 
 // The moving statistics are updated here, in place, unless use_global_stats: where MXNet's
@@ -53,7 +60,8 @@ struct BatchNormForwardArrays {
 // autograd.record and dropped) leaves them as MXNet does.
 struct BatchNormBackwardArrays {
   const void* output_grad;
-  const void* output;     // the forward's output, for the fused ReLU's gradient
+  const void* output;     // the forward's output, for the ReLU's gradient after a residual
+  const void* workspace;  // the forward's, under relu_workspace(); else null
   const void* data;
   const float* gamma;
   const float* mean;      // the forward's outputs
@@ -69,6 +77,9 @@ struct BatchNormBackwardArrays {
   const void* const* copy_grads = nullptr;
   int copies = 0;
 };
+
+// Bytes of the workspace of the spec's forward: 0 unless relu_workspace().
+size_t batch_norm_workspace_bytes(const BatchNormSpec& spec);
 
 void batch_norm_forward(const BatchNormSpec& spec, const BatchNormForwardArrays& arrays,
                         const Scratch& scratch);

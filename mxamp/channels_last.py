@@ -14,7 +14,9 @@ Xeon (docs/own-convolution.rst).  This module owns those chains:
   nodes of a converted graph, joined by their data edges.  Eligible are
   ``Convolution`` (computing in the region's dtype, MXNet's default layout,
   known data shape, gradients written, see `mxamp.own_conv`), ``BatchNorm``
-  over the channels (``axis=1``, without ``output_mean_var``) and the
+  over the channels (``axis=1``, without ``output_mean_var``), max and
+  average ``Pooling`` (MXNet's default layout, 'valid' convention or global:
+  a network's stem pooling, so the stem joins the region) and the
   elementwise operators between them (`ELEMENTWISE_OPS`: activations,
   same-shape sums and products, casts), whose result does not depend on the
   layout;
@@ -23,10 +25,12 @@ Xeon (docs/own-convolution.rst).  This module owns those chains:
   where chains were measured faster (`MEASURED_FASTER`); ``MXAMP_CHANNELS_LAST``
   (below) overrides it;
 * the **rewrite** (:func:`with_channels_last`): inside a region, convolutions
-  become ``_mxamp_convolution(channels_last=True)`` and batch normalisations
-  ``_mxamp_batch_norm(axis=-1)``; a batch normalisation absorbs the ReLU that
-  alone reads it (``act_type='relu'``), or the sum with a residual and the
-  ReLU after it (``residual=True``); the other elementwise operators stay as
+  become ``_mxamp_convolution(channels_last=True)``, batch normalisations
+  ``_mxamp_batch_norm(axis=-1)`` and poolings
+  ``_mxamp_pooling(channels_last=True)``; a batch normalisation absorbs the
+  ReLU that alone reads it (``act_type='relu'``, forward and gradient in
+  oneDNN's fused kernels), or the sum with a residual and the ReLU after it
+  (``residual=True``); the other elementwise operators stay as
   they are, and a ``transpose`` stands on each data edge crossing the border
   (one per array, however many readers it has).  MXNet 1.9.1's
   ``transpose`` corrupts memory on bfloat16 arrays with oneDNN (see
@@ -97,9 +101,11 @@ ELEMENTWISE_OPS: FrozenSet[str] = frozenset('''
     _Minus _minus _sub _Mul _mul add_n ElementWiseSum amp_cast Cast
 '''.split())
 
-_CONVOLUTION, _BATCH_NORM = 'Convolution', 'BatchNorm'
+_CONVOLUTION, _BATCH_NORM, _POOLING = 'Convolution', 'BatchNorm', 'Pooling'
 # The attributes _mxamp_batch_norm takes from MXNet's BatchNorm (axis becomes -1).
 _BATCH_NORM_ATTRIBUTES = ('eps', 'momentum', 'fix_gamma', 'use_global_stats')
+# The attributes _mxamp_pooling takes from MXNet's Pooling (it adds channels_last).
+_POOLING_ATTRIBUTES = ('kernel', 'stride', 'pad', 'pool_type', 'global_pool', 'count_include_pad')
 _OFF_VALUES = ('0', 'false', 'no', 'off')
 _ON_VALUES = ('', '1', 'true', 'yes', 'on')
 
@@ -186,7 +192,8 @@ def _is_true(text: Any) -> bool:
 
 def _data_inputs(node: Mapping[str, Any]) -> List[int]:
     """Positions of the inputs of a region node that carry channels-last data."""
-    return [0] if node['op'] in (_CONVOLUTION, _BATCH_NORM) else list(range(len(node['inputs'])))
+    return ([0] if node['op'] in (_CONVOLUTION, _BATCH_NORM, _POOLING)
+            else list(range(len(node['inputs']))))
 
 
 def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]],
@@ -201,6 +208,9 @@ def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, An
     in_shapes = [shapes.get((src, k)) for src, k, _ in node['inputs']]
     if op in ELEMENTWISE_OPS:
         return bool(in_shapes) and all(shape == out_shape for shape in in_shapes)
+    if op == _POOLING:
+        return _own_pooling_computes(attrs) and in_shapes[0] is not None and \
+            len(in_shapes[0]) == len(out_shape)
     params = [nodes[src]['name'] for src, _, _ in node['inputs'][1:] if nodes[src]['op'] == 'null']
     if not all(writes_gradient(name) for name in params):
         return False  # the own operators write gradients, never add to them
@@ -211,6 +221,26 @@ def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, An
         return int(attrs.get('axis', 1)) == 1 and not _is_true(attrs.get('output_mean_var', False)) \
             and in_shapes[0] == out_shape
     return False
+
+
+def _ints(text: Any) -> Tuple[int, ...]:
+    """A tuple attribute (``'(3, 3)'``; None or ``'()'``: empty) as ints."""
+    return tuple(int(value) for value in str(text or '').strip('()[] ').split(',')
+                 if value.strip() and value.strip() != 'None')
+
+
+def _own_pooling_computes(attrs: Mapping[str, Any]) -> bool:
+    """Whether ``_mxamp_pooling`` computes a ``Pooling`` node with these attributes."""
+    if str(attrs.get('layout', 'None')) not in CHANNELS_FIRST_LAYOUTS or \
+            attrs.get('pool_type', 'max') not in ('max', 'avg'):
+        return False
+    if _is_true(attrs.get('global_pool', False)):
+        return True  # one window, whatever the convention
+    if attrs.get('pooling_convention', 'valid') != 'valid':
+        return False
+    kernel = _ints(attrs.get('kernel'))
+    pad = _ints(attrs.get('pad')) or (0,) * len(kernel)
+    return bool(kernel) and len(pad) == len(kernel) and all(p < k for p, k in zip(pad, kernel))
 
 
 def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
@@ -498,6 +528,10 @@ class _Rewrite(object):
             attrs = {key: value for key, value in attrs.items() if key in _BATCH_NORM_ATTRIBUTES}
             attrs['axis'] = '-1'
             return dict(node, op=own_conv.BATCH_NORM_OP_NAME, attrs=attrs, inputs=inputs)
+        if node['op'] == _POOLING:
+            attrs = {key: value for key, value in attrs.items() if key in _POOLING_ATTRIBUTES}
+            attrs['channels_last'] = 'True'
+            return dict(node, op=own_conv.POOLING_OP_NAME, attrs=attrs, inputs=inputs)
         return dict(node, inputs=inputs)
 
     def _transpose(self, entry, old, axes, suffix):
@@ -540,7 +574,7 @@ class _Rewrite(object):
         return self.last[(src, k)]
 
 
-_OWN_OPERATORS = (own_conv.OP_NAME, own_conv.BATCH_NORM_OP_NAME)
+_OWN_OPERATORS = (own_conv.OP_NAME, own_conv.BATCH_NORM_OP_NAME, own_conv.POOLING_OP_NAME)
 
 
 def _own_operator_inputs(nodes: Sequence[Mapping[str, Any]],

@@ -610,7 +610,8 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
 
 # What the training graph runs a channels-last region's ops on (mxamp.channels_last).
 _CHANNELS_LAST_OPS = {'Convolution': own_conv_choice.own_conv.OP_NAME,
-                      'BatchNorm': own_conv_choice.own_conv.BATCH_NORM_OP_NAME}
+                      'BatchNorm': own_conv_choice.own_conv.BATCH_NORM_OP_NAME,
+                      'Pooling': own_conv_choice.own_conv.POOLING_OP_NAME}
 
 
 def _mode_name(training):

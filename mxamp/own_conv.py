@@ -16,7 +16,8 @@ for `mxamp.optimizer.follow_weight`), and a batch normalisation on oneDNN 3
 (:func:`batch_norm`) for data whose channels come last, the layout oneDNN 3's
 AMX kernels compute in and in which MXNet's ``BatchNorm`` runs a scalar loop:
 the building blocks of a channels-last chain (:func:`convolution` with
-``channels_last=True``).
+``channels_last=True``), with max and average pooling (:func:`pooling`), which
+MXNet 1.9.1 has no CPU kernel for on channels-last data.
 
 How it plugs into MXNet
 -----------------------
@@ -74,9 +75,10 @@ from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
 __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
-           'follow_bfloat16_weight',
+           'POOLING_OP_NAME', 'follow_bfloat16_weight',
            'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe', 'mode',
-           'require_loaded', 'convolution', 'batch_norm', 'fan_out', 'kernels', 'library_path']
+           'require_loaded', 'convolution', 'batch_norm', 'fan_out', 'pooling', 'kernels',
+           'library_path']
 
 logger = logging.getLogger('mxamp')
 
@@ -89,6 +91,8 @@ BATCH_NORM_OP_NAME = '_mxamp_batch_norm'
 #: The fan-out operator's name in MXNet: one array, ``num_outputs`` copies of it, the gradient
 #: their gradients' sum (its gradient: ``_backward__mxamp_fan_out``).
 FAN_OUT_OP_NAME = '_mxamp_fan_out'
+#: The pooling operator's name in MXNet (its gradient: ``_backward__mxamp_pooling``).
+POOLING_OP_NAME = '_mxamp_pooling'
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
@@ -143,6 +147,8 @@ class _Loaded(NamedTuple):
     batch_norm_sym: Callable[..., Any]
     fan_out_nd: Callable[..., Any]
     fan_out_sym: Callable[..., Any]
+    pooling_nd: Callable[..., Any]
+    pooling_sym: Callable[..., Any]
     onednn_version: str
     cpu_isa: str
 
@@ -224,11 +230,12 @@ def _load() -> _Loaded:
     for name in ('mxamp_own_conv_onednn_version', 'mxamp_own_conv_cpu_isa',
                  'mxamp_own_conv_last_error', 'mxamp_own_conv_kernels'):
         getattr(library, name).restype = ctypes.c_char_p
-    handle, follow, norm, fan = [ctypes.c_void_p() for _ in range(4)]
+    handle, follow, norm, fan, pool = [ctypes.c_void_p() for _ in range(5)]
     check_call(_LIB.NNGetOpHandle(c_str(OP_NAME), ctypes.byref(handle)))
     check_call(_LIB.NNGetOpHandle(c_str(FOLLOW_OP_NAME), ctypes.byref(follow)))
     check_call(_LIB.NNGetOpHandle(c_str(BATCH_NORM_OP_NAME), ctypes.byref(norm)))
     check_call(_LIB.NNGetOpHandle(c_str(FAN_OUT_OP_NAME), ctypes.byref(fan)))
+    check_call(_LIB.NNGetOpHandle(c_str(POOLING_OP_NAME), ctypes.byref(pool)))
     return _Loaded(library=library,
                    nd_function=_make_ndarray_function(handle, OP_NAME, OP_NAME),
                    sym_function=_make_symbol_function(handle, OP_NAME, OP_NAME),
@@ -239,6 +246,8 @@ def _load() -> _Loaded:
                                                         BATCH_NORM_OP_NAME),
                    fan_out_nd=_make_ndarray_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
                    fan_out_sym=_make_symbol_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
+                   pooling_nd=_make_ndarray_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
+                   pooling_sym=_make_symbol_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
                    onednn_version=library.mxamp_own_conv_onednn_version().decode(),
                    cpu_isa=library.mxamp_own_conv_cpu_isa().decode())
 
@@ -482,6 +491,64 @@ def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
     if isinstance(data, mx.sym.Symbol):
         return loaded.fan_out_sym(data, num_outputs=int(num_outputs), name=name)
     return loaded.fan_out_nd(data, num_outputs=int(num_outputs))
+
+
+def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
+            stride: Optional[Sequence[int]] = None, pad: Optional[Sequence[int]] = None,
+            global_pool: bool = False, count_include_pad: bool = True,
+            channels_last: bool = False, name: Optional[str] = None) -> Any:
+    """Max or average pooling on mxamp's own oneDNN 3 operator.
+
+    MXNet ``Pooling``'s arithmetic and attributes (``pooling_convention``
+    'valid'), for data whose channels are the second dimension or, with
+    `channels_last`, the last: the layout a channels-last region passes on
+    (`mxamp.channels_last` takes a network's stem pooling into its region
+    with it), where MXNet 1.9.1 has no CPU pooling.
+
+    Parameters
+    ----------
+    data : NDArray or Symbol
+        float32 or bfloat16, 3 to 5 dimensions.
+    kernel, stride, pad : tuple of int
+        One per spatial dimension, as MXNet's (`stride` 1 and `pad` 0 by
+        default); `pad` below `kernel`.
+    pool_type : {'max', 'avg'}
+    global_pool : bool
+        Pool over the whole spatial extent (`kernel` ignored).
+    count_include_pad : bool
+        Average pooling: the padding counts in the divisor (MXNet's default).
+    channels_last : bool
+        Data and output ``(N, spatial..., C)``.
+    name : str, optional
+        The node's name (Symbols only).
+
+    Returns
+    -------
+    NDArray or Symbol
+        The pooled data.  Max pooling has a second output, the workspace its
+        gradient reads (where each window's maximum was, uint8 bytes): a list
+        ``[output, workspace]`` of NDArrays, or a Symbol of two outputs.
+
+    Raises
+    ------
+    OwnConvUnavailable
+        When the library cannot run here.
+    """
+    loaded = _require()
+    if pool_type not in ('max', 'avg'):
+        raise ValueError("pool_type=%r: mxamp's pooling takes 'max' or 'avg'" % (pool_type,))
+    attributes: Dict[str, Any] = {'pool_type': pool_type, 'global_pool': bool(global_pool),
+                                  'count_include_pad': bool(count_include_pad),
+                                  'channels_last': bool(channels_last)}
+    if not global_pool:
+        attributes['kernel'] = _tuple(kernel)
+        if stride is not None:
+            attributes['stride'] = _tuple(stride)
+        if pad is not None:
+            attributes['pad'] = _tuple(pad)
+    if isinstance(data, mx.sym.Symbol):
+        return loaded.pooling_sym(data, name=name, **attributes)
+    return loaded.pooling_nd(data, **attributes)
 
 
 def _require_known_shape(what: str, symbol: mx.sym.Symbol) -> None:

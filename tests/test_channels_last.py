@@ -61,14 +61,17 @@ def test_resnet50s_bottlenecks_are_one_region_with_two_borders():
     net = vision.resnet50_v1()
     symbol, shapes = symbol_and_shapes(net, (2, 3, 224, 224))
     regions = channels_last.find_regions(symbol, shapes, op_names(symbol))
-    # The 16 bottlenecks (52 convolutions) join through their residual sums; the stem's
-    # max pooling (not eligible: MXNet's NHWC pooling fails on a CPU) separates the stem.
-    assert [(r.convolutions, r.batch_norms, r.borders) for r in regions] == [(52, 52, 2), (1, 1, 2)]
+    # The 16 bottlenecks (52 convolutions) join through their residual sums, and the stem
+    # through its max pooling (mxamp's own); the global pooling at the end joins too, so the
+    # borders are the image and the pooled features.
+    assert [(r.convolutions, r.batch_norms, r.borders) for r in regions] == [(53, 53, 2)]
     main = regions[0]
-    assert 'resnetv10_stage1_conv0_fwd' in main.nodes and 'resnetv10_pool0_fwd' not in main.nodes
-    assert 'resnetv10_stage1_conv0_weight' in main.params
-    assert 'resnetv10_stage1_batchnorm0_gamma' in main.params
-    assert main.describe() == '52 convolutions, 52 batch norms, 2 border transposes'
+    prefix = net.prefix   # 'resnetv10_' in a fresh process
+    assert {prefix + name for name in ('conv0_fwd', 'pool0_fwd', 'stage1_conv0_fwd',
+                                       'pool1_fwd')} <= main.nodes
+    assert prefix + 'stage1_conv0_weight' in main.params
+    assert prefix + 'stage1_batchnorm0_gamma' in main.params
+    assert main.describe() == '53 convolutions, 53 batch norms, 2 border transposes'
 
 
 def _graph_with_odd_nodes():
@@ -226,9 +229,10 @@ def test_a_rewritten_resnet_computes_what_mxnet_computes_in_float32():
     counts = op_counts(rewritten)
     assert counts[own_conv.OP_NAME] == 20 and counts[own_conv.BATCH_NORM_OP_NAME] == 20
     assert 'Convolution' not in counts and 'BatchNorm' not in counts
-    assert counts['transpose'] == 4            # two regions, two borders each
-    # Each residual block's input has two readers: the first block's gets a fan-out after its
-    # border transpose, the other seven are copies written by the batch norm that computes them.
+    assert counts['transpose'] == 2            # one region (the stem joins by its pooling)
+    # Each residual block's input has two readers: the first block's gets a fan-out after the
+    # stem's max pooling, the other seven are copies written by the batch norm that computes
+    # them.
     assert counts[own_conv.FAN_OUT_OP_NAME] == 1
     # Every ReLU and residual sum fused into a batch norm (17 ReLUs, 8 sums).
     assert 'Activation' not in counts and 'elemwise_add' not in counts

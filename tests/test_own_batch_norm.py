@@ -138,8 +138,9 @@ def test_copies_of_the_output_sum_their_gradients(act_type):
     with autograd.record():
         outputs = own_conv.batch_norm(data, gamma, beta, moving_mean, moving_var, copies=2,
                                       **attributes)
-    assert len(outputs) == 5
-    for copy in outputs[3:]:
+    # (output, mean, variance, 2 copies[, the fused ReLU's workspace])
+    assert len(outputs) == (6 if act_type == 'relu' else 5)
+    for copy in outputs[3:5]:
         np.testing.assert_array_equal(copy.asnumpy(), outputs[0].asnumpy())
     autograd.backward([outputs[0], outputs[3], outputs[4]], heads)
     got = [outputs[0].asnumpy(), data.grad.asnumpy(), gamma.grad.asnumpy(), beta.grad.asnumpy(),
@@ -177,6 +178,34 @@ def test_bfloat16_data_is_float32_within_bfloat16_rounding():
                                low, reference):
         # Inputs rounded to 8 bits of mantissa, the output once more: a few ulps of bfloat16.
         assert normalised_error(got, want) < 2.0 ** -6, name
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+def test_bfloat16_fused_relu_is_the_batch_norm_then_mxnets_relu():
+    # The fused ReLU's gradient reads bfloat16's own workspace; against float32 a value near 0
+    # may change sign with the inputs' rounding, so the reference is the same batch norm in
+    # bfloat16 followed by MXNet's bfloat16 Activation: the same numbers exactly.
+    data, head, params = random_case((8, 7, 7, 32))
+    params = [mx.nd.array(np.random.RandomState(1).uniform(0.5, 1.5, 32)) for _ in range(4)]
+    bf16 = lambda a: mx.nd.amp_cast(a, dtype='bfloat16')
+    results = []
+    for fused in (True, False):
+        x = bf16(data)
+        gamma, beta, mean, var = [array.copy() for array in params]
+        for array in (x, gamma, beta):
+            array.attach_grad()
+        with autograd.record():
+            out = own_conv.batch_norm(x, gamma, beta, mean, var, fix_gamma=False, axis=-1,
+                                      act_type='relu' if fused else None)[0]
+            if not fused:
+                out = mx.nd.Activation(out, act_type='relu')
+        out.backward(bf16(head))
+        results.append([mx.nd.amp_cast(a, dtype='float32').asnumpy()
+                        for a in (out, x.grad, gamma.grad, beta.grad)])
+    for name, got, want in zip(['output', 'data gradient', 'gamma gradient', 'beta gradient'],
+                               *results):
+        np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 def test_in_a_symbol_graph_the_moving_statistics_are_auxiliary_states():
