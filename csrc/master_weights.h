@@ -18,6 +18,25 @@ namespace mxamp {
 void follow_bfloat16_weight(const float* master, const uint16_t* weight, float* out,
                             size_t count);
 
+// One step of MXNet's SGD on the FP32 master copy of a bfloat16 weight, in one pass: the
+// arithmetic of multi_sgd_mom_update (multi_sgd_update without momentum) in float32 on the
+// master, after follow_bfloat16_weight's (when `follow`), with the gradient widened from
+// bfloat16, and the weight written as amp_cast writes it.  mxamp's generic path does the same
+// in four MXNet passes (widen the gradient, follow, update, narrow the master).
+struct SgdStep {
+  float lr = 0.0f;
+  float wd = 0.0f;
+  float momentum = 0.0f;       // 0: no momentum array
+  float rescale_grad = 1.0f;
+  float clip_gradient = -1.0f;  // negative: no clipping
+  bool follow = true;
+};
+
+// `momentum` may be null (step.momentum 0); `master` and `momentum` are updated in place and
+// `new_weight` receives the master rounded to bfloat16.
+void sgd_step_bfloat16(const SgdStep& step, const uint16_t* weight, const uint16_t* grad,
+                       float* master, float* momentum, uint16_t* new_weight, size_t count);
+
 // `value` rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as oneDNN rounds.  Inline,
 // so that loops calling it vectorise.
 inline uint16_t round_to_bfloat16(float value) {

@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers five operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers six operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -21,6 +21,10 @@
 // "_mxamp_fan_out" (fan_out.h), attribute num_outputs (2 or more): one input (float32 or
 // bfloat16), num_outputs copies of it; its gradient's inputs are (num_outputs output gradients,
 // the input, the outputs), its output their sum.
+// "_mxamp_sgd_step" (master_weights.h): one SGD step on the FP32 master copy of a bfloat16
+// weight, attributes lr, wd, momentum, rescale_grad, clip_gradient (negative: none) and follow;
+// inputs (weight, gradient, master[, momentum when momentum != 0]), the master and the momentum
+// mutated; output the new bfloat16 weight; no gradient.
 // "_mxamp_pooling" (onednn_pooling.h), with the attributes of MXNet's Pooling (kernel, stride,
 // pad, pool_type max or avg, global_pool, count_include_pad; pooling_convention 'valid' (any
 // under global_pool) and layout NCW/NCHW/NCDHW only; cudnn_off accepted and ignored) and channels_last: one input, the
@@ -61,6 +65,7 @@ constexpr const char* kFollowOpName = "_mxamp_follow_weight";
 constexpr const char* kBatchNormOpName = "_mxamp_batch_norm";
 constexpr const char* kFanOutOpName = "_mxamp_fan_out";
 constexpr const char* kPoolingOpName = "_mxamp_pooling";
+constexpr const char* kSgdStepOpName = "_mxamp_sgd_step";
 constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
@@ -409,6 +414,128 @@ int follow_compute(const Call& c) {
 }
 
 
+float parse_float(const std::string& key, const std::string& text) {
+  char* end = nullptr;
+  const float value = std::strtof(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0')
+    throw std::invalid_argument(key + "=" + text + " is not a number");
+  return value;
+}
+
+// _mxamp_sgd_step: (weight bfloat16, gradient bfloat16, master float32[, momentum float32]) ->
+// the new weight (bfloat16); the master and the momentum updated in place.
+mxamp::SgdStep parse_sgd_step(const char* const* keys, const char* const* vals, int num) {
+  mxamp::SgdStep step;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key == "lr") {
+      step.lr = parse_float(key, value);
+    } else if (key == "wd") {
+      step.wd = parse_float(key, value);
+    } else if (key == "momentum") {
+      step.momentum = parse_float(key, value);
+    } else if (key == "rescale_grad") {
+      step.rescale_grad = parse_float(key, value);
+    } else if (key == "clip_gradient") {
+      step.clip_gradient = parse_float(key, value);
+    } else if (key == "follow") {
+      step.follow = parse_bool(key, value);
+    } else {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  return step;
+}
+
+int sgd_step_inputs(const mxamp::SgdStep& step) { return step.momentum != 0.0f ? 4 : 3; }
+
+void check_sgd_step_counts(const mxamp::SgdStep& step, int num_in, int num_out) {
+  if (num_in != sgd_step_inputs(step) || num_out != 1)
+    throw std::invalid_argument("expected " + std::to_string(sgd_step_inputs(step)) +
+                                " inputs (weight, gradient, master[, momentum]) and 1 output");
+}
+
+int sgd_step_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                   int* num_out) {
+  *num_in = sgd_step_inputs(parse_sgd_step(keys, vals, num));
+  *num_out = 1;
+  return 1;
+}
+
+int sgd_step_infer_shape(const char* const* keys, const char* const* vals, int num,
+                         unsigned int** inshapes, int* indims, int num_in,
+                         unsigned int*** mod_inshapes, int** mod_indims,
+                         unsigned int*** outshapes, int** outdims, int num_out) {
+  check_sgd_step_counts(parse_sgd_step(keys, vals, num), num_in, num_out);
+  if (indims[0] <= 0) throw std::invalid_argument("the weight's shape is unknown");
+  const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
+  for (int i = 1; i < num_in; ++i) {
+    if (indims[i] > 0)
+      check_same_shape("gradient, master and momentum", std::vector<int64_t>(
+                           inshapes[i], inshapes[i] + indims[i]).data(), indims[i], shape);
+  }
+  *mod_indims = allocate<int>(num_in);
+  *mod_inshapes = allocate<unsigned int*>(num_in);
+  for (int i = 0; i < num_in; ++i) {
+    (*mod_indims)[i] = indims[0];
+    (*mod_inshapes)[i] = copy_shape(shape);
+  }
+  *outdims = allocate<int>(1);
+  *outshapes = allocate<unsigned int*>(1);
+  (*outdims)[0] = indims[0];
+  (*outshapes)[0] = copy_shape(shape);
+  return 1;
+}
+
+int sgd_step_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                        int num_in, int* outtypes, int num_out) {
+  check_sgd_step_counts(parse_sgd_step(keys, vals, num), num_in, num_out);
+  const int expected[] = {mxamp::kFlagBFloat16, mxamp::kFlagBFloat16, mxamp::kFlagFloat32,
+                          mxamp::kFlagFloat32};
+  for (int i = 0; i < num_in; ++i) {
+    if (intypes[i] >= 0 && intypes[i] != expected[i])
+      throw std::invalid_argument(std::string(kSgdStepOpName) +
+                                  " takes a bfloat16 weight and gradient and float32 master and "
+                                  "momentum (input " + std::to_string(i) + " has type flag " +
+                                  std::to_string(intypes[i]) + ")");
+    intypes[i] = expected[i];
+  }
+  outtypes[0] = mxamp::kFlagBFloat16;
+  return 1;
+}
+
+int sgd_step_mutate(const char* const* keys, const char* const* vals, int num, int** indices,
+                    int* count) {
+  const int inputs = sgd_step_inputs(parse_sgd_step(keys, vals, num));
+  *count = inputs - 2;   // the master, and the momentum when there is one
+  *indices = allocate<int>(*count);
+  for (int i = 0; i < *count; ++i) (*indices)[i] = 2 + i;
+  return 1;
+}
+
+int sgd_step_compute(const Call& c) {
+  const mxamp::SgdStep step = parse_sgd_step(c.keys, c.vals, c.num);
+  check_sgd_step_counts(step, c.num_in, c.num_out);
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  const int expected[] = {mxamp::kFlagBFloat16, mxamp::kFlagBFloat16, mxamp::kFlagFloat32,
+                          mxamp::kFlagFloat32};
+  for (int i = 0; i < c.num_in; ++i) {
+    check_same_shape("gradient, master and momentum", c.inshapes[i], c.indims[i], shape);
+    if (c.intypes[i] != expected[i])
+      throw std::invalid_argument("expected a bfloat16 weight and gradient and float32 master "
+                                  "and momentum");
+  }
+  check_same_shape("output", c.outshapes[0], c.outdims[0], shape);
+  mxamp::sgd_step_bfloat16(step, static_cast<const uint16_t*>(c.indata[0]),
+                           static_cast<const uint16_t*>(c.indata[1]),
+                           static_cast<float*>(c.indata[2]),
+                           c.num_in == 4 ? static_cast<float*>(c.indata[3]) : nullptr,
+                           static_cast<uint16_t*>(c.outdata[0]),
+                           element_count(c.inshapes[0], c.indims[0]));
+  return 1;
+}
+
 // _mxamp_batch_norm: the attributes, before the data shape is known.
 struct BatchNormAttributes {
   float eps = 1e-3f;
@@ -445,14 +572,6 @@ struct BatchNormAttributes {
     return s;
   }
 };
-
-float parse_float(const std::string& key, const std::string& text) {
-  char* end = nullptr;
-  const float value = std::strtof(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0')
-    throw std::invalid_argument(key + "=" + text + " is not a number");
-  return value;
-}
 
 BatchNormAttributes parse_batch_norm(const char* const* keys, const char* const* vals, int num) {
   BatchNormAttributes a;
@@ -971,6 +1090,8 @@ Operator operators[] = {
     {kFanOutOpName, &fan_out_parse, &fan_out_infer_shape, &fan_out_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_backward)}, 1, nullptr},
+    {kSgdStepOpName, &sgd_step_parse, &sgd_step_infer_shape, &sgd_step_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&sgd_step_compute)}, {nullptr}, 0, &sgd_step_mutate},
     {kPoolingOpName, &pooling_parse, &pooling_infer_shape, &pooling_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_backward)}, 1, nullptr},

@@ -31,7 +31,12 @@ How an update runs
   optimizer's own ``update_multi_precision``, which calls ``mp_sgd_update``,
   ``mp_sgd_mom_update``, ``multi_mp_sgd_*``, ``mp_nag_mom_update``,
   ``mp_lamb_update_phase1/2`` or ``contrib.mp_adamw_update``.  These run on CPU.
-* Everything else (all bfloat16 weights, float16 weights with Adam, RMSProp,
+* bfloat16 weights with MXNet's own ``SGD`` (with or without momentum) on a
+  CPU where mxamp's native library runs (see :func:`follow_weight`): one
+  native pass per weight (`mxamp.own_conv.sgd_step_bfloat16`) that computes
+  what the generic path below computes, bit for bit, reading and writing
+  each value once instead of in four MXNet passes.
+* Everything else (other bfloat16 weights, float16 weights with Adam, RMSProp,
   AdaGrad, ...): the generic path.  The gradient is cast to FP32, the base
   optimizer's FP32 ``update`` runs on the master copy and its FP32 states, and
   the master copy is cast back into the low-precision weight in place
@@ -257,6 +262,10 @@ class MultiPrecision(_MixedInto):
                 return
             first = weight
         many = isinstance(index, (list, tuple))
+        if self._mxamp_native_sgd(first, grad[0] if many else grad):
+            self._mxamp_sgd_steps(*([index, weight, grad, state] if many else
+                                    [[index], [weight], [grad], [state]]))
+            return
         if self.multi_precision and _is_low(first):
             self._mxamp_follow(weight if many else [weight], state if many else [state],
                                self._mxamp_generic(first))
@@ -274,6 +283,37 @@ class MultiPrecision(_MixedInto):
             master, inner = state
             self.update(index, master, _float32(grad), inner)
             cast_into(master, weight)
+
+    def _mxamp_native_sgd(self, weight, grad):
+        """Whether `weight` takes the one-pass SGD step (`mxamp.own_conv.sgd_step_bfloat16`).
+
+        Only for MXNet's own ``SGD`` mixed in by :func:`mixed_class` (a
+        subclass may change the update), on dense bfloat16 weights on the CPU
+        where the master weights follow natively (see `_follows_natively`).
+        """
+        return (type(self).__dict__.get('_mxamp_base') is mx.optimizer.SGD and
+                self.multi_precision and weight.dtype == BFLOAT16 and
+                weight.stype == 'default' and grad.stype == 'default' and
+                _follows_natively(weight, weight))
+
+    def _mxamp_sgd_steps(self, indices, weights, grads, states):
+        """SGD's update of bfloat16 weights on their masters, one native pass per weight.
+
+        The learning rates, weight decays and update counts come from MXNet's
+        own bookkeeping (``_update_count``, ``_get_lrs``, ``_get_wds``), as in
+        ``SGD._update_impl``; asynchronous, no host sync.
+        """
+        from . import own_conv
+        self._update_count(indices)
+        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
+        # SGD passes clip_gradient only when set (None and 0 mean none): -1 is its kernel's none.
+        clip = self.clip_gradient if self.clip_gradient else -1.0
+        follow = getattr(self, 'follow_weights', True)
+        for weight, grad, (master, momentum), lr, wd in zip(weights, grads, states, lrs, wds):
+            stepped = own_conv.sgd_step_bfloat16(
+                weight, grad, master, momentum, lr=lr, wd=wd, momentum=self.momentum,
+                rescale_grad=self.rescale_grad, clip_gradient=clip, follow=follow)
+            stepped.copyto(weight)   # whatever oneDNN layout the weight holds
 
     def _mxamp_overflow_flag(self, stored, merged):
         """Server side of LossScaler's overflow agreement: :func:`mxamp.kvkeys.store_overflow_sum`."""

@@ -75,7 +75,7 @@ from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
 __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
-           'POOLING_OP_NAME', 'follow_bfloat16_weight',
+           'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'follow_bfloat16_weight', 'sgd_step_bfloat16',
            'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe', 'mode',
            'require_loaded', 'convolution', 'batch_norm', 'fan_out', 'pooling', 'kernels',
            'library_path']
@@ -93,6 +93,8 @@ BATCH_NORM_OP_NAME = '_mxamp_batch_norm'
 FAN_OUT_OP_NAME = '_mxamp_fan_out'
 #: The pooling operator's name in MXNet (its gradient: ``_backward__mxamp_pooling``).
 POOLING_OP_NAME = '_mxamp_pooling'
+#: The SGD step operator's name in MXNet (no gradient): see :func:`sgd_step_bfloat16`.
+SGD_STEP_OP_NAME = '_mxamp_sgd_step'
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
@@ -149,6 +151,7 @@ class _Loaded(NamedTuple):
     fan_out_sym: Callable[..., Any]
     pooling_nd: Callable[..., Any]
     pooling_sym: Callable[..., Any]
+    sgd_step_nd: Callable[..., Any]
     onednn_version: str
     cpu_isa: str
 
@@ -230,12 +233,13 @@ def _load() -> _Loaded:
     for name in ('mxamp_own_conv_onednn_version', 'mxamp_own_conv_cpu_isa',
                  'mxamp_own_conv_last_error', 'mxamp_own_conv_kernels'):
         getattr(library, name).restype = ctypes.c_char_p
-    handle, follow, norm, fan, pool = [ctypes.c_void_p() for _ in range(5)]
+    handle, follow, norm, fan, pool, sgd = [ctypes.c_void_p() for _ in range(6)]
     check_call(_LIB.NNGetOpHandle(c_str(OP_NAME), ctypes.byref(handle)))
     check_call(_LIB.NNGetOpHandle(c_str(FOLLOW_OP_NAME), ctypes.byref(follow)))
     check_call(_LIB.NNGetOpHandle(c_str(BATCH_NORM_OP_NAME), ctypes.byref(norm)))
     check_call(_LIB.NNGetOpHandle(c_str(FAN_OUT_OP_NAME), ctypes.byref(fan)))
     check_call(_LIB.NNGetOpHandle(c_str(POOLING_OP_NAME), ctypes.byref(pool)))
+    check_call(_LIB.NNGetOpHandle(c_str(SGD_STEP_OP_NAME), ctypes.byref(sgd)))
     return _Loaded(library=library,
                    nd_function=_make_ndarray_function(handle, OP_NAME, OP_NAME),
                    sym_function=_make_symbol_function(handle, OP_NAME, OP_NAME),
@@ -248,6 +252,7 @@ def _load() -> _Loaded:
                    fan_out_sym=_make_symbol_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
                    pooling_nd=_make_ndarray_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
                    pooling_sym=_make_symbol_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
+                   sgd_step_nd=_make_ndarray_function(sgd, SGD_STEP_OP_NAME, SGD_STEP_OP_NAME),
                    onednn_version=library.mxamp_own_conv_onednn_version().decode(),
                    cpu_isa=library.mxamp_own_conv_cpu_isa().decode())
 
@@ -582,6 +587,50 @@ def follow_bfloat16_weight(master: mx.nd.NDArray, weight: mx.nd.NDArray) -> None
         When the library cannot run here.
     """
     _require().follow_function(master, weight, out=master)
+
+
+def sgd_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.NDArray,
+                      momentum_state: Optional[mx.nd.NDArray], *, lr: float, wd: float,
+                      momentum: float, rescale_grad: float, clip_gradient: float,
+                      follow: bool) -> mx.nd.NDArray:
+    """One SGD step on the FP32 `master` copy of a bfloat16 `weight`, in one pass.
+
+    What `mxamp.optimizer`'s generic path computes for ``mx.optimizer.SGD``
+    with four MXNet passes (the gradient widened, the master following the
+    weight, ``multi_sgd_mom_update`` on the master, the master narrowed into
+    the weight), in one vectorised pass of mxamp's native library on the
+    calling thread's OpenMP team: the same expression in float32, operand for
+    operand, so the same numbers.  Asynchronous, no host sync.
+
+    Parameters
+    ----------
+    weight, grad : NDArray
+        bfloat16, same shape; `weight` is read (to follow it), not written.
+    master, momentum_state : NDArray
+        float32, updated in place; `momentum_state` None when `momentum` is 0.
+    lr, wd, momentum, rescale_grad : float
+        As MXNet's SGD.
+    clip_gradient : float
+        Negative: no clipping.
+    follow : bool
+        Restart the master from the weight where the weight changed
+        (`mxamp.optimizer.follow_weight`).
+
+    Returns
+    -------
+    NDArray
+        The new weight (bfloat16, MXNet's default layout): the caller copies
+        it into `weight`, whatever layout that holds.
+
+    Raises
+    ------
+    OwnConvUnavailable
+        When the library cannot run here.
+    """
+    inputs = [weight, grad, master] + ([] if momentum == 0 else [momentum_state])
+    return _require().sgd_step_nd(*inputs, lr=float(lr), wd=float(wd), momentum=float(momentum),
+                                  rescale_grad=float(rescale_grad),
+                                  clip_gradient=float(clip_gradient), follow=bool(follow))
 
 
 def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int,

@@ -105,10 +105,11 @@ _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNo
 # Numerically sensitive: softmax, normalisation, reductions, exp/log/pow, losses,
 # detection post-processing, coordinates, linear algebra, samplers, legacy ops
 # without low-precision kernels, custom Python ops, quantization; and
-# _mxamp_follow_weight, mxamp's master-weight kernel (mxamp.own_conv), which
-# updates FP32 master copies in the optimizer and is never part of a graph.
+# _mxamp_follow_weight and _mxamp_sgd_step, mxamp's master-weight kernels
+# (mxamp.own_conv), which update FP32 master copies in the optimizer and are
+# never part of a graph.
 _FLOAT32 = _names('''
-    _mxamp_follow_weight
+    _mxamp_follow_weight _mxamp_sgd_step
     softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm GroupNorm InstanceNorm
     L2Normalization LRN norm moments _square_sum multi_sum_sq multi_lars
     exp expm1 log log10 log1p log2 _power _power_scalar _rpower_scalar broadcast_power _hypot

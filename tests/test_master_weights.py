@@ -311,3 +311,65 @@ def test_a_module_step_starts_from_the_parameters_loaded_into_it(tmp_path, dtype
     for name in ('conv0_weight', 'fc_weight'):
         assert np.array_equal(to_float32_numpy(now[name]),
                               to_float32_numpy(cast(cast(arg[name], dtype), 'float32'))), name
+
+
+def _sgd_steps(native, monkeypatch, steps=5, follow_weights=True, **options):
+    """Weights, masters and momenta after `steps` SGD updates of three bfloat16 weights.
+
+    A weight is changed outside the optimizer after the third step.  `native`
+    False: the generic path (gradient widened, follow, MXNet's update, narrowed).
+    """
+    rng = np.random.RandomState(0)
+    shapes = [(64, 32, 3, 3), (1000,), (70000,)]   # the last above the threading threshold
+    weights = [cast(mx.nd.array(rng.normal(size=shape)), 'bfloat16') for shape in shapes]
+    optimizer = mo.create('sgd', learning_rate=0.1, follow_weights=follow_weights, **options)
+    optimizer.set_lr_mult({1: 0.5})
+    optimizer.set_wd_mult({2: 0.0})
+    with monkeypatch.context() as patch:
+        if not native:
+            patch.setattr(type(optimizer), '_mxamp_native_sgd', lambda self, weight, grad: False)
+        states = [optimizer.create_state_multi_precision(i, w) for i, w in enumerate(weights)]
+        for step in range(steps):
+            grads = [cast(mx.nd.array(rng.normal(size=shape)), 'bfloat16') for shape in shapes]
+            optimizer.update_multi_precision(list(range(3)), weights, grads, states)
+            if step == 2:
+                weights[1][:] = cast(mx.nd.ones((1000,)), 'bfloat16')
+    arrays = [to_float32_numpy(w) for w in weights] + [master.asnumpy() for master, _ in states]
+    return arrays + [momentum.asnumpy() for _, momentum in states if momentum is not None]
+
+
+@pytest.mark.skipif(not own_conv.available(),
+                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+@pytest.mark.parametrize('options', [
+    dict(momentum=0.9, wd=1e-4, rescale_grad=0.3),
+    dict(momentum=0.0, wd=1e-4),
+    dict(momentum=0.9, clip_gradient=0.05, rescale_grad=1.7),
+    dict(momentum=0.5, follow_weights=False),
+], ids=['momentum', 'no_momentum', 'clipped', 'not_following'])
+def test_the_native_sgd_step_gives_what_the_generic_path_gives(options, monkeypatch):
+    # One native pass per weight (mxamp.own_conv.sgd_step_bfloat16) against four MXNet passes:
+    # the same float32 expression, so the same bits, also with lr and wd multipliers, a clip
+    # and a weight changed mid-way (followed, or with follow_weights=False overwritten).
+    probe = cast(mx.nd.ones((2,)), 'bfloat16')
+    if not mo._follows_natively(probe, probe):
+        pytest.skip("this CPU's bfloat16 casts are MXNet's generic Cast: the generic path runs")
+    assert mo.create('sgd', momentum=0.9)._mxamp_native_sgd(probe, probe)
+    native = _sgd_steps(True, monkeypatch, **options)
+    generic = _sgd_steps(False, monkeypatch, **options)
+    assert len(native) == len(generic) == (9 if options['momentum'] else 6)
+    for got, want in zip(native, generic):
+        np.testing.assert_array_equal(got, want)
+    if options.get('follow_weights', True):
+        assert np.abs(native[1] - 1.0).max() < 0.5   # restarted from the changed weight
+
+
+def test_only_mxnets_own_sgd_takes_the_native_step():
+    probe = cast(mx.nd.ones((2,)), 'bfloat16')
+
+    class MySGD(mo.MultiPrecision, mx.optimizer.SGD):   # may change the update: generic path
+        pass
+
+    assert not MySGD(momentum=0.9)._mxamp_native_sgd(probe, probe)
+    assert not mo.create('nag', momentum=0.9)._mxamp_native_sgd(probe, probe)
+    assert not mo.create('sgd', momentum=0.9)._mxamp_native_sgd(cast(probe, 'float16'),
+                                                              cast(probe, 'float16'))
