@@ -13,13 +13,6 @@ namespace {
 constexpr int64_t kParallelFrom = 1 << 16;
 constexpr int64_t kCopyChunk = 1 << 18;  // bytes per copied chunk
 
-float widen(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof value);
-  return value;
-}
-
 }  // namespace
 
 void copy_bytes(const void* source, void* target, size_t bytes) {
@@ -52,7 +45,8 @@ __attribute__((optimize("O3"))) void sum_float32(const float* const* inputs, int
 __attribute__((optimize("O3"))) void sum_two_bfloat16(const uint16_t* a, const uint16_t* b,
                                                       uint16_t* out, int64_t n) {
 #pragma omp parallel for simd if (n >= kParallelFrom) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = round_to_bfloat16(widen(a[i]) + widen(b[i]));
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = round_to_bfloat16(widen_bfloat16(a[i]) + widen_bfloat16(b[i]));
 }
 
 void sum_bfloat16(const uint16_t* const* inputs, int count, uint16_t* out, size_t size) {
@@ -60,8 +54,8 @@ void sum_bfloat16(const uint16_t* const* inputs, int count, uint16_t* out, size_
   if (count == 2) return sum_two_bfloat16(inputs[0], inputs[1], out, n);
 #pragma omp parallel for if (n >= kParallelFrom) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float total = widen(inputs[0][i]);
-    for (int k = 1; k < count; ++k) total += widen(inputs[k][i]);
+    float total = widen_bfloat16(inputs[0][i]);
+    for (int k = 1; k < count; ++k) total += widen_bfloat16(inputs[k][i]);
     out[i] = round_to_bfloat16(total);
   }
 }

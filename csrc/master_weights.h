@@ -14,7 +14,8 @@ namespace mxamp {
 
 // `master[i]` (float32) becomes the value of `weight[i]` (bfloat16 bits) wherever `weight[i]`
 // differs, as a float, from `master[i]` rounded to bfloat16 (nearest, ties to even; a denormal
-// master also matches a zero weight, its flushed rounding); elsewhere it keeps its value.  `out` may be `master` (in place: only the restarted elements are written).
+// master also matches a zero weight, its flushed rounding); elsewhere it keeps its value.
+// `out` may be `master` (in place).
 void follow_bfloat16_weight(const float* master, const uint16_t* weight, float* out,
                             size_t count);
 
@@ -36,6 +37,14 @@ struct SgdStep {
 // `new_weight` receives the master rounded to bfloat16.
 void sgd_step_bfloat16(const SgdStep& step, const uint16_t* weight, const uint16_t* grad,
                        float* master, float* momentum, uint16_t* new_weight, size_t count);
+
+// `bits` (bfloat16) as a float32: exact.  Inline, so that loops calling it vectorise.
+inline float widen_bfloat16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
 
 // `value` rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as oneDNN rounds.  Inline,
 // so that loops calling it vectorise.

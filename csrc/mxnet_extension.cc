@@ -27,9 +27,9 @@
 // mutated; output the new bfloat16 weight; no gradient.
 // "_mxamp_pooling" (onednn_pooling.h), with the attributes of MXNet's Pooling (kernel, stride,
 // pad, pool_type max or avg, global_pool, count_include_pad; pooling_convention 'valid' (any
-// under global_pool) and layout NCW/NCHW/NCDHW only; cudnn_off accepted and ignored) and channels_last: one input, the
-// data; outputs the pooled data and, for max pooling, the workspace its gradient reads (uint8,
-// (bytes,)).  Its gradient's inputs are (the outputs' gradients, data, the outputs), its output
+// under global_pool) and layout NCW/NCHW/NCDHW only; cudnn_off accepted and ignored) and
+// channels_last: one input, the data; outputs the pooled data and, for max pooling, the
+// workspace its gradient reads (uint8, (bytes,)).  Its gradient's inputs are (the outputs' gradients, data, the outputs), its output
 // the data's gradient.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
@@ -279,6 +279,17 @@ unsigned int* copy_shape(const std::vector<int64_t>& shape) {
   return out;
 }
 
+// Shape inference's answer for a list of arrays (the inputs, or the outputs), as MXNet takes it.
+void give_shapes(const std::vector<std::vector<int64_t>>& shapes, unsigned int*** out,
+                 int** dims) {
+  *dims = allocate<int>(shapes.size());
+  *out = allocate<unsigned int*>(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    (*dims)[i] = static_cast<int>(shapes[i].size());
+    (*out)[i] = copy_shape(shapes[i]);
+  }
+}
+
 // Weight and bias shapes from the data shape (MXNet gives unknown ones as ndim <= 0), and the
 // output shape.
 int infer_shape(const char* const* keys, const char* const* vals, int num,
@@ -307,17 +318,8 @@ int infer_shape(const char* const* keys, const char* const* vals, int num,
       check_same_shape(i == 1 ? "weight" : "bias", given.data(), indims[i], inputs[i]);
     }
   }
-  *mod_indims = allocate<int>(num_in);
-  *mod_inshapes = allocate<unsigned int*>(num_in);
-  for (int i = 0; i < num_in; ++i) {
-    (*mod_indims)[i] = static_cast<int>(inputs[i].size());
-    (*mod_inshapes)[i] = copy_shape(inputs[i]);
-  }
-  const std::vector<int64_t> output = spec.output_shape();
-  *outdims = allocate<int>(1);
-  *outshapes = allocate<unsigned int*>(1);
-  (*outdims)[0] = static_cast<int>(output.size());
-  (*outshapes)[0] = copy_shape(output);
+  give_shapes(inputs, mod_inshapes, mod_indims);
+  give_shapes({spec.output_shape()}, outshapes, outdims);
   return 1;
 }
 
@@ -371,16 +373,8 @@ int follow_infer_shape(const char* const*, const char* const*, int, unsigned int
     const std::vector<int64_t> other(inshapes[1 - known], inshapes[1 - known] + indims[1 - known]);
     check_same_shape(known == 0 ? "weight" : "master", other.data(), indims[1 - known], shape);
   }
-  *mod_indims = allocate<int>(2);
-  *mod_inshapes = allocate<unsigned int*>(2);
-  for (int i = 0; i < 2; ++i) {
-    (*mod_indims)[i] = static_cast<int>(shape.size());
-    (*mod_inshapes)[i] = copy_shape(shape);
-  }
-  *outdims = allocate<int>(1);
-  *outshapes = allocate<unsigned int*>(1);
-  (*outdims)[0] = static_cast<int>(shape.size());
-  (*outshapes)[0] = copy_shape(shape);
+  give_shapes({shape, shape}, mod_inshapes, mod_indims);
+  give_shapes({shape}, outshapes, outdims);
   return 1;
 }
 
@@ -475,16 +469,8 @@ int sgd_step_infer_shape(const char* const* keys, const char* const* vals, int n
       check_same_shape("gradient, master and momentum", std::vector<int64_t>(
                            inshapes[i], inshapes[i] + indims[i]).data(), indims[i], shape);
   }
-  *mod_indims = allocate<int>(num_in);
-  *mod_inshapes = allocate<unsigned int*>(num_in);
-  for (int i = 0; i < num_in; ++i) {
-    (*mod_indims)[i] = indims[0];
-    (*mod_inshapes)[i] = copy_shape(shape);
-  }
-  *outdims = allocate<int>(1);
-  *outshapes = allocate<unsigned int*>(1);
-  (*outdims)[0] = indims[0];
-  (*outshapes)[0] = copy_shape(shape);
+  give_shapes(std::vector<std::vector<int64_t>>(num_in, shape), mod_inshapes, mod_indims);
+  give_shapes({shape}, outshapes, outdims);
   return 1;
 }
 
@@ -654,25 +640,15 @@ int batch_norm_infer_shape(const char* const* keys, const char* const* vals, int
   if (a.residual && indims[5] > 0)
     check_same_shape("the residual", std::vector<int64_t>(inshapes[5], inshapes[5] + indims[5])
                      .data(), indims[5], data);
-  *mod_indims = allocate<int>(num_in);
-  *mod_inshapes = allocate<unsigned int*>(num_in);
-  for (int i = 0; i < num_in; ++i) {
-    const bool like_data = i == 0 || i == 5;
-    (*mod_indims)[i] = like_data ? indims[0] : 1;
-    (*mod_inshapes)[i] = copy_shape(like_data ? data : vector);
-  }
-  *outdims = allocate<int>(num_out);
-  *outshapes = allocate<unsigned int*>(num_out);
-  for (int i = 0; i < num_out; ++i) {
-    if (a.relu_workspace() && i == a.workspace_output()) {
-      (*outdims)[i] = 1;
-      (*outshapes)[i] = copy_shape({relu_workspace_bytes(a, data)});
-      continue;
-    }
-    const bool like_data = i == 0 || i >= 3;
-    (*outdims)[i] = like_data ? indims[0] : 1;
-    (*outshapes)[i] = copy_shape(like_data ? data : vector);
-  }
+  // Inputs (data, 4 statistics vectors[, residual]); outputs (output, mean, variance,
+  // copies...[, workspace]).
+  std::vector<std::vector<int64_t>> inputs(num_in, vector), outputs(num_out, data);
+  inputs[0] = data;
+  if (a.residual) inputs[5] = data;
+  outputs[1] = outputs[2] = vector;
+  if (a.relu_workspace()) outputs[a.workspace_output()] = {relu_workspace_bytes(a, data)};
+  give_shapes(inputs, mod_inshapes, mod_indims);
+  give_shapes(outputs, outshapes, outdims);
   return 1;
 }
 
@@ -842,16 +818,8 @@ int fan_out_infer_shape(const char* const* keys, const char* const* vals, int nu
     throw std::invalid_argument("expected 1 input and num_outputs outputs");
   if (indims[0] <= 0) throw std::invalid_argument("the input shape is unknown");
   const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
-  *mod_indims = allocate<int>(1);
-  *mod_inshapes = allocate<unsigned int*>(1);
-  (*mod_indims)[0] = indims[0];
-  (*mod_inshapes)[0] = copy_shape(shape);
-  *outdims = allocate<int>(num_out);
-  *outshapes = allocate<unsigned int*>(num_out);
-  for (int i = 0; i < num_out; ++i) {
-    (*outdims)[i] = indims[0];
-    (*outshapes)[i] = copy_shape(shape);
-  }
+  give_shapes({shape}, mod_inshapes, mod_indims);
+  give_shapes(std::vector<std::vector<int64_t>>(num_out, shape), outshapes, outdims);
   return 1;
 }
 
@@ -1001,16 +969,8 @@ int pooling_infer_shape(const char* const* keys, const char* const* vals, int nu
   const mxamp::PoolingSpec spec = a.spec(data.data(), indims[0], mxamp::kFlagFloat32);
   std::vector<std::vector<int64_t>> outputs = {spec.output_shape()};
   if (spec.max) outputs.push_back({static_cast<int64_t>(mxamp::pooling_workspace_bytes(spec))});
-  *mod_indims = allocate<int>(1);
-  *mod_inshapes = allocate<unsigned int*>(1);
-  (*mod_indims)[0] = indims[0];
-  (*mod_inshapes)[0] = copy_shape(data);
-  *outdims = allocate<int>(num_out);
-  *outshapes = allocate<unsigned int*>(num_out);
-  for (int i = 0; i < num_out; ++i) {
-    (*outdims)[i] = static_cast<int>(outputs[i].size());
-    (*outshapes)[i] = copy_shape(outputs[i]);
-  }
+  give_shapes({data}, mod_inshapes, mod_indims);
+  give_shapes(outputs, outshapes, outdims);
   return 1;
 }
 

@@ -1,11 +1,12 @@
 // mxamp's own batch normalisation on oneDNN 3: what it computes and how it is called.
 //
 // Owns training-mode batch normalisation (batch statistics, its gradient and, with the gradient
-// as MXNet does, the moving statistics' update) and the global-statistics form, on oneDNN 3.x, for data whose channels are the
-// second dimension (N, C, spatial...) or the last (N, spatial..., C): the layout mxamp's
-// channels-last convolutions pass on, where MXNet 1.9.1's BatchNorm runs a scalar loop.  Data in
-// float32 or bfloat16; gamma, beta and the statistics in float32, as MXNet keeps them.  Knows
-// nothing of MXNet's extension ABI: mxnet_extension.cc adapts it.
+// as MXNet does, the moving statistics' update) and the global-statistics form, on oneDNN 3.x,
+// for data whose channels are the second dimension (N, C, spatial...) or the last (N,
+// spatial..., C): the layout mxamp's channels-last convolutions pass on, where MXNet 1.9.1's
+// BatchNorm runs a scalar loop.  Data in float32 or bfloat16; gamma, beta and the statistics in
+// float32, as MXNet keeps them.  Knows nothing of MXNet's extension ABI: mxnet_extension.cc
+// adapts it.
 #ifndef MXAMP_ONEDNN_BATCH_NORM_H_
 #define MXAMP_ONEDNN_BATCH_NORM_H_
 

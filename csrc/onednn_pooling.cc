@@ -116,7 +116,8 @@ std::string describe(const PoolingSpec& spec) {
     return text + ")";
   };
   return std::string(dtype_name(spec.dtype_flag)) + (spec.max ? " max" : " average") +
-         " pooling of data " + tuple(spec.data_shape) + (spec.channels_last ? " channels last" : "") +
+         " pooling of data " + tuple(spec.data_shape) +
+         (spec.channels_last ? " channels last" : "") +
          " kernel " + tuple(spec.kernel) + " stride " + tuple(spec.stride) + " pad " +
          tuple(spec.pad) + (!spec.max && !spec.count_include_pad ? " padding not counted" : "");
 }
