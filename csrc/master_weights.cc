@@ -22,10 +22,9 @@ inline float followed(float master, uint16_t weight) {
   const uint32_t rounded =
       (bits & 0x7fffffffu) > 0x7f800000u ? ((bits >> 16) | 0x0040u) << 16
                                          : ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16;
-  const uint32_t seen_bits = static_cast<uint32_t>(weight) << 16;
-  float written, seen;
+  const float seen = widen_bfloat16(weight);
+  float written;
   std::memcpy(&written, &rounded, sizeof written);
-  std::memcpy(&seen, &seen_bits, sizeof seen);
   // Compared as floats, as MXNet's comparison did: -0 equals +0, NaN equals nothing.  A
   // denormal master also matches a zero weight: the AVX512-BF16 instruction oneDNN's casts
   // use (vcvtneps2bf16) flushes denormals to zero.
@@ -46,42 +45,69 @@ __attribute__((optimize("O3"))) void follow_bfloat16_weight(const float* master,
   for (int64_t i = 0; i < n; ++i) out[i] = followed(master[i], weight[i]);
 }
 
-// The same branch-free loop for the whole SGD step.  The update's expression is
-// multi_sgd_mom_update's, operand for operand, so that float32 rounds it the same way (the
-// library is built without -ffast-math and without FMA: no contraction either).
-__attribute__((optimize("O3"))) void sgd_step_bfloat16(const SgdStep& step,
-                                                      const uint16_t* weight,
-                                                      const uint16_t* grad, float* master,
-                                                      float* momentum, uint16_t* new_weight,
-                                                      size_t count) {
+namespace {
+
+// `value` narrowed as amp_cast narrows on CPUs that compute bfloat16 (vcvtneps2bf16): nearest
+// even, NaN kept, denormals flushed to a zero of their sign.  round_to_bfloat16's arithmetic,
+// written with selects only so that the loop calling it vectorises.
+inline uint16_t narrow_as_amp_cast(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t rounded = (bits & 0x7fffffffu) > 0x7f800000u
+                               ? (bits >> 16) | 0x0040u
+                               : (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t flushed = (bits >> 16) & 0x8000u;
+  return static_cast<uint16_t>(std::fabs(value) < kSmallestNormal ? flushed : rounded);
+}
+
+// The whole SGD step, one loop per combination of the step's switches, so that each loop is
+// free of branches and vectorises.  The update's expression is multi_sgd_mom_update's, operand
+// for operand, so that float32 rounds it the same way (the library is built without
+// -ffast-math and without FMA: no contraction either).
+template <bool kFollow, bool kClipped, bool kMomentum>
+__attribute__((optimize("O3"))) void sgd_step_loop(const SgdStep& step, const uint16_t* weight,
+                                                   const uint16_t* grad, float* master,
+                                                   float* momentum, uint16_t* new_weight,
+                                                   int64_t n) {
   const float lr = step.lr, wd = step.wd, mu = step.momentum, rescale = step.rescale_grad,
               clip = step.clip_gradient;
-  const bool follow = step.follow, clipped = clip >= 0.0f, has_momentum = momentum != nullptr;
-  const int64_t n = static_cast<int64_t>(count);
 #pragma omp parallel for simd if (n >= kParallelFrom) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float w = follow ? followed(master[i], weight[i]) : master[i];
-    const uint32_t grad_bits = static_cast<uint32_t>(grad[i]) << 16;
-    float g;
-    std::memcpy(&g, &grad_bits, sizeof g);
-    float mom = has_momentum ? momentum[i] : 0.0f;
-    if (clipped) {
+    const float w = kFollow ? followed(master[i], weight[i]) : master[i];
+    const float g = widen_bfloat16(grad[i]);
+    float mom = kMomentum ? momentum[i] : 0.0f;
+    if (kClipped) {
       float scaled = rescale * g;
       scaled = scaled > clip ? clip : (scaled < -clip ? -clip : scaled);
       mom = mu * mom - lr * wd * w - lr * scaled;
     } else {
       mom = mu * mom - lr * wd * w - lr * rescale * g;
     }
-    if (has_momentum) momentum[i] = mom;
-    w = w + mom;
-    master[i] = w;
-    // As amp_cast writes bfloat16 on CPUs that compute it (vcvtneps2bf16): nearest even,
-    // denormals flushed to a zero of their sign.
-    uint32_t w_bits;
-    std::memcpy(&w_bits, &w, sizeof w_bits);
-    const uint16_t narrowed = round_to_bfloat16(w);
-    new_weight[i] = std::fabs(w) < kSmallestNormal ? static_cast<uint16_t>((w_bits >> 16) & 0x8000u)
-                                                   : narrowed;
+    if (kMomentum) momentum[i] = mom;
+    master[i] = w + mom;
+    new_weight[i] = narrow_as_amp_cast(w + mom);
+  }
+}
+
+}  // namespace
+
+void sgd_step_bfloat16(const SgdStep& step, const uint16_t* weight, const uint16_t* grad,
+                       float* master, float* momentum, uint16_t* new_weight, size_t count) {
+  const int64_t n = static_cast<int64_t>(count);
+  const bool clipped = step.clip_gradient >= 0.0f, with_momentum = momentum != nullptr;
+  auto run = [&](auto loop) { loop(step, weight, grad, master, momentum, new_weight, n); };
+  if (step.follow) {
+    if (clipped) {
+      with_momentum ? run(sgd_step_loop<true, true, true>) : run(sgd_step_loop<true, true, false>);
+    } else {
+      with_momentum ? run(sgd_step_loop<true, false, true>)
+                    : run(sgd_step_loop<true, false, false>);
+    }
+  } else if (clipped) {
+    with_momentum ? run(sgd_step_loop<false, true, true>) : run(sgd_step_loop<false, true, false>);
+  } else {
+    with_momentum ? run(sgd_step_loop<false, false, true>)
+                  : run(sgd_step_loop<false, false, false>);
   }
 }
 
