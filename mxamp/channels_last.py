@@ -70,7 +70,7 @@ import mxnet as mx
 
 from . import graph as graph_mod
 from . import hardware, own_conv
-from .policy import CHANNELS_FIRST_LAYOUTS
+from .policy import CHANNELS_FIRST_LAYOUTS, int_tuple
 
 __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
            'describe', 'find_regions', 'may_choose', 'choose_regions', 'with_channels_last',
@@ -223,12 +223,6 @@ def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, An
     return False
 
 
-def _ints(text: Any) -> Tuple[int, ...]:
-    """A tuple attribute (``'(3, 3)'``; None or ``'()'``: empty) as ints."""
-    return tuple(int(value) for value in str(text or '').strip('()[] ').split(',')
-                 if value.strip() and value.strip() != 'None')
-
-
 def _own_pooling_computes(attrs: Mapping[str, Any]) -> bool:
     """Whether ``_mxamp_pooling`` computes a ``Pooling`` node with these attributes."""
     if str(attrs.get('layout', 'None')) not in CHANNELS_FIRST_LAYOUTS or \
@@ -238,8 +232,8 @@ def _own_pooling_computes(attrs: Mapping[str, Any]) -> bool:
         return True  # one window, whatever the convention
     if attrs.get('pooling_convention', 'valid') != 'valid':
         return False
-    kernel = _ints(attrs.get('kernel'))
-    pad = _ints(attrs.get('pad')) or (0,) * len(kernel)
+    kernel = int_tuple(attrs.get('kernel'))
+    pad = int_tuple(attrs.get('pad')) or (0,) * len(kernel)
     return bool(kernel) and len(pad) == len(kernel) and all(p < k for p, k in zip(pad, kernel))
 
 

@@ -288,13 +288,12 @@ class MultiPrecision(_MixedInto):
         """Whether `weight` takes the one-pass SGD step (`mxamp.own_conv.sgd_step_bfloat16`).
 
         Only for MXNet's own ``SGD`` mixed in by :func:`mixed_class` (a
-        subclass may change the update), on dense bfloat16 weights on the CPU
-        where the master weights follow natively (see `_follows_natively`).
+        subclass may change the update), on dense bfloat16 weights where the
+        native kernels run (see `_runs_natively`).
         """
         return (type(self).__dict__.get('_mxamp_base') is mx.optimizer.SGD and
-                self.multi_precision and weight.dtype == BFLOAT16 and
-                weight.stype == 'default' and grad.stype == 'default' and
-                _follows_natively(weight, weight))
+                self.multi_precision and weight.stype == 'default' and
+                grad.stype == 'default' and _runs_natively(weight))
 
     def _mxamp_sgd_steps(self, indices, weights, grads, states):
         """SGD's update of bfloat16 weights on their masters, one native pass per weight.
@@ -368,18 +367,23 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
 
 
 def _follows_natively(master, weight):
-    """Whether mxamp's native one-pass kernel can follow `weight` (see `follow_weight`).
+    """Whether mxamp's native one-pass kernel can follow `weight` (see `follow_weight`)."""
+    return master.context == weight.context and _runs_natively(weight)
+
+
+def _runs_natively(weight):
+    """Whether mxamp's native master-weight kernels (follow, SGD step) take `weight`.
 
     bfloat16 weights on the CPU, in a worker process with the library loaded,
-    where the casts that wrote the weights round to nearest even as the kernel
-    does (not where MXNet's generic ``Cast`` stands in for them: its ties round
-    away from zero, and the kernel would restart those masters).  Not on a
+    where the casts that wrote the weights round to nearest even as the kernels
+    do (not where MXNet's generic ``Cast`` stands in for them: its ties round
+    away from zero, and the kernels would restart those masters).  Not on a
     kvstore server: it runs inside ``import mxnet`` (see MultiPrecision), where
     mxamp's package, and with it the library, is never imported.
     """
     if weight.dtype != BFLOAT16 or weight.context.device_type != 'cpu' or \
-            master.context != weight.context or os.environ.get('DMLC_ROLE', 'worker') != 'worker' \
-            or not bfloat16_casts_round_to_even():
+            os.environ.get('DMLC_ROLE', 'worker') != 'worker' or \
+            not bfloat16_casts_round_to_even():
         return False
     from . import own_conv
     return own_conv.available()

@@ -49,7 +49,7 @@ import mxnet as mx
 from . import graph as graph_mod
 from . import hardware, own_conv
 from .atomic_files import replaced_on_success
-from .policy import CHANNELS_FIRST_LAYOUTS
+from .policy import CHANNELS_FIRST_LAYOUTS, int_tuple
 
 __all__ = ['CONTEXTS', 'FASTER_BY', 'TABLE_ENV', 'ConvCase', 'ConvSite', 'Measurement',
            'ChoiceTable', 'shipped_table_path', 'table', 'running_threads',
@@ -88,12 +88,11 @@ class ConvCase(NamedTuple):
     def from_attrs(cls, attrs: Mapping[str, str], data_shape: Sequence[int], dtype: str,
                    context: str) -> 'ConvCase':
         """The case of a ``Convolution`` node with JSON attributes `attrs`."""
-        kernel = _ints(attrs['kernel'])
+        kernel = int_tuple(attrs['kernel'])
         spatial = len(kernel)
 
         def spatial_attr(key, default):
-            text = attrs.get(key)
-            return _ints(text) if text not in (None, '()', '[]') else (default,) * spatial
+            return int_tuple(attrs.get(key)) or (default,) * spatial
 
         return cls(tuple(int(d) for d in data_shape), kernel, spatial_attr('stride', 1),
                    spatial_attr('dilate', 1), spatial_attr('pad', 0), int(attrs['num_filter']),
@@ -150,13 +149,6 @@ class Measurement(NamedTuple):
     @property
     def key(self) -> Tuple[str, int, ConvCase]:
         return self.cpu_class, self.threads, self.case
-
-
-def _ints(text: Any) -> Tuple[int, ...]:
-    if isinstance(text, (tuple, list)):
-        return tuple(int(v) for v in text)
-    parts = str(text).strip('()[] ').replace(' ', '').split(',')
-    return tuple(int(p) for p in parts if p)
 
 
 class ChoiceTable(object):
@@ -341,7 +333,7 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
         src, k, _ = node['inputs'][0]
         data_shape = shapes.get(nodes[src]['name']) if nodes[src]['op'] == 'null' \
             else entry_shapes.get((src, k))
-        if not data_shape or len(data_shape) != len(_ints(attrs['kernel'])) + 2:
+        if not data_shape or len(data_shape) != len(int_tuple(attrs['kernel'])) + 2:
             continue
         context = 'batchnorm' if 'BatchNorm' in readers.get(nid, ()) else 'other'
         params = tuple(nodes[p]['name'] for p, _, _ in node['inputs'][1:]

@@ -58,7 +58,8 @@ import fnmatch
 import functools
 import re
 from collections import abc
-from typing import Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import (Any, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
@@ -72,7 +73,7 @@ __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLAS
            'FLOAT16_CPU_EMULATED', 'Condition', 'Policy',
            'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
            'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
-           'policy_lists', 'registered_ops']
+           'int_tuple', 'policy_lists', 'registered_ops']
 
 #: ``layout`` attributes of MXNet's Convolution meaning channels second (``'None'``: the default).
 CHANNELS_FIRST_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
@@ -447,11 +448,27 @@ def _amx_kernel_takes(out_per_group, in_per_group):
     return out_per_group % 32 == 0 and (in_per_group < 16 or in_per_group % 32 == 0)
 
 
+def int_tuple(text: Any) -> Tuple[int, ...]:
+    """A tuple attribute of a graph node (``'(3, 3)'``, ``'[3,3]'``, a tuple) as ints.
+
+    None, ``'None'`` and ``'()'`` (an attribute left at MXNet's default) give ``()``.
+
+    Example
+    -------
+    >>> int_tuple('(3, 3)'), int_tuple(None)
+    ((3, 3), ())
+    """
+    if isinstance(text, (tuple, list)):
+        return tuple(int(value) for value in text)
+    return tuple(int(value) for value in str(text or '').strip('()[] ').split(',')
+                 if value.strip() and value.strip() != 'None')
+
+
 def _int_tuple(text, length):
     """An attribute such as ``'(2, 2)'`` (or None: all ones) as `length` ints."""
-    if not text or text in ('()', 'None'):
+    values = int_tuple(text)
+    if not values:
         return (1,) * length
-    values = tuple(int(v) for v in str(text).strip('()[] ').split(',') if v.strip())
     return values if len(values) == length else (values + (1,) * length)[:length]
 
 
