@@ -21,6 +21,11 @@ void copy_bytes(const void* source, void* target, size_t bytes);
 // bfloat16 bits summed in float32 and rounded once to nearest even (as oneDNN's sum rounds).
 void sum_arrays(const void* const* inputs, int count, void* out, size_t size, bool bfloat16);
 
+// The same sum, kept where relu_output[i] > 0 and 0 elsewhere (NaN included): the gradient of
+// the sum's readers through the ReLU that wrote relu_output, in one pass instead of two.
+void sum_arrays_where_positive(const void* const* inputs, int count, const void* relu_output,
+                               void* out, size_t size, bool bfloat16);
+
 }  // namespace mxamp
 
 #endif  // MXAMP_FAN_OUT_H_

@@ -78,15 +78,6 @@ class BatchNorm {
         cpu_engine(), dnnl::prop_kind::backward, data_, data_, data_, spec_.eps, flags_, hint,
         attr);
     backward_ = dnnl::batch_normalization_backward(backward_pd_);
-    if (spec_.relu && spec_.residual) {
-      auto relu_hint = dnnl::eltwise_forward::primitive_desc(
-          cpu_engine(), dnnl::prop_kind::forward_training,
-          dnnl::algorithm::eltwise_relu_use_dst_for_bwd, data_, data_, 0.0f, 0.0f);
-      relu_backward_pd_ = dnnl::eltwise_backward::primitive_desc(
-          cpu_engine(), dnnl::algorithm::eltwise_relu_use_dst_for_bwd, data_, data_, data_, 0.0f,
-          0.0f, relu_hint, attr);
-      relu_backward_ = dnnl::eltwise_backward(relu_backward_pd_);
-    }
     has_backward_ = true;
   }
 
@@ -131,40 +122,34 @@ class BatchNorm {
                 const Scratch& scratch) const {
     const int64_t channels = spec.channels();
     const bool relu_after_sum = spec_.relu && spec_.residual;
-    const size_t scratchpad = std::max(
-        backward_pd_.scratchpad_desc().get_size(),
-        relu_after_sum ? relu_backward_pd_.scratchpad_desc().get_size() : size_t(0));
-    const size_t summed = a.copies > 0 ? data_.get_size() : 0;
+    const size_t scratchpad = backward_pd_.scratchpad_desc().get_size();
+    const size_t summed = a.copies > 0 && !relu_after_sum ? data_.get_size() : 0;
     char* space = scratch_memory(scratch, aligned(scratchpad) + 2 * aligned(channels * 4) +
                                               aligned(summed));
     char* ones = space + aligned(scratchpad);
     float* shift_grad = reinterpret_cast<float*>(ones + aligned(channels * 4));
     const float* gamma = gamma_or_ones(spec, a.gamma, ones);
     dnnl::engine& engine = cpu_engine();
+    // The output's readers' gradients, one per copy, summed as a fan-out sums them.
+    std::vector<const void*> grads = {a.output_grad};
+    grads.insert(grads.end(), a.copy_grads, a.copy_grads + a.copies);
+    const size_t values = data_.get_size() / element_bytes(spec.dtype_flag);
+    const bool bfloat16 = spec.dtype_flag == kFlagBFloat16;
     const void* output_grad = a.output_grad;
-    if (a.copies > 0) {
-      // The output's readers' gradients, one per copy, summed as a fan-out sums them.
-      void* total = ones + 2 * aligned(channels * 4);
-      std::vector<const void*> grads = {a.output_grad};
-      grads.insert(grads.end(), a.copy_grads, a.copy_grads + a.copies);
-      sum_arrays(grads.data(), static_cast<int>(grads.size()), total,
-                 data_.get_size() / element_bytes(spec.dtype_flag),
-                 spec.dtype_flag == kFlagBFloat16);
-      output_grad = total;
-    }
     if (relu_after_sum) {
-      // The gradient before the ReLU, the output's where the output is positive, else 0, is the
-      // residual's too: the sum passes it on unchanged.
-      void* before_relu = a.residual_grad;
-      relu_backward_.execute(
-          thread_stream(),
-          {{DNNL_ARG_DST, memory(data_, engine, const_cast<void*>(a.output))},
-           {DNNL_ARG_DIFF_DST, memory(data_, engine, const_cast<void*>(output_grad))},
-           {DNNL_ARG_DIFF_SRC, memory(data_, engine, before_relu)},
-           {DNNL_ARG_SCRATCHPAD, memory(relu_backward_pd_.scratchpad_desc(), engine, space)}});
-      output_grad = before_relu;
-    } else if (spec_.residual) {
-      std::memcpy(a.residual_grad, output_grad, data_.get_size());
+      // The gradient before the ReLU, the summed gradient where the output is positive, else 0,
+      // is the residual's too: the sum passes it on unchanged.  Summed and masked in one pass
+      // (oneDNN 3.2 fuses neither the sum nor this ReLU into its batch normalisation).
+      sum_arrays_where_positive(grads.data(), static_cast<int>(grads.size()), a.output,
+                                a.residual_grad, values, bfloat16);
+      output_grad = a.residual_grad;
+    } else {
+      if (a.copies > 0) {
+        void* total = ones + 2 * aligned(channels * 4);
+        sum_arrays(grads.data(), static_cast<int>(grads.size()), total, values, bfloat16);
+        output_grad = total;
+      }
+      if (spec_.residual) std::memcpy(a.residual_grad, output_grad, data_.get_size());
     }
     float* gamma_grad = a.gamma_grad != nullptr ? a.gamma_grad : shift_grad;
     float* beta_grad = a.beta_grad != nullptr ? a.beta_grad : shift_grad;
@@ -212,8 +197,6 @@ class BatchNorm {
   dnnl::batch_normalization_forward forward_;
   dnnl::batch_normalization_backward::primitive_desc backward_pd_;
   dnnl::batch_normalization_backward backward_;
-  dnnl::eltwise_backward::primitive_desc relu_backward_pd_;
-  dnnl::eltwise_backward relu_backward_;
   dnnl::binary::primitive_desc residual_pd_;
   dnnl::binary residual_;
   bool has_backward_ = false;

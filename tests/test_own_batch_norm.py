@@ -123,32 +123,69 @@ def test_moving_statistics_follow_mxnets_update_over_steps():
         np.testing.assert_allclose(var.asnumpy(), expected_var, rtol=1e-4)
 
 
+def run_with_copies(data, heads, params, residual=None, **attributes):
+    """The own batch normalisation with a copy of its output per head after the first:
+    output, gradients of (data, gamma, beta), moving statistics[, residual gradient]."""
+    gamma, beta, moving_mean, moving_var = [array.copy() for array in params]
+    arrays = [data.copy(), gamma, beta] + ([] if residual is None else [residual.copy()])
+    for array in arrays:
+        array.attach_grad()
+    copies = len(heads) - 1
+    with autograd.record():
+        outputs = own_conv.batch_norm(*arrays[:3], moving_mean, moving_var, copies=copies,
+                                      residual=None if residual is None else arrays[3],
+                                      **attributes)
+    # (output, mean, variance, copies...[, the fused ReLU's workspace])
+    assert len(outputs) == 3 + copies + (attributes.get('act_type') == 'relu' and residual is None)
+    for copy in outputs[3:3 + copies]:
+        np.testing.assert_array_equal(copy.asnumpy(), outputs[0].asnumpy())
+    autograd.backward([outputs[0]] + outputs[3:3 + copies], heads)
+    cast = lambda a: mx.nd.amp_cast(a, dtype='float32').asnumpy()
+    return [cast(outputs[0]), cast(arrays[0].grad), gamma.grad.asnumpy(), beta.grad.asnumpy(),
+            moving_mean.asnumpy(), moving_var.asnumpy()] + [cast(a.grad) for a in arrays[3:]]
+
+
 @pytest.mark.parametrize('act_type', [None, 'relu'])
-def test_copies_of_the_output_sum_their_gradients(act_type):
+@pytest.mark.parametrize('with_residual', [False, True])
+def test_copies_of_the_output_sum_their_gradients(act_type, with_residual):
     # MXNet's side: one output read by three heads, whose gradients MXNet sums.
     data, _, params = random_case((4, 3, 5, CHANNELS))
     rng = np.random.RandomState(3)
     heads = [mx.nd.array(rng.uniform(-1, 1, data.shape)) for _ in range(3)]
+    residual = mx.nd.array(rng.normal(size=data.shape)) if with_residual else None
     attributes = dict(fix_gamma=False, axis=-1, act_type=act_type)
-    want = run(data, heads[0] + heads[1] + heads[2], params, False, **dict(attributes))
-    gamma, beta, moving_mean, moving_var = [array.copy() for array in params]
-    data = data.copy()
-    for array in (data, gamma, beta):
-        array.attach_grad()
-    with autograd.record():
-        outputs = own_conv.batch_norm(data, gamma, beta, moving_mean, moving_var, copies=2,
-                                      **attributes)
-    # (output, mean, variance, 2 copies[, the fused ReLU's workspace])
-    assert len(outputs) == (6 if act_type == 'relu' else 5)
-    for copy in outputs[3:5]:
-        np.testing.assert_array_equal(copy.asnumpy(), outputs[0].asnumpy())
-    autograd.backward([outputs[0], outputs[3], outputs[4]], heads)
-    got = [outputs[0].asnumpy(), data.grad.asnumpy(), gamma.grad.asnumpy(), beta.grad.asnumpy(),
-           moving_mean.asnumpy(), moving_var.asnumpy()]
+    want = run(data, heads[0] + heads[1] + heads[2], params, False, residual=residual,
+               **dict(attributes))
+    got = run_with_copies(data, heads, params, residual, **attributes)
+    assert len(got) == len(want) == 6 + with_residual
     for name, got_array, want_array in zip(['output', 'data gradient', 'gamma gradient',
-                                            'beta gradient', 'moving mean', 'moving variance'],
-                                           got, want):
+                                            'beta gradient', 'moving mean', 'moving variance',
+                                            'residual gradient'], got, want):
         assert normalised_error(got_array, want_array) < TOLERANCE, name
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('with_residual', [False, True])
+def test_copies_gradients_are_summed_once_as_one_head_of_their_sum(dtype, with_residual):
+    # The copies' gradients are summed in float32 and rounded once: the same bits as one
+    # head holding that sum, also where a residual's ReLU masks the sum in the same pass.
+    if dtype == 'bfloat16' and not hardware.computes_bfloat16():
+        pytest.skip('no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+    to_dtype = lambda a: mx.nd.amp_cast(a, dtype=dtype)
+    data, _, params = random_case((4, 3, 5, CHANNELS))
+    rng = np.random.RandomState(4)
+    heads = [to_dtype(mx.nd.array(rng.uniform(-1, 1, data.shape))) for _ in range(2)]
+    # Zeros in the output (where the ReLU's mask decides) and cancelling pairs of heads.
+    heads[1][0] = -heads[0][0]
+    residual = to_dtype(mx.nd.array(rng.normal(size=data.shape))) if with_residual else None
+    summed = to_dtype(mx.nd.amp_cast(heads[0], dtype='float32') +
+                      mx.nd.amp_cast(heads[1], dtype='float32'))
+    attributes = dict(fix_gamma=False, axis=-1, act_type='relu')
+    got = run_with_copies(to_dtype(data), heads, params, residual, **attributes)
+    want = run_with_copies(to_dtype(data), [summed], params, residual, **attributes)
+    assert (got[0] == 0).any() and (got[0] > 0).any()
+    for got_array, want_array in zip(got, want):
+        np.testing.assert_array_equal(got_array, want_array)
 
 
 @pytest.mark.parametrize('own', [False, True], ids=['mxnet', 'own'])
