@@ -4,11 +4,17 @@
 // kept for the life of the process.  The primitives choose their own memory layouts
 // (format "any"); MXNet's arrays are plain, so an argument whose chosen layout differs is
 // reordered through MXNet's temporary space on the way in (inputs) or out (outputs).
+//
+// The weight gradient of a 1x1 bfloat16 convolution with channels last and no bias is a
+// matrix product, and runs as one: oneDNN 3.2's matmul computes it 1.1x to 2.9x faster than
+// its convolution backward-weights kernels on ResNet-50's 1x1 layers (AMX, 2 threads; 1.0x
+// to 1.3x with AVX512-BF16 alone).  Strided, it first gathers the data the kernel sees.
 #include "onednn_conv.h"
 #include "onednn_runtime.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -30,9 +36,10 @@ struct Argument {
   int onednn_arg;           // DNNL_ARG_SRC, ...
   int slot;                 // index of the caller's pointer
   bool is_output;
-  memory::desc user;        // MXNet's plain layout
+  memory::desc user;        // MXNet's plain layout, or a view of it (strided, transposed)
   memory::desc chosen;      // the primitive's layout
   bool reordered;           // user != chosen: converted through scratch memory
+  memory::desc staged;      // chosen's bytes with user's dimensions, what the reorder writes
   dnnl::reorder convert;    // user -> chosen for inputs, chosen -> user for outputs
   size_t offset;            // of the chosen-layout copy in the scratch memory
 };
@@ -45,6 +52,7 @@ class Step {
        const std::vector<std::pair<int, int>>& outputs,
        const std::unordered_map<int, memory::desc>& user_layouts)
       : primitive_(std::move(primitive)), impl_(pd.impl_info_str()) {
+    if (pd.get_kind() == dnnl::primitive::kind::matmul) impl_ = "matmul " + impl_;
     auto add = [&](int arg, int slot, bool is_output) {
       Argument a;
       a.onednn_arg = arg;
@@ -55,10 +63,13 @@ class Step {
       a.reordered = a.user != a.chosen;
       a.offset = 0;
       if (a.reordered) {
+        // A strided view of the data (N, spatial..., C) gathered into a matmul's (M, C).
+        a.staged = a.user.get_dims() == a.chosen.get_dims() ? a.chosen
+                                                             : a.chosen.reshape(a.user.get_dims());
         a.convert = is_output ? dnnl::reorder(dnnl::reorder::primitive_desc(
-                                    cpu_engine(), a.chosen, cpu_engine(), a.user))
+                                    cpu_engine(), a.staged, cpu_engine(), a.user))
                               : dnnl::reorder(dnnl::reorder::primitive_desc(
-                                    cpu_engine(), a.user, cpu_engine(), a.chosen));
+                                    cpu_engine(), a.user, cpu_engine(), a.staged));
         a.offset = bytes_;
         bytes_ += aligned(a.chosen.get_size());
       }
@@ -91,20 +102,21 @@ class Step {
         args.emplace(a.onednn_arg, user);
         continue;
       }
-      memory chosen(a.chosen, engine, scratch + a.offset);
+      memory staged(a.staged, engine, scratch + a.offset);
       if (a.is_output) {
         pending_outputs.emplace_back(&a, user);
       } else {
-        a.convert.execute(stream, user, chosen);
+        a.convert.execute(stream, user, staged);
       }
-      args.emplace(a.onednn_arg, chosen);
+      args.emplace(a.onednn_arg, memory(a.chosen, engine, scratch + a.offset));
     }
     if (scratchpad_.get_size() > 0) {
       args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratchpad_, engine, scratch + scratchpad_offset_));
     }
     primitive_.execute(stream, args);
     for (auto& out : pending_outputs) {
-      out.first->convert.execute(stream, args.at(out.first->onednn_arg), out.second);
+      memory staged(out.first->staged, engine, args.at(out.first->onednn_arg).get_data_handle());
+      out.first->convert.execute(stream, staged, out.second);
     }
     stream.wait();
   }
@@ -176,7 +188,8 @@ class Convolution {
 
   const Step& forward() const { return *forward_; }
 
-  // Both backward steps, made once (the caller holds the cache lock).
+  // Both backward steps, made once (the caller holds the cache lock).  Kept only when both
+  // are made: a throw leaves none, and the next call tries again.
   void make_backward() {
     if (backward_data_) return;
     dnnl::primitive_attr attr;
@@ -184,19 +197,23 @@ class Convolution {
     dnnl::convolution_backward_data::primitive_desc data_pd(
         cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, any_output_,
         strides_, dilates_, padding_, padding_, forward_pd_, attr);
-    backward_data_.reset(new Step(dnnl::convolution_backward_data(data_pd), data_pd,
-                                  {{DNNL_ARG_DIFF_DST, kBwdOutputGrad},
-                                   {DNNL_ARG_WEIGHTS, kBwdWeight}},
-                                  {{DNNL_ARG_DIFF_SRC, kBwdDataGrad}}, plain_));
-    dnnl::convolution_backward_weights::primitive_desc weights_pd(
-        cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, bias_,
-        any_output_, strides_, dilates_, padding_, padding_, forward_pd_, attr);
-    std::vector<std::pair<int, int>> outputs = {{DNNL_ARG_DIFF_WEIGHTS, kBwdWeightGrad}};
-    if (!spec_.no_bias) outputs.emplace_back(DNNL_ARG_DIFF_BIAS, kBwdBiasGrad);
-    backward_weights_.reset(new Step(dnnl::convolution_backward_weights(weights_pd), weights_pd,
-                                     {{DNNL_ARG_SRC, kBwdData},
-                                      {DNNL_ARG_DIFF_DST, kBwdOutputGrad}},
-                                     outputs, plain_));
+    std::unique_ptr<Step> data(new Step(dnnl::convolution_backward_data(data_pd), data_pd,
+                                        {{DNNL_ARG_DIFF_DST, kBwdOutputGrad},
+                                         {DNNL_ARG_WEIGHTS, kBwdWeight}},
+                                        {{DNNL_ARG_DIFF_SRC, kBwdDataGrad}}, plain_));
+    std::unique_ptr<Step> weights = matmul_backward_weights(attr);
+    if (!weights) {
+      dnnl::convolution_backward_weights::primitive_desc weights_pd(
+          cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, bias_,
+          any_output_, strides_, dilates_, padding_, padding_, forward_pd_, attr);
+      std::vector<std::pair<int, int>> outputs = {{DNNL_ARG_DIFF_WEIGHTS, kBwdWeightGrad}};
+      if (!spec_.no_bias) outputs.emplace_back(DNNL_ARG_DIFF_BIAS, kBwdBiasGrad);
+      weights.reset(new Step(dnnl::convolution_backward_weights(weights_pd), weights_pd,
+                             {{DNNL_ARG_SRC, kBwdData}, {DNNL_ARG_DIFF_DST, kBwdOutputGrad}},
+                             outputs, plain_));
+    }
+    backward_data_ = std::move(data);
+    backward_weights_ = std::move(weights);
   }
 
   const Step& backward_data() const { return *backward_data_; }
@@ -204,6 +221,55 @@ class Convolution {
   bool has_backward() const { return static_cast<bool>(backward_data_); }
 
  private:
+  // The weight gradient as the matmul described at the top of this file, where that applies:
+  // d weight (O, C) = d output^T (O, M) x data (M, C), over the M = N x output positions.
+  // matmul's "weights" argument is the convolution's data, gathered first when strided.
+  // Null elsewhere, and where oneDNN cannot describe the gather or has no such matmul.
+  std::unique_ptr<Step> matmul_backward_weights(const dnnl::primitive_attr& attr) const {
+    // Measured for bfloat16 only: in float32 the matmul is as often slower as faster.
+    if (spec_.dtype_flag != kFlagBFloat16 || !spec_.channels_last || !spec_.no_bias ||
+        spec_.num_group != 1)
+      return nullptr;
+    for (size_t i = 0; i < spec_.kernel.size(); ++i)
+      if (spec_.kernel[i] != 1 || spec_.pad[i] != 0) return nullptr;
+    const memory::data_type type = onednn_type(spec_.dtype_flag);
+    const std::vector<int64_t> out_shape = spec_.output_shape();  // N, spatial..., O
+    const size_t spatial = spec_.kernel.size();
+    const memory::dim filters = spec_.num_filter, channels = spec_.channels();
+    memory::dim rows = out_shape[0];
+    for (size_t i = 0; i < spatial; ++i) rows *= out_shape[i + 1];
+    const memory::desc output_grad({filters, rows}, type, memory::dims{1, filters});
+    const memory::desc gathered({rows, channels}, type, memory::dims{channels, 1});
+    const memory::desc weight_grad({filters, channels}, type, memory::dims{channels, 1});
+    // The data as the kernel sees it: (N, output positions..., C), every stride-th position.
+    memory::dims dims(spatial + 2), steps(spatial + 2);
+    memory::dim step = channels;
+    dims[spatial + 1] = channels;
+    steps[spatial + 1] = 1;
+    for (size_t i = spatial; i-- > 0;) {
+      dims[i + 1] = out_shape[i + 1];
+      steps[i + 1] = step * spec_.stride[i];
+      step *= spec_.spatial_size(i);
+    }
+    dims[0] = out_shape[0];
+    steps[0] = step;
+    try {
+      // Unstrided, the data is `gathered` already.  oneDNN takes a dimension's stride to cover
+      // the next dimension's count times its stride: a size the stride does not divide (17 by
+      // 2: 9 positions, the last at 16) cannot be described, though it lies within the data.
+      const bool strided = std::any_of(spec_.stride.begin(), spec_.stride.end(),
+                                       [](int64_t s) { return s != 1; });
+      const memory::desc data = strided ? memory::desc(dims, type, steps) : gathered;
+      dnnl::matmul::primitive_desc pd(cpu_engine(), output_grad, gathered, weight_grad, attr);
+      return std::unique_ptr<Step>(new Step(
+          dnnl::matmul(pd), pd, {{DNNL_ARG_SRC, kBwdOutputGrad}, {DNNL_ARG_WEIGHTS, kBwdData}},
+          {{DNNL_ARG_DST, kBwdWeightGrad}},
+          {{DNNL_ARG_SRC, output_grad}, {DNNL_ARG_WEIGHTS, data}, {DNNL_ARG_DST, weight_grad}}));
+    } catch (const dnnl::error&) {
+      return nullptr;  // the convolution's own backward-weights kernel serves
+    }
+  }
+
   ConvSpec spec_;
   memory::dims strides_, dilates_, padding_;
   std::unordered_map<int, memory::desc> plain_;

@@ -636,11 +636,12 @@ def sgd_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.
 def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int,
             stride: Optional[Sequence[int]] = None, dilate: Optional[Sequence[int]] = None,
             pad: Optional[Sequence[int]] = None, num_group: int = 1, no_bias: bool = False,
-            dtype: str = 'float32') -> str:
+            dtype: str = 'float32', channels_last: bool = False) -> str:
     """The oneDNN kernels one convolution runs, and how many arguments each reorders.
 
     Makes the convolution's primitives (forward and both backward ones) without
-    running them, as the operator would on its first call.
+    running them, as the operator would on its first call.  `data_shape` is in the
+    layout `channels_last` says, as for :func:`convolution`.
 
     Returns
     -------
@@ -658,7 +659,8 @@ def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int
     loaded = _require()
     if dtype not in _DTYPE_FLAGS:
         raise ValueError('dtype=%r: expected one of %s' % (dtype, ', '.join(sorted(_DTYPE_FLAGS))))
-    attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, no_bias)
+    attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, no_bias,
+                             channels_last)
     keys = [key.encode() for key in attributes]
     values = [str(value).encode() for value in attributes.values()]
     shape = (ctypes.c_int64 * len(data_shape))(*data_shape)
