@@ -8,11 +8,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "vector_isa.h"
+
 namespace mxamp {
 namespace {
 
 constexpr float kSmallestNormal = 1.17549435e-38f;  // FLT_MIN
-constexpr int64_t kParallelFrom = 1 << 16;
 
 // `master`, or `weight` (bfloat16 bits) widened where it no longer holds `master` rounded.
 // Branch-free and inline, so that the loops calling it vectorise.
@@ -32,17 +33,36 @@ inline float followed(float master, uint16_t weight) {
   return kept ? master : seen;
 }
 
+MXAMP_LOOP_BODY void follow_range(const float* master, const uint16_t* weight, float* out,
+                                  int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) out[i] = followed(master[i], weight[i]);
+}
+
+MXAMP_AVX512 void follow_chunk_avx512(const float* master, const uint16_t* weight, float* out,
+                                      int64_t begin, int64_t end) {
+  follow_range(master, weight, out, begin, end);
+}
+
+MXAMP_ANY_X86 void follow_chunk(const float* master, const uint16_t* weight, float* out,
+                                int64_t begin, int64_t end) {
+  follow_range(master, weight, out, begin, end);
+}
+
 }  // namespace
 
-// Vectorised (O3 here only: the rest of the library keeps -O2); in place it writes every element
+// Vectorised, with AVX-512 where the CPU has it (vector_isa.h); in place it writes every element
 // back, which costs less than a branch per element.
-__attribute__((optimize("O3"))) void follow_bfloat16_weight(const float* master,
-                                                            const uint16_t* weight, float* out,
-                                                            size_t count) {
-  // Threads only where each gets a few hundred kilobytes: below that, starting them costs more.
-  const int64_t n = static_cast<int64_t>(count);
-#pragma omp parallel for simd if (n >= kParallelFrom) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = followed(master[i], weight[i]);
+void follow_bfloat16_weight(const float* master, const uint16_t* weight, float* out,
+                            size_t count) {
+  const bool wide = has_avx512();
+  for_chunks(static_cast<int64_t>(count), [&](int64_t begin, int64_t end) {
+    if (wide) {
+      follow_chunk_avx512(master, weight, out, begin, end);
+    } else {
+      follow_chunk(master, weight, out, begin, end);
+    }
+  });
 }
 
 namespace {
@@ -65,14 +85,13 @@ inline uint16_t narrow_as_amp_cast(float value) {
 // for operand, so that float32 rounds it the same way (the library is built without
 // -ffast-math and without FMA: no contraction either).
 template <bool kFollow, bool kClipped, bool kMomentum>
-__attribute__((optimize("O3"))) void sgd_step_loop(const SgdStep& step, const uint16_t* weight,
-                                                   const uint16_t* grad, float* master,
-                                                   float* momentum, uint16_t* new_weight,
-                                                   int64_t n) {
+MXAMP_LOOP_BODY void sgd_step_range(const SgdStep& step, const uint16_t* weight,
+                                    const uint16_t* grad, float* master, float* momentum,
+                                    uint16_t* new_weight, int64_t begin, int64_t end) {
   const float lr = step.lr, wd = step.wd, mu = step.momentum, rescale = step.rescale_grad,
               clip = step.clip_gradient;
-#pragma omp parallel for simd if (n >= kParallelFrom) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
     const float w = kFollow ? followed(master[i], weight[i]) : master[i];
     const float g = widen_bfloat16(grad[i]);
     float mom = kMomentum ? momentum[i] : 0.0f;
@@ -87,6 +106,37 @@ __attribute__((optimize("O3"))) void sgd_step_loop(const SgdStep& step, const ui
     master[i] = w + mom;
     new_weight[i] = narrow_as_amp_cast(w + mom);
   }
+}
+
+template <bool kFollow, bool kClipped, bool kMomentum>
+MXAMP_AVX512 void sgd_step_chunk_avx512(const SgdStep& step, const uint16_t* weight,
+                                        const uint16_t* grad, float* master, float* momentum,
+                                        uint16_t* new_weight, int64_t begin, int64_t end) {
+  sgd_step_range<kFollow, kClipped, kMomentum>(step, weight, grad, master, momentum, new_weight,
+                                               begin, end);
+}
+
+template <bool kFollow, bool kClipped, bool kMomentum>
+MXAMP_ANY_X86 void sgd_step_chunk(const SgdStep& step, const uint16_t* weight,
+                                  const uint16_t* grad, float* master, float* momentum,
+                                  uint16_t* new_weight, int64_t begin, int64_t end) {
+  sgd_step_range<kFollow, kClipped, kMomentum>(step, weight, grad, master, momentum, new_weight,
+                                               begin, end);
+}
+
+template <bool kFollow, bool kClipped, bool kMomentum>
+void sgd_step_loop(const SgdStep& step, const uint16_t* weight, const uint16_t* grad,
+                   float* master, float* momentum, uint16_t* new_weight, int64_t n) {
+  const bool wide = has_avx512();
+  for_chunks(n, [&](int64_t begin, int64_t end) {
+    if (wide) {
+      sgd_step_chunk_avx512<kFollow, kClipped, kMomentum>(step, weight, grad, master, momentum,
+                                                          new_weight, begin, end);
+    } else {
+      sgd_step_chunk<kFollow, kClipped, kMomentum>(step, weight, grad, master, momentum,
+                                                   new_weight, begin, end);
+    }
+  });
 }
 
 }  // namespace
