@@ -376,6 +376,10 @@ class _Converted(object):
         Written whole or not at all (`mxamp.atomic_files`): an interrupted save
         leaves the previous file as it was.
         """
+        # mxamp's own batch normalisation updates the moving statistics in its gradient,
+        # which MXNet's engine does not know writes them (mxamp.own_conv.batch_norm): a
+        # read right after backward() could save the values before that update.
+        mx.nd.waitall()
         # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
         # ('features.0.weight') that save_parameters/load_parameters use.
         named = self._collect_params_with_prefix()
