@@ -95,9 +95,8 @@ MXAMP_AVX512 void sum_chunk_avx512(const void* const* inputs, int count, const v
 }
 
 template <bool kMasked>
-MXAMP_ANY_X86 void sum_chunk(const void* const* inputs, int count,
-                                               const void* mask, void* out, bool bfloat16,
-                                               int64_t begin, int64_t end) {
+MXAMP_ANY_X86 void sum_chunk(const void* const* inputs, int count, const void* mask, void* out,
+                             bool bfloat16, int64_t begin, int64_t end) {
   sum_typed<kMasked>(inputs, count, mask, out, bfloat16, begin, end);
 }
 

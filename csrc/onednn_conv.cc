@@ -218,7 +218,6 @@ class Convolution {
 
   const Step& backward_data() const { return *backward_data_; }
   const Step& backward_weights() const { return *backward_weights_; }
-  bool has_backward() const { return static_cast<bool>(backward_data_); }
 
  private:
   // The weight gradient as the matmul described at the top of this file, where that applies:
@@ -241,25 +240,14 @@ class Convolution {
     const memory::desc output_grad({filters, rows}, type, memory::dims{1, filters});
     const memory::desc gathered({rows, channels}, type, memory::dims{channels, 1});
     const memory::desc weight_grad({filters, channels}, type, memory::dims{channels, 1});
-    // The data as the kernel sees it: (N, output positions..., C), every stride-th position.
-    memory::dims dims(spatial + 2), steps(spatial + 2);
-    memory::dim step = channels;
-    dims[spatial + 1] = channels;
-    steps[spatial + 1] = 1;
-    for (size_t i = spatial; i-- > 0;) {
-      dims[i + 1] = out_shape[i + 1];
-      steps[i + 1] = step * spec_.stride[i];
-      step *= spec_.spatial_size(i);
-    }
-    dims[0] = out_shape[0];
-    steps[0] = step;
+    const bool strided = std::any_of(spec_.stride.begin(), spec_.stride.end(),
+                                     [](int64_t s) { return s != 1; });
     try {
-      // Unstrided, the data is `gathered` already.  oneDNN takes a dimension's stride to cover
+      // Unstrided, the data is `gathered` already; strided, a view of it: (N, output
+      // positions..., C), every stride-th position.  oneDNN takes a dimension's stride to cover
       // the next dimension's count times its stride: a size the stride does not divide (17 by
       // 2: 9 positions, the last at 16) cannot be described, though it lies within the data.
-      const bool strided = std::any_of(spec_.stride.begin(), spec_.stride.end(),
-                                       [](int64_t s) { return s != 1; });
-      const memory::desc data = strided ? memory::desc(dims, type, steps) : gathered;
+      const memory::desc data = strided ? strided_data_view(out_shape, type) : gathered;
       dnnl::matmul::primitive_desc pd(cpu_engine(), output_grad, gathered, weight_grad, attr);
       return std::unique_ptr<Step>(new Step(
           dnnl::matmul(pd), pd, {{DNNL_ARG_SRC, kBwdOutputGrad}, {DNNL_ARG_WEIGHTS, kBwdData}},
@@ -268,6 +256,26 @@ class Convolution {
     } catch (const dnnl::error&) {
       return nullptr;  // the convolution's own backward-weights kernel serves
     }
+  }
+
+  // The channels-last data at the positions a 1x1 kernel of spec_'s strides reads, as
+  // (N, output positions..., C) with strides into the data.  Throws dnnl::error where oneDNN
+  // cannot describe it.
+  memory::desc strided_data_view(const std::vector<int64_t>& out_shape,
+                                 memory::data_type type) const {
+    const size_t spatial = spec_.kernel.size();
+    memory::dims dims(spatial + 2), steps(spatial + 2);
+    memory::dim step = spec_.channels();
+    dims[spatial + 1] = spec_.channels();
+    steps[spatial + 1] = 1;
+    for (size_t i = spatial; i-- > 0;) {
+      dims[i + 1] = out_shape[i + 1];
+      steps[i + 1] = step * spec_.stride[i];
+      step *= spec_.spatial_size(i);
+    }
+    dims[0] = out_shape[0];
+    steps[0] = step;
+    return memory::desc(dims, type, steps);
   }
 
   ConvSpec spec_;
