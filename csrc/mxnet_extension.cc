@@ -607,8 +607,9 @@ int batch_norm_parse(const char* const* keys, const char* const* vals, int num, 
 }
 
 // The fused ReLU's workspace for data of this shape.  Shape inference does not know the data
-// type, and oneDNN's kernels for each type size it their own way: the larger of float32's and
-// bfloat16's (where this CPU has a bfloat16 kernel).
+// type, and the kernels for each type (oneDNN's; for bfloat16 channels last, mxamp's loops) size
+// it their own way: the larger of float32's and bfloat16's (where this CPU has a bfloat16
+// kernel).
 int64_t relu_workspace_bytes(const BatchNormAttributes& a, const std::vector<int64_t>& data) {
   size_t bytes = mxamp::batch_norm_workspace_bytes(
       a.spec(data.data(), static_cast<int>(data.size()), mxamp::kFlagFloat32));

@@ -1,8 +1,9 @@
 // mxamp's own batch normalisation on oneDNN 3 (see onednn_batch_norm.h).
 //
-// Each distinct spec gets its primitives once, kept for the life of the process.  oneDNN reads
-// and writes MXNet's arrays where they are: data and output in their plain layout, gamma, beta
-// and the statistics as float32 vectors; nothing is reordered.
+// Each distinct spec gets its primitives once, kept for the life of the process (none where
+// bfloat16_batch_norm.h's loops serve it).  oneDNN reads and writes MXNet's arrays where they
+// are: data and output in their plain layout, gamma, beta and the statistics as float32 vectors;
+// nothing is reordered.
 #include "onednn_batch_norm.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bfloat16_batch_norm.h"
 #include "fan_out.h"
 #include "onednn_runtime.h"
 
@@ -24,7 +26,15 @@ using dnnl::memory;
 
 class BatchNorm {
  public:
-  explicit BatchNorm(const BatchNormSpec& spec) : spec_(spec) {
+  explicit BatchNorm(const BatchNormSpec& spec)
+      : spec_(spec), loops_(spec.dtype_flag == kFlagBFloat16 && spec.channels_last &&
+                            !spec.use_global_stats && bfloat16_batch_norm_runs_here()) {
+    // The loops' view of channels-last data; its size, in values, in either layout.
+    rows_.channels = spec.channels();
+    rows_.rows = 1;
+    for (int64_t d : spec.data_shape) rows_.rows *= d;
+    rows_.rows /= rows_.channels;
+    if (loops_) return;
     memory::dims dims = {spec.data_shape[0], spec.channels()};
     const size_t spatial = spec.data_shape.size() - 2;
     for (size_t i = 0; i < spatial; ++i)
@@ -63,11 +73,12 @@ class BatchNorm {
   }
 
   size_t workspace_bytes() const {
-    return spec_.relu_workspace() ? forward_pd_.workspace_desc().get_size() : 0;
+    if (!spec_.relu_workspace()) return 0;
+    return loops_ ? bfloat16_batch_norm_mask_bytes(rows_) : forward_pd_.workspace_desc().get_size();
   }
 
   void make_backward() {
-    if (has_backward_) return;
+    if (has_backward_ || loops_) return;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     // The gradient of a global-statistics forward is one of training's: oneDNN derives it from
@@ -86,6 +97,14 @@ class BatchNorm {
   void forward(const BatchNormSpec& spec, const BatchNormForwardArrays& a,
                const Scratch& scratch) const {
     const int64_t channels = spec.channels();
+    if (loops_) {
+      const float* gamma = gamma_or_ones(spec, a.gamma, scratch_memory(scratch, channels * 4));
+      bfloat16_batch_norm_forward(
+          rows_, {static_cast<const uint16_t*>(a.data), static_cast<const uint16_t*>(a.residual),
+                  gamma, a.beta, spec_.eps, spec_.relu, static_cast<uint16_t*>(a.output), a.mean,
+                  a.variance, static_cast<uint16_t*>(a.workspace)});
+      return;
+    }
     const size_t scratchpad = std::max(
         forward_pd_.scratchpad_desc().get_size(),
         spec_.residual ? residual_pd_.scratchpad_desc().get_size() : size_t(0));
@@ -122,18 +141,18 @@ class BatchNorm {
                 const Scratch& scratch) const {
     const int64_t channels = spec.channels();
     const bool relu_after_sum = spec_.relu && spec_.residual;
-    const size_t scratchpad = backward_pd_.scratchpad_desc().get_size();
-    const size_t summed = a.copies > 0 && !relu_after_sum ? data_.get_size() : 0;
+    const size_t scratchpad = loops_ ? 0 : backward_pd_.scratchpad_desc().get_size();
+    const size_t values = static_cast<size_t>(rows_.rows * rows_.channels);
+    const size_t bytes = values * element_bytes(spec.dtype_flag);
+    const size_t summed = a.copies > 0 && !relu_after_sum ? bytes : 0;
     char* space = scratch_memory(scratch, aligned(scratchpad) + 2 * aligned(channels * 4) +
                                               aligned(summed));
     char* ones = space + aligned(scratchpad);
     float* shift_grad = reinterpret_cast<float*>(ones + aligned(channels * 4));
     const float* gamma = gamma_or_ones(spec, a.gamma, ones);
-    dnnl::engine& engine = cpu_engine();
     // The output's readers' gradients, one per copy, summed as a fan-out sums them.
     std::vector<const void*> grads = {a.output_grad};
     grads.insert(grads.end(), a.copy_grads, a.copy_grads + a.copies);
-    const size_t values = data_.get_size() / element_bytes(spec.dtype_flag);
     const bool bfloat16 = spec.dtype_flag == kFlagBFloat16;
     const void* output_grad = a.output_grad;
     if (relu_after_sum) {
@@ -149,10 +168,27 @@ class BatchNorm {
         sum_arrays(grads.data(), static_cast<int>(grads.size()), total, values, bfloat16);
         output_grad = total;
       }
-      if (spec_.residual) std::memcpy(a.residual_grad, output_grad, data_.get_size());
+      if (spec_.residual) std::memcpy(a.residual_grad, output_grad, bytes);
     }
     float* gamma_grad = a.gamma_grad != nullptr ? a.gamma_grad : shift_grad;
     float* beta_grad = a.beta_grad != nullptr ? a.beta_grad : shift_grad;
+    if (loops_) {
+      bfloat16_batch_norm_backward(
+          rows_, {static_cast<const uint16_t*>(output_grad),
+                  static_cast<const uint16_t*>(spec_.relu_workspace() ? a.workspace : nullptr),
+                  static_cast<const uint16_t*>(a.data), gamma, a.mean, a.variance, spec_.eps,
+                  static_cast<uint16_t*>(a.data_grad), gamma_grad, beta_grad});
+    } else {
+      backward_onednn(a, output_grad, gamma, gamma_grad, beta_grad, space);
+    }
+    finish_backward(spec, a);
+  }
+
+ private:
+  void backward_onednn(const BatchNormBackwardArrays& a, const void* output_grad,
+                       const float* gamma, float* gamma_grad, float* beta_grad,
+                       char* space) const {
+    dnnl::engine& engine = cpu_engine();
     std::unordered_map<int, memory> args = {
          {DNNL_ARG_SRC, memory(data_, engine, const_cast<void*>(a.data))},
          {DNNL_ARG_DIFF_DST, memory(data_, engine, const_cast<void*>(output_grad))},
@@ -168,10 +204,15 @@ class BatchNorm {
                                               const_cast<void*>(a.workspace)));
     backward_.execute(thread_stream(), args);
     thread_stream().wait();
+  }
+
+  // After either kernel: fix_gamma's gradient and the moving statistics.
+  static void finish_backward(const BatchNormSpec& spec, const BatchNormBackwardArrays& a) {
+    const int64_t channels = spec.channels();
     // fix_gamma: gamma is a constant 1, so its gradient is 0 (as MXNet's BatchNorm gives).
     if (spec.fix_gamma && a.gamma_grad != nullptr)
       std::fill(a.gamma_grad, a.gamma_grad + channels, 0.0f);
-    if (!spec_.use_global_stats) {
+    if (!spec.use_global_stats) {
       // MXNet's update, with the biased batch variance, as its BatchNorm does.
       const float keep = spec.momentum, take = 1.0f - spec.momentum;
       for (int64_t c = 0; c < channels; ++c) {
@@ -181,7 +222,6 @@ class BatchNorm {
     }
   }
 
- private:
   // gamma, or `space` filled with ones under fix_gamma.
   static const float* gamma_or_ones(const BatchNormSpec& spec, const float* gamma, char* space) {
     if (!spec.fix_gamma) return gamma;
@@ -191,6 +231,9 @@ class BatchNorm {
   }
 
   BatchNormSpec spec_;
+  // bfloat16_batch_norm.h's loops serve the spec: no oneDNN primitive is made.
+  bool loops_;
+  ChannelRows rows_;
   memory::desc data_, vector_;
   dnnl::normalization_flags flags_;
   dnnl::batch_normalization_forward::primitive_desc forward_pd_;

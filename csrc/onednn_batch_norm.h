@@ -5,8 +5,10 @@
 // for data whose channels are the second dimension (N, C, spatial...) or the last (N,
 // spatial..., C): the layout mxamp's channels-last convolutions pass on, where MXNet 1.9.1's
 // BatchNorm runs a scalar loop.  Data in float32 or bfloat16; gamma, beta and the statistics in
-// float32, as MXNet keeps them.  Knows nothing of MXNet's extension ABI: mxnet_extension.cc
-// adapts it.
+// float32, as MXNet keeps them.  bfloat16 channels-last data in training goes to mxamp's own
+// AVX-512 loops instead of oneDNN's kernel (bfloat16_batch_norm.h says why); the workspace, the
+// copies' gradient sum, fix_gamma and the moving statistics are handled here for both.  Knows
+// nothing of MXNet's extension ABI: mxnet_extension.cc adapts it.
 #ifndef MXAMP_ONEDNN_BATCH_NORM_H_
 #define MXAMP_ONEDNN_BATCH_NORM_H_
 
@@ -31,9 +33,9 @@ struct BatchNormSpec {
   bool relu = false;                // a ReLU on the output
   bool residual = false;            // an array like data added to the output, before the ReLU
 
-  // A ReLU without a residual is oneDNN's fused one: its forward writes a workspace (where the
-  // output is positive) that its gradient reads.  With a residual, the ReLU's gradient is read
-  // from the output.
+  // A ReLU without a residual is fused into the kernel: its forward writes a workspace (where
+  // the output is positive; a bit per value) that its gradient reads.  With a residual, the
+  // ReLU's gradient is read from the output.
   bool relu_workspace() const { return relu && !residual; }
 
   int64_t channels() const { return channels_last ? data_shape.back() : data_shape[1]; }

@@ -1,15 +1,18 @@
 // Elementwise loops compiled twice, for any x86-64 CPU and for AVX-512, run on what the CPU has.
 //
-// Owns that choice for mxamp's own elementwise kernels (fan_out.cc, master_weights.cc).  Every
-// CPU that computes bfloat16 has AVX-512 (avx512_core and up), and on data in the cache their
-// bfloat16 loops are bound by arithmetic: compiled for any x86-64 CPU (SSE2, 4 floats a
-// vector) they take about twice as long.  GCC 12's target_clones cannot name ISA extensions,
-// only CPU models, so a kernel is written as:
+// Owns that choice for mxamp's own elementwise kernels (fan_out.cc, master_weights.cc,
+// bfloat16_batch_norm.cc).  Every CPU that computes bfloat16 has AVX-512 (avx512_core and up),
+// and on data in the cache their bfloat16 loops are bound by arithmetic: compiled for any x86-64
+// CPU (SSE2, 4 floats a vector) they take about twice as long.  GCC 12's target_clones cannot
+// name ISA extensions, only CPU models, so a kernel is written as:
 //
 //   * a loop body over [begin, end), MXAMP_LOOP_BODY (always inlined, "#pragma omp simd"), with
 //     no OpenMP region of its own (one would be compiled for any CPU);
 //   * two wrappers calling it, one plain and one MXAMP_AVX512;
 //   * for_chunks, calling the wrapper has_avx512() picks on each kChunk-value chunk.
+//
+// bfloat16_batch_norm.cc's loops have no plain twin: they are called only where has_avx512(),
+// and oneDNN's kernels serve everywhere else.
 #ifndef MXAMP_VECTOR_ISA_H_
 #define MXAMP_VECTOR_ISA_H_
 
@@ -21,6 +24,10 @@
 #define MXAMP_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("O3", "fp-contract=off")))
 #define MXAMP_ANY_X86 __attribute__((optimize("O3", "fp-contract=off")))
+// A helper written in AVX-512 intrinsics, inlined into MXAMP_AVX512 functions only
+// (bfloat16_batch_norm.cc, whose loops are intrinsics, fused multiply-adds included).
+#define MXAMP_AVX512_INLINE \
+  __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq"))) inline
 
 namespace mxamp {
 

@@ -424,7 +424,14 @@ def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
         net = converted_small_resnet()
         curves[mode] = loss_curve(net, batches, labels)
         assert bool(converted_state(net).channels_last_nodes) == (mode == 'all')
-        # Inference with the moving statistics the training graph kept.
+        # Inference with the moving statistics the training graph kept.  After 30 steps they
+        # trail the weights (momentum 0.9), and by how much follows the trajectory, which
+        # bfloat16's rounding makes chaotic: over 18 initialisations MXNet's own graph then
+        # predicted 13% to 98% of its training images.  Passes without a step let them settle
+        # on the final weights' statistics first, as the last epochs of a real training do.
+        for _ in range(5):
+            for i in range(8):
+                backward_once(net, batches[i])
         predicted = np.concatenate([net(batches[i]).argmax(axis=1).asnumpy() for i in range(8)])
         accuracy[mode] = float((predicted == classes.reshape(-1)).mean())
     mxnet_curve, own_curve = curves['0'], curves['all']
@@ -434,8 +441,8 @@ def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
     assert np.all(np.abs(own_curve[:4] - mxnet_curve[:4]) <= 0.1 * mxnet_curve[:4])
     for curve in (mxnet_curve, own_curve):
         assert curve[-10:].mean() < 0.2 * curve[0]
-    # Chance is 0.1; both predict most of what they trained on, within a few images of each other.
-    assert abs(accuracy['all'] - accuracy['0']) <= 0.1 and min(accuracy.values()) > 0.6
+    # Chance is 0.1; both predict nearly all they trained on, as they do with batch statistics.
+    assert min(accuracy.values()) > 0.9
 
 
 _ADDTO_SCRIPT = r'''

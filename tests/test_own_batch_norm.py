@@ -1,5 +1,8 @@
 """mxamp's own batch normalisation on oneDNN 3 (mxamp.own_conv.batch_norm).
 
+(bfloat16 channels-last data in training runs mxamp's AVX-512 loops instead of
+oneDNN's kernel: the LOOP_SHAPES tests below hold them to the float32 kernel.)
+
 The building block of a channels-last chain: MXNet 1.9.1's ``BatchNorm`` runs a
 scalar loop on channels-last data, oneDNN 3 a vectorised kernel.  In float32 it
 must give MXNet's ``BatchNorm`` in training mode (channels second, or last on
@@ -12,6 +15,10 @@ the largest value, held to 1e-5 (float32 roundoff; the sums run in other
 orders).  bfloat16 data is held to bfloat16 rounding of the float32 result.
 """
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import mxnet as mx
 import numpy as np
@@ -246,6 +253,99 @@ def test_bfloat16_fused_relu_is_the_batch_norm_then_mxnets_relu():
     for name, got, want in zip(['output', 'data gradient', 'gamma gradient', 'beta gradient'],
                                *results):
         np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+# bfloat16 channels-last data in training takes mxamp's AVX-512 loops (bfloat16_batch_norm.cc):
+# shapes that reach each of their branches.  Values: rows (every dimension but the last) times
+# channels; threads start at 65536 values, chunks hold 256 KB of data, sums take 16 (8 for the
+# gradient) vectors of 16 channels at a time.
+LOOP_SHAPES = [
+    pytest.param((2, 3, 5, 24), id='one-thread-tail'),         # 8 channels in the last vector
+    pytest.param((16, 16, 16, 64), id='threads-two-chunks'),   # 4096 rows, 2048 a chunk
+    pytest.param((4, 9, 9, 300), id='blocks-and-tail'),        # 19 vectors: 16 + 3, and 8 + 8 + 3
+    pytest.param((8, 5, 5, 2048), id='wide-rows'),             # a chunk of 64 rows
+    pytest.param((3, 7, 11, 3), id='three-channels'),          # a masked vector only
+]
+needs_bfloat16 = pytest.mark.skipif(
+    not hardware.computes_bfloat16(),
+    reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+
+
+def bfloat16_case(shape, mean=0.5, std=2.0, seed=0):
+    rng = np.random.RandomState(seed)
+    channels = shape[-1]
+    bf16 = lambda a: mx.nd.amp_cast(mx.nd.array(a), dtype='bfloat16')
+    data, head = bf16(rng.normal(mean, std, shape)), bf16(rng.uniform(-1, 1, shape))
+    params = [mx.nd.array(rng.uniform(0.5, 1.5, channels)) for _ in range(4)]
+    return data, head, params, bf16(rng.normal(0, 1, shape))
+
+
+@needs_bfloat16
+@pytest.mark.parametrize('shape', LOOP_SHAPES)
+@pytest.mark.parametrize('mean,std', [(0.5, 2.0), (1000.0, 8.0)], ids=['centred', 'offset'])
+def test_bfloat16_batch_statistics_are_those_of_the_rounded_data(shape, mean, std):
+    # The mean and the biased variance of the bfloat16 values themselves, to float32's
+    # precision, also where the mean is 125 standard deviations from 0 (where summing squares
+    # and subtracting the squared mean would lose most digits of the variance).
+    data, _, params, _ = bfloat16_case(shape, mean, std)
+    _, batch_mean, batch_var = own_conv.batch_norm(data, *params, axis=-1, fix_gamma=False)[:3]
+    values = mx.nd.amp_cast(data, dtype='float32').asnumpy().astype(np.float64)
+    values = values.reshape(-1, shape[-1])
+    np.testing.assert_allclose(batch_mean.asnumpy(), values.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(batch_var.asnumpy(), values.var(axis=0), rtol=2e-5)
+
+
+@needs_bfloat16
+@pytest.mark.parametrize('shape', LOOP_SHAPES)
+@pytest.mark.parametrize('act_type', [None, 'relu'])
+@pytest.mark.parametrize('with_residual', [False, True])
+def test_bfloat16_loops_are_float32_within_bfloat16_rounding(shape, act_type, with_residual):
+    # Against the same batch normalisation of the same values in float32 (oneDNN's kernel):
+    # the output and data gradient rounded once to bfloat16, gamma's and beta's gradients and
+    # the moving statistics summed in float32.
+    data, head, params, residual = bfloat16_case(shape)
+    attributes = dict(eps=1e-5, momentum=0.8, fix_gamma=False, axis=-1, act_type=act_type)
+    if with_residual:
+        attributes['residual'] = residual
+    low = run(data, head, params, True, **dict(attributes))
+    f32 = lambda a: mx.nd.amp_cast(a, dtype='float32')
+    if with_residual:
+        attributes['residual'] = f32(residual)
+    want = run(f32(data), f32(head), params, True, **attributes)
+    names = ['output', 'data gradient', 'gamma gradient', 'beta gradient', 'moving mean',
+             'moving variance', 'residual gradient']
+    rounded = {'output', 'data gradient', 'residual gradient'}
+    for name, got_array, want_array in zip(names, low, want):
+        limit = 2.0 ** -7 if name in rounded else 1e-5
+        assert normalised_error(got_array, want_array) < limit, name
+
+
+@needs_bfloat16
+def test_bfloat16_channels_last_training_runs_no_onednn_batch_norm(tmp_path):
+    # oneDNN's verbose log of one forward and backward pass: the loops, not its kernel, for
+    # batch statistics; its kernel for the global-statistics form the loops leave to it.
+    script = tmp_path / 'probe.py'
+    script.write_text(textwrap.dedent("""
+        import mxnet as mx
+        from mxnet import autograd
+        from mxamp import own_conv
+        data = mx.nd.amp_cast(mx.nd.ones((2, 4, 4, 32)), dtype='bfloat16')
+        params = [mx.nd.ones(32) for _ in range(4)]
+        for use_global_stats in (False, True):
+            data.attach_grad()
+            with autograd.record():
+                out = own_conv.batch_norm(data, *params, axis=-1, act_type='relu',
+                                          use_global_stats=use_global_stats)[0]
+            out.backward()
+            mx.nd.waitall()
+            print('MARK', flush=True)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=dict(os.environ, ONEDNN_VERBOSE='1'), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    training, global_stats = result.stdout.split('MARK')[:2]
+    assert 'batch_normalization' not in training
+    assert 'batch_normalization' in global_stats
 
 
 def test_in_a_symbol_graph_the_moving_statistics_are_auxiliary_states():
