@@ -185,6 +185,18 @@ MXAMP_AVX512 int64_t moments_of_rows(const uint16_t* data, int64_t channels, int
   return count;
 }
 
+// The data's sums of rows [begin, end), chunk by chunk, added to `sums` (doubles); `chunk` holds
+// channels floats.
+MXAMP_AVX512 void data_sums_of_rows(const uint16_t* data, int64_t channels, int64_t begin,
+                                    int64_t end, float* chunk, double* sums) {
+  const int64_t step = chunk_rows(channels);
+  for (int64_t start = begin; start < end; start += step) {
+    sum_chunk<Sum::kData>({data, nullptr, nullptr, nullptr, channels}, start,
+                          std::min(end, start + step), chunk, nullptr);
+    for (int64_t c = 0; c < channels; ++c) sums[c] += chunk[c];
+  }
+}
+
 // The gradient's sums of rows [begin, end), chunk by chunk, added to first and second (doubles);
 // `chunk` holds 2 x channels floats.
 MXAMP_AVX512 void gradient_sums_of_rows(const Reduction& r, int64_t begin, int64_t end,
@@ -376,6 +388,25 @@ void bfloat16_batch_norm_backward(const ChannelRows& shape, const Bfloat16BatchN
     int64_t begin, end;
     thread_rows(shape.rows, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
     data_grad_rows(a, channels, coefficient, begin, end);
+  }
+}
+
+void bfloat16_channel_sums(const ChannelRows& shape, const uint16_t* data, double* sums) {
+  const int64_t channels = shape.channels;
+  const int most = omp_get_max_threads();
+  std::vector<double> partial(static_cast<size_t>(most) * channels, 0.0);
+  std::vector<float> chunks(static_cast<size_t>(most) * channels);
+#pragma omp parallel if (parallel(shape))
+  {
+    const int thread = omp_get_thread_num();
+    int64_t begin, end;
+    thread_rows(shape.rows, thread, omp_get_num_threads(), &begin, &end);
+    const size_t at = static_cast<size_t>(thread) * channels;
+    data_sums_of_rows(data, channels, begin, end, &chunks[at], &partial[at]);
+  }
+  for (int64_t c = 0; c < channels; ++c) {
+    sums[c] = 0.0;
+    for (int t = 0; t < most; ++t) sums[c] += partial[static_cast<size_t>(t) * channels + c];
   }
 }
 

@@ -61,6 +61,10 @@ struct Bfloat16BatchNormBackward {
 void bfloat16_batch_norm_forward(const ChannelRows& shape, const Bfloat16BatchNormForward& a);
 void bfloat16_batch_norm_backward(const ChannelRows& shape, const Bfloat16BatchNormBackward& a);
 
+// sums[c]: the sum over the rows of channel c, in float32 per chunk of rows, then in double.
+// The same loops' per-channel sum, which onednn_conv.cc takes for a bias gradient.
+void bfloat16_channel_sums(const ChannelRows& shape, const uint16_t* data, double* sums);
+
 }  // namespace mxamp
 
 #endif  // MXAMP_BFLOAT16_BATCH_NORM_H_

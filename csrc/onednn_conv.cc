@@ -5,11 +5,15 @@
 // (format "any"); MXNet's arrays are plain, so an argument whose chosen layout differs is
 // reordered through MXNet's temporary space on the way in (inputs) or out (outputs).
 //
-// The weight gradient of a 1x1 bfloat16 convolution with channels last and no bias is a
-// matrix product, and runs as one: oneDNN 3.2's matmul computes it 1.1x to 2.9x faster than
-// its convolution backward-weights kernels on ResNet-50's 1x1 layers (AMX, 2 threads; 1.0x
-// to 1.3x with AVX512-BF16 alone).  Strided, it first gathers the data the kernel sees.
+// The weight gradient of a 1x1 bfloat16 convolution with channels last is a matrix product,
+// and runs as one: oneDNN 3.2's matmul computes it 1.1x to 2.9x faster than its convolution
+// backward-weights kernels on ResNet-50's 1x1 layers (AMX, 2 threads; 1.0x to 1.3x with
+// AVX512-BF16 alone).  Strided, it first gathers the data the kernel sees.  A bias's gradient,
+// which the convolution kernel sums on the way, is then the output gradient's per-channel sum
+// in bfloat16_batch_norm.h's loops (where they run).
 #include "onednn_conv.h"
+#include "bfloat16_batch_norm.h"
+#include "master_weights.h"
 #include "onednn_runtime.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -51,8 +55,9 @@ class Step {
        const std::vector<std::pair<int, int>>& inputs,
        const std::vector<std::pair<int, int>>& outputs,
        const std::unordered_map<int, memory::desc>& user_layouts)
-      : primitive_(std::move(primitive)), impl_(pd.impl_info_str()) {
-    if (pd.get_kind() == dnnl::primitive::kind::matmul) impl_ = "matmul " + impl_;
+      : primitive_(std::move(primitive)), impl_(pd.impl_info_str()),
+        is_matmul_(pd.get_kind() == dnnl::primitive::kind::matmul) {
+    if (is_matmul_) impl_ = "matmul " + impl_;
     auto add = [&](int arg, int slot, bool is_output) {
       Argument a;
       a.onednn_arg = arg;
@@ -84,6 +89,7 @@ class Step {
 
   size_t scratch_bytes() const { return bytes_; }
   const std::string& impl() const { return impl_; }
+  bool is_matmul() const { return is_matmul_; }
   int reorders() const {
     int count = 0;
     for (const auto& a : arguments_) count += a.reordered;
@@ -124,6 +130,7 @@ class Step {
  private:
   dnnl::primitive primitive_;
   std::string impl_;
+  bool is_matmul_;
   std::vector<Argument> arguments_;
   memory::desc scratchpad_;
   size_t scratchpad_offset_ = 0;
@@ -212,9 +219,14 @@ class Convolution {
                              {{DNNL_ARG_SRC, kBwdData}, {DNNL_ARG_DIFF_DST, kBwdOutputGrad}},
                              outputs, plain_));
     }
+    bias_summed_ = !spec_.no_bias && weights->is_matmul();
     backward_data_ = std::move(data);
     backward_weights_ = std::move(weights);
   }
+
+  // Whether the bias gradient is left to the caller, as the output gradient's per-channel sum:
+  // the matmul computes the weight gradient only.
+  bool bias_summed() const { return bias_summed_; }
 
   const Step& backward_data() const { return *backward_data_; }
   const Step& backward_weights() const { return *backward_weights_; }
@@ -226,8 +238,8 @@ class Convolution {
   // Null elsewhere, and where oneDNN cannot describe the gather or has no such matmul.
   std::unique_ptr<Step> matmul_backward_weights(const dnnl::primitive_attr& attr) const {
     // Measured for bfloat16 only: in float32 the matmul is as often slower as faster.
-    if (spec_.dtype_flag != kFlagBFloat16 || !spec_.channels_last || !spec_.no_bias ||
-        spec_.num_group != 1)
+    if (spec_.dtype_flag != kFlagBFloat16 || !spec_.channels_last || spec_.num_group != 1 ||
+        (!spec_.no_bias && !bfloat16_batch_norm_runs_here()))
       return nullptr;
     for (size_t i = 0; i < spec_.kernel.size(); ++i)
       if (spec_.kernel[i] != 1 || spec_.pad[i] != 0) return nullptr;
@@ -284,6 +296,7 @@ class Convolution {
   memory::desc any_data_, any_weight_, any_output_, bias_;
   dnnl::convolution_forward::primitive_desc forward_pd_;
   std::unique_ptr<Step> forward_, backward_data_, backward_weights_;
+  bool bias_summed_ = false;
 };
 
 // The key of a spec in the cache: every field, flattened.
@@ -423,6 +436,17 @@ void convolution_backward(const ConvSpec& spec, const BackwardArrays& arrays,
   char* memory = scratch_memory(scratch, bytes);
   if (data_wanted) conv.backward_data().run(slots, memory);
   if (weights_wanted) conv.backward_weights().run(slots, memory);
+  if (weights_wanted && conv.bias_summed() && arrays.bias_grad != nullptr) {
+    const std::vector<int64_t> out_shape = spec.output_shape();  // N, spatial..., O
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
+    std::vector<double> sums(spec.num_filter);
+    bfloat16_channel_sums({rows, spec.num_filter},
+                          static_cast<const uint16_t*>(arrays.output_grad), sums.data());
+    uint16_t* bias_grad = static_cast<uint16_t*>(arrays.bias_grad);
+    for (int64_t o = 0; o < spec.num_filter; ++o)
+      bias_grad[o] = round_to_bfloat16(static_cast<float>(sums[o]));
+  }
 }
 
 std::string onednn_version() {
@@ -457,6 +481,7 @@ std::string describe_kernels(const ConvSpec& spec) {
   step("forward", conv.forward());
   step("backward_data", conv.backward_data());
   step("backward_weights", conv.backward_weights());
+  if (conv.bias_summed()) out << "backward_bias=mxamp channel sums ";
   std::string text = out.str();
   text.pop_back();
   return text;

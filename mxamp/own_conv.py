@@ -652,7 +652,10 @@ def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int
     Returns
     -------
     str
-        ``'forward=<impl> (<n> reorders) backward_data=... backward_weights=...'``.
+        ``'forward=<impl> (<n> reorders) backward_data=... backward_weights=...'``,
+        and ``backward_bias=mxamp channel sums`` where the weight gradient is a
+        ``matmul`` (1x1, bfloat16, channels last) and the bias's gradient the
+        output gradient's per-channel sum in mxamp's own loops.
 
     Raises
     ------

@@ -313,7 +313,8 @@ def test_bfloat16_is_as_close_to_float32_as_mxnets_bfloat16():
 
 def channels_last_bfloat16(data_shape, keywords, bias):
     """Output and the gradients of data and weight, as float32 numpy arrays channels first, of
-    the own operator in bfloat16 on channels-last data (a zero `bias` when `bias`)."""
+    the own operator in bfloat16 on channels-last data (a zero `bias` when `bias`, and then its
+    gradient and the head's per-channel sum in float64 after them)."""
     from mxamp.dtypes import cast, to_float32_numpy
     rng = np.random.RandomState(0)
     kernel = tuple(keywords['kernel'])
@@ -330,8 +331,13 @@ def channels_last_bfloat16(data_shape, keywords, bias):
     head = np.random.RandomState(1).uniform(-1, 1, (out.shape[0], out.shape[-1]) + out.shape[1:-1])
     out.backward(cast(to_channels_last(mx.nd.array(head)), 'bfloat16'))
     results = [to_float32_numpy(array) for array in (out, inputs[0].grad, inputs[1].grad)]
-    return [to_channels_first(mx.nd.array(results[0])).asnumpy(),
-            to_channels_first(mx.nd.array(results[1])).asnumpy(), results[2]]
+    results = [to_channels_first(mx.nd.array(results[0])).asnumpy(),
+               to_channels_first(mx.nd.array(results[1])).asnumpy(), results[2]]
+    if bias:
+        rounded_head = to_float32_numpy(cast(mx.nd.array(head), 'bfloat16')).astype(np.float64)
+        summed = rounded_head.sum(axis=tuple(i for i in range(head.ndim) if i != 1))
+        results += [to_float32_numpy(inputs[2].grad), summed]
+    return results
 
 
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
@@ -347,22 +353,27 @@ def channels_last_bfloat16(data_shape, keywords, bias):
     ((2, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32, stride=(2, 1, 2)), False),
     ((4, 32, 14, 14), dict(kernel=(3, 3), num_filter=64, pad=(1, 1)), False),
 ])
-def test_a_1x1_weight_gradient_runs_as_a_matmul_and_matches_the_convolution_kernel(
-        data_shape, keywords, matmul):
-    # Channels last, bfloat16 and no bias: the weight gradient is one matmul (strided, of the
-    # data it gathers).  Its result is the convolution kernel's (which a bias brings back) up
-    # to the order of the float32 sums: within a bfloat16 rounding of the largest value.
+def test_a_1x1_weight_gradient_runs_as_a_matmul_and_matches_float32(data_shape, keywords,
+                                                                    matmul):
+    # Channels last and bfloat16: the weight gradient is one matmul (strided, of the data it
+    # gathers), and a bias's gradient the output gradient's per-channel sum in mxamp's loops.
     last_shape = (data_shape[0],) + data_shape[2:] + (data_shape[1],)
-    kernels = own_conv.kernels(last_shape, no_bias=True, dtype='bfloat16', channels_last=True,
-                               **keywords)
-    assert ('backward_weights=matmul ' in kernels) == matmul, kernels
-    assert 'backward_weights=matmul ' not in own_conv.kernels(
-        last_shape, dtype='bfloat16', channels_last=True, **keywords)
+    for no_bias in (True, False):
+        kernels = own_conv.kernels(last_shape, no_bias=no_bias, dtype='bfloat16',
+                                   channels_last=True, **keywords)
+        assert ('backward_weights=matmul ' in kernels) == matmul, kernels
+        assert ('backward_bias=mxamp channel sums' in kernels) == (matmul and not no_bias), kernels
     without_bias = channels_last_bfloat16(data_shape, keywords, bias=False)
     with_bias = channels_last_bfloat16(data_shape, keywords, bias=True)
-    np.testing.assert_array_equal(without_bias[0], with_bias[0])   # the same forward kernel
-    np.testing.assert_array_equal(without_bias[1], with_bias[1])   # and backward-data kernel
-    error = np.abs(without_bias[2] - with_bias[2]).max() / np.abs(with_bias[2]).max()
+    np.testing.assert_array_equal(with_bias[0], without_bias[0])   # the same forward kernel
+    np.testing.assert_array_equal(with_bias[1], without_bias[1])   # and backward-data kernel
+    # The weight gradient: the same matmul, or kernels with and without a bias summing in
+    # their own orders.
+    error = np.abs(with_bias[2] - without_bias[2]).max() / np.abs(without_bias[2]).max()
+    assert error <= 2.0 ** -8, error
+    # The bias gradient: the sum of the bfloat16 head over all but the channels, in float32
+    # and rounded once (the convolution kernel sums it so too).
+    error = np.abs(with_bias[3] - with_bias[4]).max() / np.abs(with_bias[4]).max()
     assert error <= 2.0 ** -8, error
     # Against float32 within bfloat16 rounding, as MXNet's bfloat16 kernels are: the same data
     # (bfloat16_errors draws it as channels_last_bfloat16 does).
