@@ -101,8 +101,9 @@ MXAMP_AVX512_INLINE void sum_block(const Reduction& r, int64_t first_channel, in
   __m512 mean[kVectors], sum1[kVectors], sum2[kVectors];
   for (int k = 0; k < kVectors; ++k) {
     in_row[k] = lanes(channels, first_channel + 16 * k);
-    mean[k] = kSum == Sum::kData ? _mm512_setzero_ps()
-                                 : _mm512_maskz_loadu_ps(in_row[k], r.mean + first_channel + 16 * k);
+    mean[k] = kSum == Sum::kData
+                  ? _mm512_setzero_ps()
+                  : _mm512_maskz_loadu_ps(in_row[k], r.mean + first_channel + 16 * k);
     sum1[k] = sum2[k] = _mm512_setzero_ps();
   }
   for (int64_t row = begin; row < end; ++row) {
@@ -185,39 +186,32 @@ MXAMP_AVX512 int64_t moments_of_rows(const uint16_t* data, int64_t channels, int
   return count;
 }
 
-// The data's sums of rows [begin, end), chunk by chunk, added to `sums` (doubles); `chunk` holds
-// channels floats.
-MXAMP_AVX512 void data_sums_of_rows(const uint16_t* data, int64_t channels, int64_t begin,
-                                    int64_t end, float* chunk, double* sums) {
-  const int64_t step = chunk_rows(channels);
-  for (int64_t start = begin; start < end; start += step) {
-    sum_chunk<Sum::kData>({data, nullptr, nullptr, nullptr, channels}, start,
-                          std::min(end, start + step), chunk, nullptr);
-    for (int64_t c = 0; c < channels; ++c) sums[c] += chunk[c];
-  }
-}
-
-// The gradient's sums of rows [begin, end), chunk by chunk, added to first and second (doubles);
-// `chunk` holds 2 x channels floats.
-MXAMP_AVX512 void gradient_sums_of_rows(const Reduction& r, int64_t begin, int64_t end,
-                                        float* chunk, double* first, double* second) {
+// Per-channel sums of rows [begin, end), chunk by chunk, added to first (and, for the gradient,
+// second): doubles, `channels` each; `chunk` holds 2 x channels floats.
+template <Sum kSum>
+MXAMP_AVX512 void sums_of_rows(const Reduction& r, int64_t begin, int64_t end, float* chunk,
+                               double* first, double* second) {
   const int64_t channels = r.channels, step = chunk_rows(channels);
   for (int64_t start = begin; start < end; start += step) {
-    sum_chunk<Sum::kGradient>(r, start, std::min(end, start + step), chunk, chunk + channels);
+    sum_chunk<kSum>(r, start, std::min(end, start + step), chunk, chunk + channels);
     for (int64_t c = 0; c < channels; ++c) {
       first[c] += chunk[c];
-      second[c] += chunk[channels + c];
+      if (kSum == Sum::kGradient) second[c] += chunk[channels + c];
     }
   }
 }
 
-// The rows of thread `thread` of `threads`: the same in every pass.
-void thread_rows(int64_t rows, int thread, int threads, int64_t* begin, int64_t* end) {
-  *begin = rows * thread / threads;
-  *end = rows * (thread + 1) / threads;
+// rows(thread, begin, end) on each thread of the calling thread's OpenMP team (one thread below
+// kParallelFrom values), with its range of rows: the same ranges in every pass.
+template <typename Rows>
+void on_thread_rows(const ChannelRows& shape, const Rows& rows) {
+#pragma omp parallel if (shape.rows * shape.channels >= kParallelFrom)
+  {
+    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    rows(static_cast<int>(thread), shape.rows * thread / threads,
+         shape.rows * (thread + 1) / threads);
+  }
 }
-
-bool parallel(const ChannelRows& shape) { return shape.rows * shape.channels >= kParallelFrom; }
 
 // The batch's mean and biased variance per channel, into mean and variance.
 void batch_moments(const ChannelRows& shape, const uint16_t* data, float* mean, float* variance) {
@@ -226,15 +220,11 @@ void batch_moments(const ChannelRows& shape, const uint16_t* data, float* mean, 
   std::vector<double> moments(static_cast<size_t>(most) * channels * 2, 0.0);
   std::vector<float> chunks(static_cast<size_t>(most) * channels * 2);
   std::vector<int64_t> counts(most, 0);
-#pragma omp parallel if (parallel(shape))
-  {
-    const int thread = omp_get_thread_num();
-    int64_t begin, end;
-    thread_rows(shape.rows, thread, omp_get_num_threads(), &begin, &end);
+  on_thread_rows(shape, [&](int thread, int64_t begin, int64_t end) {
     const size_t at = static_cast<size_t>(thread) * channels * 2;
     counts[thread] = moments_of_rows(data, channels, begin, end, &chunks[at], &moments[at],
                                      &moments[at + channels]);
-  }
+  });
   for (int64_t c = 0; c < channels; ++c) {
     double total_mean = 0.0, total_squares = 0.0;
     int64_t count = 0;
@@ -250,26 +240,25 @@ void batch_moments(const ChannelRows& shape, const uint16_t* data, float* mean, 
   }
 }
 
-// The gradient's sums per channel over all rows, into first and second.
-void batch_gradient_sums(const ChannelRows& shape, const Reduction& r, double* first,
-                         double* second) {
+// Per-channel sums over all rows into first (and, for the gradient, second).
+template <Sum kSum>
+void per_channel_sums(const ChannelRows& shape, const Reduction& r, double* first,
+                      double* second) {
   const int64_t channels = shape.channels;
   const int most = omp_get_max_threads();
   std::vector<double> sums(static_cast<size_t>(most) * channels * 2, 0.0);
   std::vector<float> chunks(static_cast<size_t>(most) * channels * 2);
-#pragma omp parallel if (parallel(shape))
-  {
-    const int thread = omp_get_thread_num();
-    int64_t begin, end;
-    thread_rows(shape.rows, thread, omp_get_num_threads(), &begin, &end);
+  on_thread_rows(shape, [&](int thread, int64_t begin, int64_t end) {
     const size_t at = static_cast<size_t>(thread) * channels * 2;
-    gradient_sums_of_rows(r, begin, end, &chunks[at], &sums[at], &sums[at + channels]);
-  }
+    sums_of_rows<kSum>(r, begin, end, &chunks[at], &sums[at], &sums[at + channels]);
+  });
   for (int64_t c = 0; c < channels; ++c) {
-    first[c] = second[c] = 0.0;
+    first[c] = 0.0;
+    if (kSum == Sum::kGradient) second[c] = 0.0;
     for (int t = 0; t < most; ++t) {
-      first[c] += sums[static_cast<size_t>(t) * channels * 2 + c];
-      second[c] += sums[static_cast<size_t>(t) * channels * 2 + channels + c];
+      const size_t at = static_cast<size_t>(t) * channels * 2 + c;
+      first[c] += sums[at];
+      if (kSum == Sum::kGradient) second[c] += sums[at + channels];
     }
   }
 }
@@ -284,7 +273,8 @@ MXAMP_AVX512 void normalise_rows(const Bfloat16BatchNormForward& a, int64_t chan
     for (int64_t v = 0; v < row_vectors; ++v) {
       const int64_t c = 16 * v, at = row * channels + c;
       const __mmask16 in_row = lanes(channels, c);
-      __m512 y = _mm512_sub_ps(load(a.data + at, in_row), _mm512_maskz_loadu_ps(in_row, a.mean + c));
+      __m512 y =
+          _mm512_sub_ps(load(a.data + at, in_row), _mm512_maskz_loadu_ps(in_row, a.mean + c));
       y = _mm512_fmadd_ps(y, _mm512_maskz_loadu_ps(in_row, scale + c),
                           _mm512_maskz_loadu_ps(in_row, a.beta + c));
       if (kResidual) y = _mm512_add_ps(y, load(a.residual + at, in_row));
@@ -323,12 +313,9 @@ MXAMP_AVX512 void data_grad_rows(const Bfloat16BatchNormBackward& a, int64_t cha
 
 template <bool kResidual, bool kRelu, bool kMask>
 void normalise(const ChannelRows& shape, const Bfloat16BatchNormForward& a, const float* scale) {
-#pragma omp parallel if (parallel(shape))
-  {
-    int64_t begin, end;
-    thread_rows(shape.rows, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
+  on_thread_rows(shape, [&](int, int64_t begin, int64_t end) {
     normalise_rows<kResidual, kRelu, kMask>(a, shape.channels, scale, begin, end);
-  }
+  });
 }
 
 }  // namespace
@@ -364,8 +351,9 @@ void bfloat16_batch_norm_backward(const ChannelRows& shape, const Bfloat16BatchN
   const int64_t channels = shape.channels;
   const double rows = static_cast<double>(shape.rows);
   std::vector<double> grad_sum(channels), grad_deviation_sum(channels);
-  batch_gradient_sums(shape, {a.data, a.mean, a.output_grad, a.relu_mask, channels},
-                      grad_sum.data(), grad_deviation_sum.data());
+  per_channel_sums<Sum::kGradient>(shape,
+                                   {a.data, a.mean, a.output_grad, a.relu_mask, channels},
+                                   grad_sum.data(), grad_deviation_sum.data());
   // d data = gamma / s * (g - sum(g) / n - (x - mean) / s^2 * sum(g * (x - mean)) / n), with
   // s = sqrt(variance + eps): three coefficients per channel.
   std::vector<float> coefficients(3 * channels);
@@ -383,31 +371,14 @@ void bfloat16_batch_norm_backward(const ChannelRows& shape, const Bfloat16BatchN
     offset[c] = static_cast<float>(-gamma_over_std * grad_sum[c] / rows);
   }
   const float* const coefficient[3] = {scale, deviation, offset};
-#pragma omp parallel if (parallel(shape))
-  {
-    int64_t begin, end;
-    thread_rows(shape.rows, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
+  on_thread_rows(shape, [&](int, int64_t begin, int64_t end) {
     data_grad_rows(a, channels, coefficient, begin, end);
-  }
+  });
 }
 
 void bfloat16_channel_sums(const ChannelRows& shape, const uint16_t* data, double* sums) {
-  const int64_t channels = shape.channels;
-  const int most = omp_get_max_threads();
-  std::vector<double> partial(static_cast<size_t>(most) * channels, 0.0);
-  std::vector<float> chunks(static_cast<size_t>(most) * channels);
-#pragma omp parallel if (parallel(shape))
-  {
-    const int thread = omp_get_thread_num();
-    int64_t begin, end;
-    thread_rows(shape.rows, thread, omp_get_num_threads(), &begin, &end);
-    const size_t at = static_cast<size_t>(thread) * channels;
-    data_sums_of_rows(data, channels, begin, end, &chunks[at], &partial[at]);
-  }
-  for (int64_t c = 0; c < channels; ++c) {
-    sums[c] = 0.0;
-    for (int t = 0; t < most; ++t) sums[c] += partial[static_cast<size_t>(t) * channels + c];
-  }
+  per_channel_sums<Sum::kData>(shape, {data, nullptr, nullptr, nullptr, shape.channels}, sums,
+                               nullptr);
 }
 
 }  // namespace mxamp
