@@ -11,14 +11,23 @@
 // AVX512-BF16 alone).  Strided, it first gathers the data the kernel sees.  A bias's gradient,
 // which the convolution kernel sums on the way, is then the output gradient's per-channel sum
 // in bfloat16_batch_norm.h's loops (where they run).
+//
+// The data gradient of a strided 1x1 bfloat16 convolution with channels last is a matrix
+// product too, at the positions the kernel reads: a matmul into a dense buffer, then spread
+// over the data's positions with zeros between (scatter_to_read_positions).  oneDNN 3.2's
+// strided backward-data kernel took 1.3x to 2.2x as long on ResNet-50's strided 1x1 layers
+// (AMX, 2 threads, batch 16, caches flushed), and a matmul writing the strided positions
+// itself runs without AMX (gemm:jit), 2x to 4x slower.
 #include "onednn_conv.h"
 #include "bfloat16_batch_norm.h"
 #include "master_weights.h"
 #include "onednn_runtime.h"
+#include "vector_isa.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -137,10 +146,21 @@ class Step {
   size_t bytes_ = 0;
 };
 
+// How many output positions the batch has: the rows of a channels-last output (N, spatial...,
+// O) seen as a matrix.
+int64_t output_rows(const ConvSpec& spec) {
+  const std::vector<int64_t> out_shape = spec.output_shape();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
+  return rows;
+}
+
 // Slots of the caller's pointers (ForwardArrays / BackwardArrays, in order).
 enum ForwardSlot { kFwdData, kFwdWeight, kFwdBias, kFwdOutput };
+// kBwdReadPositionsGrad: the data gradient at the positions a strided 1x1 kernel reads, dense,
+// in scratch memory (see the top of this file).
 enum BackwardSlot { kBwdOutputGrad, kBwdData, kBwdWeight, kBwdDataGrad, kBwdWeightGrad,
-                    kBwdBiasGrad };
+                    kBwdBiasGrad, kBwdReadPositionsGrad };
 
 // The primitives of one convolution; backward ones are made on the first backward call.
 class Convolution {
@@ -201,13 +221,15 @@ class Convolution {
     if (backward_data_) return;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::convolution_backward_data::primitive_desc data_pd(
-        cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, any_output_,
-        strides_, dilates_, padding_, padding_, forward_pd_, attr);
-    std::unique_ptr<Step> data(new Step(dnnl::convolution_backward_data(data_pd), data_pd,
-                                        {{DNNL_ARG_DIFF_DST, kBwdOutputGrad},
-                                         {DNNL_ARG_WEIGHTS, kBwdWeight}},
-                                        {{DNNL_ARG_DIFF_SRC, kBwdDataGrad}}, plain_));
+    std::unique_ptr<Step> data = matmul_backward_data(attr);
+    if (!data) {
+      dnnl::convolution_backward_data::primitive_desc data_pd(
+          cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, any_output_,
+          strides_, dilates_, padding_, padding_, forward_pd_, attr);
+      data.reset(new Step(dnnl::convolution_backward_data(data_pd), data_pd,
+                          {{DNNL_ARG_DIFF_DST, kBwdOutputGrad}, {DNNL_ARG_WEIGHTS, kBwdWeight}},
+                          {{DNNL_ARG_DIFF_SRC, kBwdDataGrad}}, plain_));
+    }
     std::unique_ptr<Step> weights = matmul_backward_weights(attr);
     if (!weights) {
       dnnl::convolution_backward_weights::primitive_desc weights_pd(
@@ -220,6 +242,7 @@ class Convolution {
                              outputs, plain_));
     }
     bias_summed_ = !spec_.no_bias && weights->is_matmul();
+    data_scattered_ = data->is_matmul();
     backward_data_ = std::move(data);
     backward_weights_ = std::move(weights);
   }
@@ -227,6 +250,10 @@ class Convolution {
   // Whether the bias gradient is left to the caller, as the output gradient's per-channel sum:
   // the matmul computes the weight gradient only.
   bool bias_summed() const { return bias_summed_; }
+
+  // Whether backward_data() writes the gradient at the read positions only
+  // (kBwdReadPositionsGrad), for scatter_to_read_positions to spread.
+  bool data_scattered() const { return data_scattered_; }
 
   const Step& backward_data() const { return *backward_data_; }
   const Step& backward_weights() const { return *backward_weights_; }
@@ -237,37 +264,82 @@ class Convolution {
   // matmul's "weights" argument is the convolution's data, gathered first when strided.
   // Null elsewhere, and where oneDNN cannot describe the gather or has no such matmul.
   std::unique_ptr<Step> matmul_backward_weights(const dnnl::primitive_attr& attr) const {
-    // Measured for bfloat16 only: in float32 the matmul is as often slower as faster.
-    if (spec_.dtype_flag != kFlagBFloat16 || !spec_.channels_last || spec_.num_group != 1 ||
-        (!spec_.no_bias && !bfloat16_batch_norm_runs_here()))
+    if (!is_pointwise_bfloat16() || (!spec_.no_bias && !bfloat16_batch_norm_runs_here()))
       return nullptr;
-    for (size_t i = 0; i < spec_.kernel.size(); ++i)
-      if (spec_.kernel[i] != 1 || spec_.pad[i] != 0) return nullptr;
     const memory::data_type type = onednn_type(spec_.dtype_flag);
     const std::vector<int64_t> out_shape = spec_.output_shape();  // N, spatial..., O
-    const size_t spatial = spec_.kernel.size();
     const memory::dim filters = spec_.num_filter, channels = spec_.channels();
-    memory::dim rows = out_shape[0];
-    for (size_t i = 0; i < spatial; ++i) rows *= out_shape[i + 1];
+    const memory::dim rows = output_rows(spec_);
     const memory::desc output_grad({filters, rows}, type, memory::dims{1, filters});
     const memory::desc gathered({rows, channels}, type, memory::dims{channels, 1});
     const memory::desc weight_grad({filters, channels}, type, memory::dims{channels, 1});
-    const bool strided = std::any_of(spec_.stride.begin(), spec_.stride.end(),
-                                     [](int64_t s) { return s != 1; });
     try {
       // Unstrided, the data is `gathered` already; strided, a view of it: (N, output
       // positions..., C), every stride-th position.  oneDNN takes a dimension's stride to cover
       // the next dimension's count times its stride: a size the stride does not divide (17 by
       // 2: 9 positions, the last at 16) cannot be described, though it lies within the data.
-      const memory::desc data = strided ? strided_data_view(out_shape, type) : gathered;
-      dnnl::matmul::primitive_desc pd(cpu_engine(), output_grad, gathered, weight_grad, attr);
-      return std::unique_ptr<Step>(new Step(
-          dnnl::matmul(pd), pd, {{DNNL_ARG_SRC, kBwdOutputGrad}, {DNNL_ARG_WEIGHTS, kBwdData}},
-          {{DNNL_ARG_DST, kBwdWeightGrad}},
-          {{DNNL_ARG_SRC, output_grad}, {DNNL_ARG_WEIGHTS, data}, {DNNL_ARG_DST, weight_grad}}));
+      const memory::desc data = strided() ? strided_data_view(out_shape, type) : gathered;
+      return matmul_step({output_grad, output_grad, kBwdOutputGrad},
+                         {gathered, data, kBwdData}, {weight_grad, weight_grad, kBwdWeightGrad},
+                         attr);
     } catch (const dnnl::error&) {
       return nullptr;  // the convolution's own backward-weights kernel serves
     }
+  }
+
+  // The data gradient as the matmul described at the top of this file, for a strided 1x1
+  // convolution: d data at the read positions (M, C) = d output (M, O) x weight (O, C), with
+  // MXNet's weight (O, C, 1...) as it is.  Null elsewhere, and where oneDNN has no such matmul.
+  std::unique_ptr<Step> matmul_backward_data(const dnnl::primitive_attr& attr) const {
+    if (!is_pointwise_bfloat16() || !strided()) return nullptr;
+    const memory::data_type type = onednn_type(spec_.dtype_flag);
+    const memory::dim filters = spec_.num_filter, channels = spec_.channels();
+    const memory::dim rows = output_rows(spec_);
+    const memory::desc output_grad({rows, filters}, type, memory::dims{filters, 1});
+    const memory::desc weight({filters, channels}, type, memory::dims{channels, 1});
+    const memory::desc read_grad({rows, channels}, type, memory::dims{channels, 1});
+    try {
+      return matmul_step({output_grad, output_grad, kBwdOutputGrad},
+                         {weight, weight, kBwdWeight},
+                         {read_grad, read_grad, kBwdReadPositionsGrad}, attr);
+    } catch (const dnnl::error&) {
+      return nullptr;  // the convolution's own backward-data kernel serves
+    }
+  }
+
+  // One matmul argument: its layout for the matmul, the caller's layout of the same values
+  // (a strided view is gathered into the first), and the slot of the caller's pointer.
+  struct MatmulArgument {
+    memory::desc layout, user;
+    int slot;
+  };
+
+  // dst = src x weights as a Step; throws dnnl::error where oneDNN has no such matmul.
+  static std::unique_ptr<Step> matmul_step(const MatmulArgument& src,
+                                           const MatmulArgument& weights,
+                                           const MatmulArgument& dst,
+                                           const dnnl::primitive_attr& attr) {
+    dnnl::matmul::primitive_desc pd(cpu_engine(), src.layout, weights.layout, dst.layout, attr);
+    return std::unique_ptr<Step>(new Step(
+        dnnl::matmul(pd), pd, {{DNNL_ARG_SRC, src.slot}, {DNNL_ARG_WEIGHTS, weights.slot}},
+        {{DNNL_ARG_DST, dst.slot}},
+        {{DNNL_ARG_SRC, src.user}, {DNNL_ARG_WEIGHTS, weights.user}, {DNNL_ARG_DST, dst.user}}));
+  }
+
+  // A 1x1 bfloat16 convolution on channels-last data without padding or groups: the shape of
+  // the matmuls above.  Measured for bfloat16 only: in float32 the weight gradient's matmul is
+  // as often slower as faster.
+  bool is_pointwise_bfloat16() const {
+    if (spec_.dtype_flag != kFlagBFloat16 || !spec_.channels_last || spec_.num_group != 1)
+      return false;
+    for (size_t i = 0; i < spec_.kernel.size(); ++i)
+      if (spec_.kernel[i] != 1 || spec_.pad[i] != 0) return false;
+    return true;
+  }
+
+  bool strided() const {
+    return std::any_of(spec_.stride.begin(), spec_.stride.end(),
+                       [](int64_t s) { return s != 1; });
   }
 
   // The channels-last data at the positions a 1x1 kernel of spec_'s strides reads, as
@@ -296,8 +368,47 @@ class Convolution {
   memory::desc any_data_, any_weight_, any_output_, bias_;
   dnnl::convolution_forward::primitive_desc forward_pd_;
   std::unique_ptr<Step> forward_, backward_data_, backward_weights_;
-  bool bias_summed_ = false;
+  bool bias_summed_ = false, data_scattered_ = false;
 };
+
+// Spreads `read_grad`, the data gradient at the positions a strided 1x1 kernel reads
+// ((N, output positions..., C), dense), over `data_grad` (N, data positions..., C): each read
+// position's row copied, every other position zero.
+void scatter_to_read_positions(const ConvSpec& spec, const char* read_grad, char* data_grad) {
+  const size_t spatial = spec.kernel.size();
+  const std::vector<int64_t> out_shape = spec.output_shape();  // N, spatial..., O
+  const size_t row = static_cast<size_t>(spec.channels()) * element_bytes(spec.dtype_flag);
+  // Lines: the data's rows along its last spatial dimension.
+  const int64_t width = spec.spatial_size(spatial - 1), step = spec.stride[spatial - 1];
+  const size_t line_bytes = static_cast<size_t>(width) * row;
+  const size_t read_line_bytes = static_cast<size_t>(out_shape[spatial]) * row;
+  int64_t lines = spec.data_shape[0];
+  for (size_t i = 0; i + 1 < spatial; ++i) lines *= spec.spatial_size(i);
+#pragma omp parallel for schedule(static) if (lines * width * spec.channels() >= kParallelFrom)
+  for (int64_t line = 0; line < lines; ++line) {
+    char* out = data_grad + static_cast<size_t>(line) * line_bytes;
+    // The line's coordinates, innermost first: read where each is a multiple of its stride.
+    int64_t rest = line, read_line = 0, scale = 1;
+    bool read = true;
+    for (size_t i = spatial - 1; i-- > 0;) {
+      const int64_t at = rest % spec.spatial_size(i);
+      rest /= spec.spatial_size(i);
+      read = read && at % spec.stride[i] == 0;
+      read_line += at / spec.stride[i] * scale;
+      scale *= out_shape[i + 1];
+    }
+    if (!read) {
+      std::memset(out, 0, line_bytes);
+      continue;
+    }
+    const char* in = read_grad + static_cast<size_t>(read_line + rest * scale) * read_line_bytes;
+    for (int64_t x = 0; x < width; x += step) {
+      std::memcpy(out + x * row, in + x / step * row, row);
+      const int64_t gap = std::min(step - 1, width - x - 1);  // zeros up to the next read
+      if (gap > 0) std::memset(out + (x + 1) * row, 0, gap * row);
+    }
+  }
+}
 
 // The key of a spec in the cache: every field, flattened.
 std::vector<int64_t> cache_key(const ConvSpec& spec) {
@@ -423,18 +534,28 @@ void convolution_forward(const ConvSpec& spec, const ForwardArrays& arrays,
 void convolution_backward(const ConvSpec& spec, const BackwardArrays& arrays,
                           const Scratch& scratch) {
   const Convolution& conv = primitives(spec, true);
-  void* slots[] = {const_cast<void*>(arrays.output_grad), const_cast<void*>(arrays.data),
-                   const_cast<void*>(arrays.weight), arrays.data_grad, arrays.weight_grad,
-                   arrays.bias_grad};
-  // One scratch block serves both steps: they run one after the other.
+  // One scratch block serves both steps: they run one after the other.  A scattered data
+  // gradient is first written at the read positions, at the start of the block.
   const bool data_wanted = arrays.data_grad != nullptr;
   const bool weights_wanted = arrays.weight_grad != nullptr;
+  const size_t read_bytes =
+      data_wanted && conv.data_scattered()
+          ? aligned(static_cast<size_t>(output_rows(spec) * spec.channels()) *
+                    element_bytes(spec.dtype_flag))
+          : 0;
   size_t bytes = 0;
-  if (data_wanted) bytes = conv.backward_data().scratch_bytes();
+  if (data_wanted) bytes = read_bytes + conv.backward_data().scratch_bytes();
   if (weights_wanted && conv.backward_weights().scratch_bytes() > bytes)
     bytes = conv.backward_weights().scratch_bytes();
   char* memory = scratch_memory(scratch, bytes);
-  if (data_wanted) conv.backward_data().run(slots, memory);
+  void* slots[] = {const_cast<void*>(arrays.output_grad), const_cast<void*>(arrays.data),
+                   const_cast<void*>(arrays.weight), arrays.data_grad, arrays.weight_grad,
+                   arrays.bias_grad, memory};
+  if (data_wanted) {
+    conv.backward_data().run(slots, memory + read_bytes);
+    if (conv.data_scattered())
+      scatter_to_read_positions(spec, memory, static_cast<char*>(arrays.data_grad));
+  }
   if (weights_wanted) conv.backward_weights().run(slots, memory);
   if (weights_wanted && conv.bias_summed() && arrays.bias_grad != nullptr) {
     const std::vector<int64_t> out_shape = spec.output_shape();  // N, spatial..., O

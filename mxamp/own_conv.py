@@ -655,7 +655,9 @@ def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int
         ``'forward=<impl> (<n> reorders) backward_data=... backward_weights=...'``,
         and ``backward_bias=mxamp channel sums`` where the weight gradient is a
         ``matmul`` (1x1, bfloat16, channels last) and the bias's gradient the
-        output gradient's per-channel sum in mxamp's own loops.
+        output gradient's per-channel sum in mxamp's own loops.  A strided 1x1
+        convolution's ``backward_data=matmul ...`` computes the gradient at the
+        positions the kernel reads, which mxamp then spreads over the data.
 
     Raises
     ------

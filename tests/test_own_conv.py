@@ -325,6 +325,8 @@ def channels_last_bfloat16(data_shape, keywords, bias):
     inputs = [cast(array, 'bfloat16') for array in arrays]
     for array in inputs:
         array.attach_grad()
+        # Not zeros: every value of a gradient must be written, zeros included.
+        array.grad[:] = cast(mx.nd.full(array.shape, 3.0), 'bfloat16')
     with autograd.record():
         out = own_conv.convolution(*inputs, channels_last=True, **keywords)
     # (MXNet 1.9.1's transpose of bfloat16 arrays crashes: shapes and transposes in float32.)
@@ -342,31 +344,41 @@ def channels_last_bfloat16(data_shape, keywords, bias):
 
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
                     reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
-@pytest.mark.parametrize('data_shape,keywords,matmul', [
-    ((4, 32, 14, 14), dict(kernel=(1, 1), num_filter=64), True),
-    ((4, 32, 14, 14), dict(kernel=(1, 1), num_filter=64, stride=(2, 2)), True),
-    ((3, 48, 15, 13), dict(kernel=(1, 1), num_filter=32, stride=(3, 2)), True),
-    ((2, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32), True),
-    ((3, 32, 20), dict(kernel=(1,), num_filter=48, stride=(2,)), True),
-    # A stride that does not divide the size: oneDNN cannot describe the gathered data.
-    ((3, 32, 17), dict(kernel=(1,), num_filter=48, stride=(2,)), False),
-    ((2, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32, stride=(2, 1, 2)), False),
-    ((4, 32, 14, 14), dict(kernel=(3, 3), num_filter=64, pad=(1, 1)), False),
+@pytest.mark.parametrize('data_shape,keywords,matmul,data_matmul', [
+    ((4, 32, 14, 14), dict(kernel=(1, 1), num_filter=64), True, False),
+    ((4, 32, 14, 14), dict(kernel=(1, 1), num_filter=64, stride=(2, 2)), True, True),
+    ((3, 48, 15, 13), dict(kernel=(1, 1), num_filter=32, stride=(3, 2)), True, True),
+    ((2, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32), True, False),
+    ((3, 32, 20), dict(kernel=(1,), num_filter=48, stride=(2,)), True, True),
+    # A stride that does not divide the size: oneDNN cannot describe the gathered data (the
+    # data gradient needs no such description).
+    ((3, 32, 17), dict(kernel=(1,), num_filter=48, stride=(2,)), False, True),
+    ((2, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32, stride=(2, 1, 2)), False, True),
+    ((2, 16, 9, 6, 7), dict(kernel=(1, 1, 1), num_filter=16, stride=(3, 2, 1)), True, True),
+    ((4, 32, 14, 14), dict(kernel=(3, 3), num_filter=64, pad=(1, 1)), False, False),
 ])
-def test_a_1x1_weight_gradient_runs_as_a_matmul_and_matches_float32(data_shape, keywords,
-                                                                    matmul):
+def test_a_1x1_convolution_runs_its_gradients_as_matmuls_and_matches_float32(
+        data_shape, keywords, matmul, data_matmul):
     # Channels last and bfloat16: the weight gradient is one matmul (strided, of the data it
-    # gathers), and a bias's gradient the output gradient's per-channel sum in mxamp's loops.
+    # gathers), a bias's gradient the output gradient's per-channel sum in mxamp's loops, and
+    # a strided convolution's data gradient a matmul at the positions the kernel reads, spread
+    # over the data with zeros between.
     last_shape = (data_shape[0],) + data_shape[2:] + (data_shape[1],)
     for no_bias in (True, False):
         kernels = own_conv.kernels(last_shape, no_bias=no_bias, dtype='bfloat16',
                                    channels_last=True, **keywords)
         assert ('backward_weights=matmul ' in kernels) == matmul, kernels
         assert ('backward_bias=mxamp channel sums' in kernels) == (matmul and not no_bias), kernels
+        assert ('backward_data=matmul ' in kernels) == data_matmul, kernels
     without_bias = channels_last_bfloat16(data_shape, keywords, bias=False)
     with_bias = channels_last_bfloat16(data_shape, keywords, bias=True)
     np.testing.assert_array_equal(with_bias[0], without_bias[0])   # the same forward kernel
     np.testing.assert_array_equal(with_bias[1], without_bias[1])   # and backward-data kernel
+    # Where the kernel reads nothing, the data gradient is zero, exactly.
+    read = np.zeros(data_shape, dtype=bool)
+    strides = keywords.get('stride', (1,) * (len(data_shape) - 2))
+    read[(slice(None), slice(None)) + tuple(slice(None, None, step) for step in strides)] = True
+    assert not without_bias[1][~read].any()
     # The weight gradient: the same matmul, or kernels with and without a bias summing in
     # their own orders.
     error = np.abs(with_bias[2] - without_bias[2]).max() / np.abs(without_bias[2]).max()
