@@ -197,9 +197,14 @@ class Convolution {
               {DNNL_ARG_DIFF_BIAS, plain_desc({spec.num_filter}, type)},
               {DNNL_ARG_DST, activation_desc(output, type, last)},
               {DNNL_ARG_DIFF_DST, activation_desc(output, type, last)}};
-    any_data_ = any_desc(data, type);
+    // bfloat16 channels last: the kernels take the data and output in MXNet's layout.  With
+    // AMX, oneDNN 3.2 chooses that layout itself; with AVX512-BF16 alone it chooses blocked
+    // kernels whose reorders cost more than they gain (ResNet-50's layers forward and
+    // backward, reorders included: 1.0x to 1.4x faster in MXNet's layout).
+    const bool plain_activations = last && spec.dtype_flag == kFlagBFloat16;
+    any_data_ = plain_activations ? activation_desc(data, type, true) : any_desc(data, type);
     any_weight_ = any_desc(weight, type);
-    any_output_ = any_desc(output, type);
+    any_output_ = plain_activations ? activation_desc(output, type, true) : any_desc(output, type);
     bias_ = spec.no_bias ? memory::desc() : plain_desc({spec.num_filter}, type);
 
     dnnl::primitive_attr attr;

@@ -403,6 +403,24 @@ def test_a_1x1_convolution_runs_its_gradients_as_matmuls_and_matches_float32(
     assert all(a <= max(2 * b, 2.0 ** -7) for a, b in zip(own, mxnet)), (own, mxnet)
 
 
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+def test_bfloat16_channels_last_kernels_take_the_activations_as_they_are():
+    # On AVX512-BF16 without AMX (this CPU capped to its instructions), oneDNN 3.2 would choose
+    # blocked kernels for channels-last data and reorder both activations: only the weights
+    # are reordered.  Float32 keeps oneDNN's choice of layout.
+    out = run_python(
+        'import mxamp.own_conv as oc\n'
+        'for dtype in ("bfloat16", "float32"):\n'
+        '    print(oc.kernels((2, 14, 14, 32), kernel=(3, 3), pad=(1, 1), num_filter=32,'
+        ' no_bias=True, dtype=dtype, channels_last=True))\n',
+        DNNL_MAX_CPU_ISA='AVX512_CORE_BF16')
+    bfloat16, float32 = out.splitlines()
+    assert 'avx512_core_amx' not in out, out
+    assert bfloat16.count('(1 reorders)') == 3, bfloat16
+    assert '(3 reorders)' in float32, float32
+
+
 def test_the_extension_compiles_against_mxnets_own_lib_api_header():
     # mxnet_extension.cc implements MXNet's extension ABI from its own declarations
     # (csrc/mxnet_lib_api_v11.h); against the lib_api.h MXNet's wheel ships, a definition that
