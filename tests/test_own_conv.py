@@ -355,6 +355,9 @@ def channels_last_bfloat16(data_shape, keywords, bias):
     ((3, 32, 17), dict(kernel=(1,), num_filter=48, stride=(2,)), False, True),
     ((2, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32, stride=(2, 1, 2)), False, True),
     ((2, 16, 9, 6, 7), dict(kernel=(1, 1, 1), num_filter=16, stride=(3, 2, 1)), True, True),
+    # Strides beyond the size: one read row of one, two read positions of five.
+    ((2, 16, 1, 5), dict(kernel=(1, 1), num_filter=16, stride=(2, 3)), False, True),
+    ((1, 8, 7, 4), dict(kernel=(1, 1), num_filter=24, stride=(4, 4)), True, True),
     ((4, 32, 14, 14), dict(kernel=(3, 3), num_filter=64, pad=(1, 1)), False, False),
 ])
 def test_a_1x1_convolution_runs_its_gradients_as_matmuls_and_matches_float32(
