@@ -5,9 +5,10 @@
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
 // workspace, cudnn_tune and cudnn_off accepted and ignored) and channels_last (data and output
-// (N, spatial..., C); the weight stays (O, I/group, kernel...)), and its gradient
-// "_backward__mxamp_convolution", whose inputs MXNet fixes as (output gradient, data, weight,
-// [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
+// (N, spatial..., C); the weight stays (O, I/group, kernel...)) and data_gradient (False: the
+// gradient leaves the data's gradient unwritten, for a graph where nothing reads it), and its
+// gradient "_backward__mxamp_convolution", whose inputs MXNet fixes as (output gradient, data,
+// weight, [bias], output) and whose outputs are the gradients of (data, weight, [bias]).
 // "_mxamp_batch_norm" (onednn_batch_norm.h), with the attributes of MXNet's BatchNorm (eps,
 // momentum, fix_gamma, use_global_stats, axis: 1 or the last; act_type=relu for a fused ReLU
 // on the output; residual=True for a sixth input added before it; copies=k for k further
@@ -116,6 +117,7 @@ struct Attributes {
   int64_t num_group = 1;
   bool no_bias = false;
   bool channels_last = false;
+  bool data_gradient = true;
 
   int num_inputs() const { return no_bias ? 2 : 3; }
 
@@ -162,6 +164,8 @@ Attributes parse_attributes(const char* const* keys, const char* const* vals, in
       a.no_bias = parse_bool(key, value);
     } else if (key == "channels_last") {
       a.channels_last = parse_bool(key, value);
+    } else if (key == "data_gradient") {
+      a.data_gradient = parse_bool(key, value);
     } else if (key == "layout") {
       if (value != "None" && value != "NCW" && value != "NCHW" && value != "NCDHW")
         throw std::invalid_argument("layout=" + value +
@@ -252,7 +256,8 @@ int compute_backward(const Call& c) {
   const ConvSpec spec = attributes.spec(c.inshapes[1], c.indims[1], c.intypes[1]);
   check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.output_shape());
   check_same_shape("weight", c.inshapes[2], c.indims[2], spec.weight_shape());
-  mxamp::BackwardArrays arrays = {c.indata[0], c.indata[1], c.indata[2], c.outdata[0],
+  mxamp::BackwardArrays arrays = {c.indata[0], c.indata[1], c.indata[2],
+                                  attributes.data_gradient ? c.outdata[0] : nullptr,
                                   c.outdata[1], spec.no_bias ? nullptr : c.outdata[2]};
   mxamp::convolution_backward(spec, arrays, c.scratch);
   return 1;

@@ -266,7 +266,8 @@ class _Converted(object):
     def _build_cache(self, *args):
         inputs, symbol = self._get_graph(*args)
         training = autograd.is_training()
-        runtime, modes_differ = _runtime_graph(self, symbol, args, training)
+        mode = _mode_name(training, _inputs_take_gradients(args))
+        runtime, modes_differ = _runtime_graph(self, symbol, args, mode)
         self._cached_graph = inputs, runtime
         try:
             super(_Converted, self)._build_cache(*args)
@@ -274,19 +275,20 @@ class _Converted(object):
             if self._cached_graph and self._cached_graph[1] is runtime:
                 self._cached_graph = inputs, symbol
         state = converted_state(self)
-        state.cached_for = _mode_name(training) if modes_differ else 'both'
+        state.cached_for = mode if modes_differ else 'both'
         _sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
     # None, then runs it.  A graph built for another device type (float16
     # emulation on CPU vs GPU kernels), or before a child was added to the
     # tree, is rebuilt.  A block whose training graph has channels-last
-    # regions keeps a second CachedOp for inference (_use_cached_op_for).
+    # regions keeps a second CachedOp for inference, and a third for training
+    # calls whose inputs take gradients (_use_cached_op_for).
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
         if _own_conv_gradient_added(self):
             self._clear_cached_op()
-        _use_cached_op_for(self, _mode_name(autograd.is_training()))
+        _use_cached_op_for(self, _mode_name(autograd.is_training(), _inputs_take_gradients(args)))
         return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
 
     # MXNet 1.9.1: _clear_cached_op drops the graph, _cached_op and
@@ -618,8 +620,37 @@ _CHANNELS_LAST_OPS = {'Convolution': own_conv_choice.own_conv.OP_NAME,
                       'Pooling': own_conv_choice.own_conv.POOLING_OP_NAME}
 
 
-def _mode_name(training):
-    return 'training' if training else 'inference'
+# The CachedOps of a block with channels-last regions: MXNet's graph for inference; the
+# regions for training, where the stem's data gradient is left out
+# (channels_last.without_input_data_gradients) unless the inputs take gradients.
+_INFERENCE, _TRAINING, _TRAINING_INPUT_GRADIENTS = (
+    'inference', 'training', 'training with input gradients')
+
+
+def _mode_name(training, input_gradients=False):
+    if not training:
+        return _INFERENCE
+    return _TRAINING_INPUT_GRADIENTS if input_gradients else _TRAINING
+
+
+def _inputs_take_gradients(args):
+    """Whether autograd records and an input of `args` is in its graph: has a gradient
+    attached, or was computed from an array that has.
+
+    MXNet 1.9.1: ``autograd.get_symbol`` fails on an array outside any recorded graph
+    (``NDArray::get_autograd_symbol``'s check, 11 microseconds), and MXNet records no
+    operator whose inputs are all outside one.
+    """
+    if not autograd.is_recording():
+        return False
+    for arg in _flat(args):
+        if isinstance(arg, mx.nd.NDArray):
+            try:
+                autograd.get_symbol(arg)
+            except mx.base.MXNetError:
+                continue
+            return True
+    return False
 
 
 def _use_cached_op_for(block, mode):
@@ -636,13 +667,16 @@ def _use_cached_op_for(block, mode):
     state.cached_for = mode if block._cached_op is not None else None
 
 
-def _runtime_graph(block, symbol, args, training):
-    """The graph `block`'s CachedOp runs, and whether it differs between training and inference.
+def _runtime_graph(block, symbol, args, mode):
+    """The graph `block`'s CachedOp runs in `mode` (`_mode_name`), and whether it differs
+    between modes.
 
     `symbol` with the convolutions `mxamp.own_conv_choice` chose for mxamp's
-    own operator and, for `training`, the channels-last regions
+    own operator and, for training, the channels-last regions
     `mxamp.channels_last` chose (inference keeps MXNet's graph there: the
-    own batch normalisation always uses the batch statistics).  Only graphs
+    own batch normalisation always uses the batch statistics), their
+    convolutions of the inputs without data gradients unless the inputs take
+    gradients.  Only graphs
     on a CPU in bfloat16: a graph fused for inference (``_backend``, set by
     `mxamp.for_inference`) keeps MXNet's operators, which oneDNN fuses.
     Records in the block's state the nodes on the own operators and the
@@ -650,6 +684,7 @@ def _runtime_graph(block, symbol, args, training):
     """
     state = converted_state(block)
     state.own_conv_nodes = state.own_conv_params = state.channels_last_nodes = frozenset()
+    training = mode != _INFERENCE
     device = _device_type(args) or _params_device_type(block)
     cached = state.conversion_for(device)
     if block._backend is not None or device != 'cpu' or cached is None or \
@@ -686,6 +721,8 @@ def _runtime_graph(block, symbol, args, training):
     state.own_conv_params |= frozenset(p for region in regions for p in region.params)
     if training and regions:
         symbol = channels_last.with_channels_last(symbol, regions, shapes)
+        if mode == _TRAINING:
+            symbol = channels_last.without_input_data_gradients(symbol, params.keys())
     symbol = own_conv_choice.with_own_convolutions(symbol, state.own_conv_nodes)
     return channels_last.with_fanned_out_inputs(symbol, state.own_conv_nodes), bool(regions)
 

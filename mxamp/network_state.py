@@ -165,13 +165,14 @@ class NetworkState(object):
         The nodes the training CachedOp computes channels last
         (`mxamp.channels_last`); empty when none.
     cached_ops : dict
-        The CachedOps (with their argument lists) kept for the other mode
-        while the block runs in one, by ``'training'`` / ``'inference'``: a
-        block with channels-last regions trains on one graph and predicts on
-        MXNet's (see `mxamp.gluon`).
+        The CachedOps (with their argument lists) kept for the other modes
+        while the block runs in one, by ``'training'`` / ``'training with
+        input gradients'`` / ``'inference'``: a block with channels-last
+        regions trains on one graph (another when its inputs take gradients)
+        and predicts on MXNet's (see `mxamp.gluon`).
     cached_for : str or None
-        The mode(s) the block's current CachedOp serves: ``'training'``,
-        ``'inference'``, ``'both'``, or None before it is built.
+        The mode(s) the block's current CachedOp serves: one of those,
+        ``'both'`` (every mode), or None before it is built.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
                  '_built_at', 'fused_for_inference', 'float32_originals', 'own_conv_nodes',
