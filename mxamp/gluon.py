@@ -674,9 +674,9 @@ def _runtime_graph(block, symbol, args, mode):
     `symbol` with the convolutions `mxamp.own_conv_choice` chose for mxamp's
     own operator and, for training, the channels-last regions
     `mxamp.channels_last` chose (inference keeps MXNet's graph there: the
-    own batch normalisation always uses the batch statistics), their
-    convolutions of the inputs without data gradients unless the inputs take
-    gradients.  Only graphs
+    own batch normalisation always uses the batch statistics); in training
+    for calls whose inputs take no gradient, the region convolutions that
+    read the inputs alone compute no data gradient.  Only graphs
     on a CPU in bfloat16: a graph fused for inference (``_backend``, set by
     `mxamp.for_inference`) keeps MXNet's operators, which oneDNN fuses.
     Records in the block's state the nodes on the own operators and the
