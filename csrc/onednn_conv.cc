@@ -563,11 +563,8 @@ void convolution_backward(const ConvSpec& spec, const BackwardArrays& arrays,
   }
   if (weights_wanted) conv.backward_weights().run(slots, memory);
   if (weights_wanted && conv.bias_summed() && arrays.bias_grad != nullptr) {
-    const std::vector<int64_t> out_shape = spec.output_shape();  // N, spatial..., O
-    int64_t rows = 1;
-    for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
     std::vector<double> sums(spec.num_filter);
-    bfloat16_channel_sums({rows, spec.num_filter},
+    bfloat16_channel_sums({output_rows(spec), spec.num_filter},
                           static_cast<const uint16_t*>(arrays.output_grad), sums.data());
     uint16_t* bias_grad = static_cast<uint16_t*>(arrays.bias_grad);
     for (int64_t o = 0; o < spec.num_filter; ++o)

@@ -9,6 +9,9 @@ bfloat16 graphs): training runs the regions, inference MXNet's graph, and a
 ResNet trains with them as without (loss curves side by side).
 """
 import json
+import os
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -319,6 +322,16 @@ def test_bfloat16_arrays_cross_a_border_in_float32():
 # --------------------------------------------------------------------------
 # The Gluon front, where bfloat16 computes
 
+def run_script(path, text, **environment):
+    """Runs `text` as the Python script `path` in a fresh process with `environment` added;
+    its standard output."""
+    path.write_text(text)
+    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                            env=dict(os.environ, **environment), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def small_resnet():
     mx.random.seed(3)
     net = vision.get_resnet(1, 18, classes=10, thumbnail=True)
@@ -498,18 +511,10 @@ for attach in (False, True, False):
 def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one(tmp_path):
     # oneDNN's verbose log: the stem's convolution (3 channels padded to 4, 64 filters)
     # computes a data gradient only in the step whose input has a gradient attached.
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / 'stem.py'
-    script.write_text(_STEM_SCRIPT)
-    environment = dict(os.environ, ONEDNN_VERBOSE='1', OMP_NUM_THREADS='1',
-                       MXAMP_CHANNELS_LAST='all')
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=environment, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    stdout = run_script(tmp_path / 'stem.py', _STEM_SCRIPT, ONEDNN_VERBOSE='1',
+                        OMP_NUM_THREADS='1', MXAMP_CHANNELS_LAST='all')
     counts, count = [], 0
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith('PHASE'):
             counts.append(count)
             count = 0
@@ -601,14 +606,7 @@ def test_mxnets_in_place_gradient_sums_never_reach_the_own_operators(tmp_path):
     # MXNET_EXEC_INPLACE_GRAD_SUM_CAP=1 makes MXNet add every shared array's gradients in
     # place, into its readers' gradient outputs: an own operator cannot add (the extension ABI
     # does not carry the request) and would overwrite.  The fan-outs leave nothing to sum.
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / 'addto.py'
-    script.write_text(_ADDTO_SCRIPT)
-    environment = dict(os.environ, MXNET_EXEC_INPLACE_GRAD_SUM_CAP='1', OMP_NUM_THREADS='1')
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=environment, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    errors = json.loads(result.stdout.strip().splitlines()[-1])
+    stdout = run_script(tmp_path / 'addto.py', _ADDTO_SCRIPT,
+                        MXNET_EXEC_INPLACE_GRAD_SUM_CAP='1', OMP_NUM_THREADS='1')
+    errors = json.loads(stdout.strip().splitlines()[-1])
     assert errors['single'] < TOLERANCE and errors['region'] < TOLERANCE, errors
