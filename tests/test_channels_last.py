@@ -370,11 +370,7 @@ def trained_once(monkeypatch):
 @needs_bfloat16_compute
 def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monkeypatch):
     monkeypatch.setenv(channels_last.ENV, 'all')
-    net = small_resnet()
-    reference = small_resnet()
-    for block in (net, reference):
-        mxamp.convert(block, 'bfloat16')
-        block.hybridize()
+    net, reference = converted_small_resnet(), converted_small_resnet()
     x = images()
     backward_once(net, x)
     state = converted_state(net)
