@@ -408,6 +408,48 @@ def test_a_1x1_convolution_runs_its_gradients_as_matmuls_and_matches_float32(
 
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
                     reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
+@pytest.mark.parametrize('data_shape,keywords,blocks', [
+    ((16, 64, 6, 6), dict(kernel=(1, 1), num_filter=64), 16),
+    ((32, 64, 3, 3), dict(kernel=(1, 1), num_filter=256), 16),
+    ((6, 32, 8, 8), dict(kernel=(1, 1), num_filter=64, stride=(2, 2)), 6),
+    ((4, 16, 5, 7, 9), dict(kernel=(1, 1, 1), num_filter=32), 4),
+    # 17 images make no blocks of whole images below 17; a 256 x 128 gradient runs whole.
+    ((17, 16, 4, 4), dict(kernel=(1, 1), num_filter=16), 1),
+    ((4, 256, 4, 4), dict(kernel=(1, 1), num_filter=128), 1),
+])
+def test_a_small_1x1_weight_gradient_sums_row_blocks_within_bfloat16_rounding(
+        data_shape, keywords, blocks):
+    # The matmul over row blocks of whole images into float32, added by mxamp and rounded once:
+    # as close to the exact sum of the bfloat16 operands' products as one rounding to bfloat16.
+    from mxamp.dtypes import cast, to_float32_numpy
+    last_shape = (data_shape[0],) + data_shape[2:] + (data_shape[1],)
+    kernels = own_conv.kernels(last_shape, no_bias=True, dtype='bfloat16', channels_last=True,
+                               **keywords)
+    assert ('over %d row blocks' % blocks in kernels) == (blocks > 1), kernels
+    assert 'backward_weights=matmul ' in kernels, kernels
+    weight_grad = channels_last_bfloat16(data_shape, keywords, bias=False)[2]
+
+    def rounded(values):
+        return to_float32_numpy(cast(mx.nd.array(values), 'bfloat16')).astype(np.float64)
+    data = rounded(np.random.RandomState(0).uniform(-1, 1, data_shape))
+    strides = keywords.get('stride', (1,) * (len(data_shape) - 2))
+    data = data[(slice(None), slice(None)) + tuple(slice(None, None, step) for step in strides)]
+    head = rounded(np.random.RandomState(1).uniform(
+        -1, 1, (data_shape[0], keywords['num_filter']) + data.shape[2:]))
+    def product(a, b):
+        return np.einsum('nop,ncp->oc', a.reshape(a.shape[:2] + (-1,)),
+                         b.reshape(b.shape[:2] + (-1,))).reshape(weight_grad.shape)
+    exact, magnitude = product(head, data), product(np.abs(head), np.abs(data))
+    # Each value within half a bfloat16 step (2**-8 of it) of the exact sum, give or take
+    # float32's accumulation (2**-16 of the terms' magnitudes covers it many times over).
+    error = np.abs(weight_grad - exact)
+    assert (error <= 2.0 ** -8 * np.abs(exact) + 2.0 ** -16 * magnitude).all()
+    # Rounded once, not twice: typically a quarter step off.
+    assert np.median(error / np.abs(exact)) <= 2.0 ** -9
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason='no bfloat16 kernels on this CPU (class %r)' % hardware.cpu_class())
 def test_bfloat16_channels_last_kernels_take_the_activations_as_they_are():
     # On AVX512-BF16 without AMX (this CPU capped to its instructions), oneDNN 3.2 would choose
     # blocked kernels for channels-last data and reorder both activations: only the weights
