@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers six operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers seven operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -26,6 +26,9 @@
 // weight, attributes lr, wd, momentum, rescale_grad, clip_gradient (negative: none) and follow;
 // inputs (weight, gradient, master[, momentum when momentum != 0]), the master and the momentum
 // mutated; output the new bfloat16 weight; no gradient.
+// "_mxamp_move_channels" (move_channels.h), attribute to (last: (N, C, spatial...) into
+// (N, spatial..., C); first: back): one input (float32 or bfloat16), the moved array; its
+// gradient's inputs are (output gradient, input, output), its output the gradient moved back.
 // "_mxamp_pooling" (onednn_pooling.h), with the attributes of MXNet's Pooling (kernel, stride,
 // pad, pool_type max or avg, global_pool, count_include_pad; pooling_convention 'valid' (any
 // under global_pool) and layout NCW/NCHW/NCDHW only; cudnn_off accepted and ignored) and
@@ -52,6 +55,7 @@
 
 #include "fan_out.h"
 #include "master_weights.h"
+#include "move_channels.h"
 #include "onednn_batch_norm.h"
 #include "mxnet_lib_api_v11.h"
 #include "onednn_conv.h"
@@ -65,6 +69,7 @@ constexpr const char* kConvOpName = "_mxamp_convolution";
 constexpr const char* kFollowOpName = "_mxamp_follow_weight";
 constexpr const char* kBatchNormOpName = "_mxamp_batch_norm";
 constexpr const char* kFanOutOpName = "_mxamp_fan_out";
+constexpr const char* kMoveChannelsOpName = "_mxamp_move_channels";
 constexpr const char* kPoolingOpName = "_mxamp_pooling";
 constexpr const char* kSgdStepOpName = "_mxamp_sgd_step";
 constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
@@ -875,6 +880,100 @@ int fan_out_backward(const Call& c) {
   return 1;
 }
 
+// _mxamp_move_channels: true for to=last, false for to=first.
+bool parse_move_channels(const char* const* keys, const char* const* vals, int num) {
+  int to_last = -1;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key != "to" || (value != "last" && value != "first"))
+      throw std::invalid_argument("unknown attribute " + key + "=" + value +
+                                  " (expected to=last or to=first)");
+    to_last = value == "last";
+  }
+  if (to_last < 0) throw std::invalid_argument("attribute to (last or first) is required");
+  return to_last == 1;
+}
+
+// The shape of `shape` with its channels moved (dimension 1 to the last, or back).
+std::vector<int64_t> moved_shape(std::vector<int64_t> shape, bool to_last) {
+  if (shape.size() < 3)
+    throw std::invalid_argument("expected 3 or more dimensions (N, C, spatial...)");
+  if (to_last) {
+    std::rotate(shape.begin() + 1, shape.begin() + 2, shape.end());
+  } else {
+    std::rotate(shape.begin() + 1, shape.end() - 1, shape.end());
+  }
+  return shape;
+}
+
+int move_channels_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                        int* num_out) {
+  parse_move_channels(keys, vals, num);
+  *num_in = 1;
+  *num_out = 1;
+  return 1;
+}
+
+int move_channels_infer_shape(const char* const* keys, const char* const* vals, int num,
+                              unsigned int** inshapes, int* indims, int num_in,
+                              unsigned int*** mod_inshapes, int** mod_indims,
+                              unsigned int*** outshapes, int** outdims, int num_out) {
+  const bool to_last = parse_move_channels(keys, vals, num);
+  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  if (indims[0] <= 0) throw std::invalid_argument("the input shape is unknown");
+  const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
+  give_shapes({shape}, mod_inshapes, mod_indims);
+  give_shapes({moved_shape(shape, to_last)}, outshapes, outdims);
+  return 1;
+}
+
+int move_channels_infer_type(const char* const* keys, const char* const* vals, int num,
+                             int* intypes, int num_in, int* outtypes, int num_out) {
+  parse_move_channels(keys, vals, num);
+  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " +
+                                kMoveChannelsOpName + " takes float32 or bfloat16");
+  intypes[0] = outtypes[0] = known;
+  return 1;
+}
+
+// `in` of shape `shape` (the layout the move starts from) moved into `out`.
+void run_move_channels(const void* in, void* out, const std::vector<int64_t>& shape, int type,
+                       bool to_last) {
+  const int64_t images = shape[0];
+  const int64_t channels = to_last ? shape[1] : shape.back();
+  const int64_t count = static_cast<int64_t>(element_count(shape.data(),
+                                                          static_cast<int>(shape.size())));
+  if (count == 0) return;
+  const int64_t positions = count / (images * channels);
+  mxamp::move_channels(in, out, images, channels, positions, mxamp::element_bytes(type),
+                       to_last);
+}
+
+int move_channels_forward(const Call& c) {
+  const bool to_last = parse_move_channels(c.keys, c.vals, c.num);
+  if (c.num_in != 1 || c.num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  check_same_shape("output", c.outshapes[0], c.outdims[0], moved_shape(shape, to_last));
+  run_move_channels(c.indata[0], c.outdata[0], shape, c.intypes[0], to_last);
+  return 1;
+}
+
+int move_channels_backward(const Call& c) {
+  const bool to_last = parse_move_channels(c.keys, c.vals, c.num);
+  // MXNet's gradient node: inputs (output gradient, input, output), output the input's gradient.
+  if (c.num_in != 3 || c.num_out != 1)
+    throw std::invalid_argument("expected 3 inputs and 1 output");
+  const std::vector<int64_t> shape(c.outshapes[0], c.outshapes[0] + c.outdims[0]);
+  const std::vector<int64_t> moved = moved_shape(shape, to_last);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], moved);
+  run_move_channels(c.indata[0], c.outdata[0], moved, c.intypes[0], !to_last);
+  return 1;
+}
+
 // _mxamp_pooling: the attributes, before the data shape is known.
 struct PoolingAttributes {
   std::vector<int64_t> kernel, stride, pad;
@@ -1058,6 +1157,10 @@ Operator operators[] = {
      {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_backward)}, 1, nullptr},
     {kSgdStepOpName, &sgd_step_parse, &sgd_step_infer_shape, &sgd_step_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&sgd_step_compute)}, {nullptr}, 0, &sgd_step_mutate},
+    {kMoveChannelsOpName, &move_channels_parse, &move_channels_infer_shape,
+     &move_channels_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&move_channels_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&move_channels_backward)}, 1, nullptr},
     {kPoolingOpName, &pooling_parse, &pooling_infer_shape, &pooling_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_backward)}, 1, nullptr},

@@ -34,10 +34,12 @@ Xeon (docs/own-convolution.rst).  This module owns those chains:
   they are, and a ``transpose`` stands on each data edge crossing the border
   (one per array, however many readers it has).  MXNet 1.9.1's
   ``transpose`` corrupts memory on bfloat16 arrays with oneDNN (see
-  `mxamp.policy`), so a bfloat16 array is transposed in FP32 between exact
-  casts.  An array of the region with several readers (a residual block's
-  input) is given one copy per reader, written by the batch normalisation
-  that computes it (``copies``) or by a ``_mxamp_fan_out``
+  `mxamp.policy`), so a bfloat16 array crosses in one ``_mxamp_move_channels``
+  (`mxamp.own_conv.move_channels`: exact copies, one pass where a cast to FP32,
+  its transpose and a cast back took three).  An array of the region with
+  several readers (a residual block's input) is given one copy per reader,
+  written by the batch normalisation that computes it (``copies``) or by a
+  ``_mxamp_fan_out``
   (`mxamp.own_conv.fan_out`) after whatever computes it: MXNet would
   otherwise sum its gradients with ``add_n``, a scalar loop on plain
   bfloat16 arrays, or, under ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``, add them
@@ -85,8 +87,8 @@ __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Reg
 #: The environment variable that overrides the measured rule.
 ENV = 'MXAMP_CHANNELS_LAST'
 
-#: Fewest convolutions a region needs to pay for its borders: two transposes (in FP32 for
-#: bfloat16 data) and MXNet's reorders there.  A ResNet bottleneck has three.
+#: Fewest convolutions a region needs to pay for its borders: two transposes and MXNet's
+#: reorders there.  A ResNet bottleneck has three.
 MIN_CONVOLUTIONS = 3
 
 #: CPU classes (`mxamp.hardware.cpu_class`) where channels-last chains were measured faster
@@ -562,31 +564,29 @@ class _Rewrite(object):
             return dict(node, op=own_conv.POOLING_OP_NAME, attrs=attrs, inputs=inputs)
         return dict(node, inputs=inputs)
 
-    def _transpose(self, entry, old, axes, suffix):
-        """A transpose node of the new `entry` (old entry `old`), in FP32 for bfloat16 data."""
+    def _transpose(self, entry, old, to_last):
+        """The new `entry` (old entry `old`) with its channels moved last (`to_last`) or back
+        second: MXNet's transpose, or for bfloat16 data mxamp's (the module docstring)."""
         src, k = old
-        name = '%s%s_mxamp_%s' % (self.nodes[src]['name'], '_%d' % k if k else '', suffix)
-        dtype = self.types.get(old)
-        low = dtype not in (None, 'float32')
-        if low:
-            entry = [self._append({'op': 'amp_cast', 'name': name + '_float32',
-                                   'attrs': {'dtype': 'float32'}, 'inputs': [entry]}), 0, 0]
-        entry = [self._append({'op': 'transpose', 'name': name,
-                               'attrs': {'axes': str(tuple(axes))}, 'inputs': [entry]}), 0, 0]
-        if low:
-            entry = [self._append({'op': 'amp_cast', 'name': name + '_' + dtype,
-                                   'attrs': {'dtype': dtype}, 'inputs': [entry]}), 0, 0]
-        return entry
+        name = '%s%s_mxamp_%s' % (self.nodes[src]['name'], '_%d' % k if k else '',
+                                  'channels_last' if to_last else 'channels_first')
+        if self.types.get(old) == 'bfloat16':
+            node = {'op': own_conv.MOVE_CHANNELS_OP_NAME, 'name': name,
+                    'attrs': {'to': 'last' if to_last else 'first'}, 'inputs': [entry]}
+        else:
+            ndim = len(self.shapes[old])
+            axes = ((0,) + tuple(range(2, ndim)) + (1,) if to_last else
+                    (0, ndim - 1) + tuple(range(1, ndim - 1)))
+            node = {'op': 'transpose', 'name': name, 'attrs': {'axes': str(axes)},
+                    'inputs': [entry]}
+        return [self._append(node), 0, 0]
 
     def plain_entry(self, src, k):
         """The new input entry for old entry (src, k), in MXNet's layout."""
         if src not in self.inside:
             return [self.index[src], k, 0]
         if (src, k) not in self.plain:
-            ndim = len(self.shapes[(src, k)])
-            self.plain[(src, k)] = self._transpose(
-                [self.index[src], k, 0], (src, k), (0, ndim - 1) + tuple(range(1, ndim - 1)),
-                'channels_first')
+            self.plain[(src, k)] = self._transpose([self.index[src], k, 0], (src, k), False)
         return self.plain[(src, k)]
 
     def last_entry(self, src, k):
@@ -594,10 +594,7 @@ class _Rewrite(object):
         if src in self.inside:
             return [self.index[src], k, 0]
         if (src, k) not in self.last:
-            ndim = len(self.shapes[(src, k)])
-            self.last[(src, k)] = self._transpose(
-                self.plain_entry(src, k), (src, k), (0,) + tuple(range(2, ndim)) + (1,),
-                'channels_last')
+            self.last[(src, k)] = self._transpose(self.plain_entry(src, k), (src, k), True)
             self.channels_last.add(tuple(self.last[(src, k)][:2]))
         return self.last[(src, k)]
 

@@ -75,10 +75,10 @@ from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
 __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
-           'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'follow_bfloat16_weight', 'sgd_step_bfloat16',
-           'OwnConvStatus', 'OwnConvUnavailable', 'status', 'available', 'describe', 'mode',
-           'require_loaded', 'convolution', 'batch_norm', 'fan_out', 'pooling', 'kernels',
-           'library_path']
+           'MOVE_CHANNELS_OP_NAME', 'POOLING_OP_NAME', 'SGD_STEP_OP_NAME',
+           'follow_bfloat16_weight', 'sgd_step_bfloat16', 'OwnConvStatus', 'OwnConvUnavailable',
+           'status', 'available', 'describe', 'mode', 'require_loaded', 'convolution',
+           'batch_norm', 'fan_out', 'move_channels', 'pooling', 'kernels', 'library_path']
 
 logger = logging.getLogger('mxamp')
 
@@ -91,6 +91,9 @@ BATCH_NORM_OP_NAME = '_mxamp_batch_norm'
 #: The fan-out operator's name in MXNet: one array, ``num_outputs`` copies of it, the gradient
 #: their gradients' sum (its gradient: ``_backward__mxamp_fan_out``).
 FAN_OUT_OP_NAME = '_mxamp_fan_out'
+#: The operator moving an array's channels between the second and the last dimension (its
+#: gradient: ``_backward__mxamp_move_channels``): see :func:`move_channels`.
+MOVE_CHANNELS_OP_NAME = '_mxamp_move_channels'
 #: The pooling operator's name in MXNet (its gradient: ``_backward__mxamp_pooling``).
 POOLING_OP_NAME = '_mxamp_pooling'
 #: The SGD step operator's name in MXNet (no gradient): see :func:`sgd_step_bfloat16`.
@@ -149,6 +152,8 @@ class _Loaded(NamedTuple):
     batch_norm_sym: Callable[..., Any]
     fan_out_nd: Callable[..., Any]
     fan_out_sym: Callable[..., Any]
+    move_channels_nd: Callable[..., Any]
+    move_channels_sym: Callable[..., Any]
     pooling_nd: Callable[..., Any]
     pooling_sym: Callable[..., Any]
     sgd_step_nd: Callable[..., Any]
@@ -233,11 +238,12 @@ def _load() -> _Loaded:
     for name in ('mxamp_own_conv_onednn_version', 'mxamp_own_conv_cpu_isa',
                  'mxamp_own_conv_last_error', 'mxamp_own_conv_kernels'):
         getattr(library, name).restype = ctypes.c_char_p
-    handle, follow, norm, fan, pool, sgd = [ctypes.c_void_p() for _ in range(6)]
+    handle, follow, norm, fan, move, pool, sgd = [ctypes.c_void_p() for _ in range(7)]
     check_call(_LIB.NNGetOpHandle(c_str(OP_NAME), ctypes.byref(handle)))
     check_call(_LIB.NNGetOpHandle(c_str(FOLLOW_OP_NAME), ctypes.byref(follow)))
     check_call(_LIB.NNGetOpHandle(c_str(BATCH_NORM_OP_NAME), ctypes.byref(norm)))
     check_call(_LIB.NNGetOpHandle(c_str(FAN_OUT_OP_NAME), ctypes.byref(fan)))
+    check_call(_LIB.NNGetOpHandle(c_str(MOVE_CHANNELS_OP_NAME), ctypes.byref(move)))
     check_call(_LIB.NNGetOpHandle(c_str(POOLING_OP_NAME), ctypes.byref(pool)))
     check_call(_LIB.NNGetOpHandle(c_str(SGD_STEP_OP_NAME), ctypes.byref(sgd)))
     return _Loaded(library=library,
@@ -250,6 +256,10 @@ def _load() -> _Loaded:
                                                         BATCH_NORM_OP_NAME),
                    fan_out_nd=_make_ndarray_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
                    fan_out_sym=_make_symbol_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
+                   move_channels_nd=_make_ndarray_function(move, MOVE_CHANNELS_OP_NAME,
+                                                           MOVE_CHANNELS_OP_NAME),
+                   move_channels_sym=_make_symbol_function(move, MOVE_CHANNELS_OP_NAME,
+                                                           MOVE_CHANNELS_OP_NAME),
                    pooling_nd=_make_ndarray_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
                    pooling_sym=_make_symbol_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
                    sgd_step_nd=_make_ndarray_function(sgd, SGD_STEP_OP_NAME, SGD_STEP_OP_NAME),
@@ -502,6 +512,44 @@ def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
     if isinstance(data, mx.sym.Symbol):
         return loaded.fan_out_sym(data, num_outputs=int(num_outputs), name=name)
     return loaded.fan_out_nd(data, num_outputs=int(num_outputs))
+
+
+def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) -> Any:
+    """`data`'s channels moved to the last dimension (``to='last'``: (N, C, spatial...) into
+    (N, spatial..., C)) or back (``to='first'``), in one pass of exact copies.
+
+    MXNet 1.9.1's ``transpose`` corrupts memory on bfloat16 arrays with oneDNN
+    (see `mxamp.policy`): `mxamp.channels_last` moves a bfloat16 array across a
+    region's border with this instead of a cast to float32, a transpose and a
+    cast back.  The gradient is the output gradient moved the other way.
+
+    Parameters
+    ----------
+    data : NDArray or Symbol
+        float32 or bfloat16, 3 or more dimensions.
+    to : {'last', 'first'}
+    name : str, optional
+        The node's name (Symbols only).
+
+    Returns
+    -------
+    NDArray or Symbol
+
+    Examples
+    --------
+    >>> x = mx.nd.arange(24).reshape((1, 2, 3, 4))
+    >>> last = mxamp.own_conv.move_channels(x, to='last')
+    >>> last.shape
+    (1, 3, 4, 2)
+    >>> last[0, 0, 1].asnumpy()
+    array([ 1., 13.], dtype=float32)
+    """
+    if to not in ('last', 'first'):
+        raise ValueError("to=%r: expected 'last' or 'first'" % (to,))
+    loaded = _require()
+    if isinstance(data, mx.sym.Symbol):
+        return loaded.move_channels_sym(data, to=to, name=name)
+    return loaded.move_channels_nd(data, to=to)
 
 
 def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',

@@ -192,8 +192,8 @@ _NEUTRAL = _names('''
     relu sigmoid tanh softsign hard_sigmoid abs negative sign ceil floor fix rint round trunc
     sqrt cbrt degrees radians clip logical_not Dropout BlockGrad
     Flatten Reshape SwapAxis transpose expand_dims squeeze slice slice_axis slice_like
-    _mxamp_fan_out _mxamp_pooling SliceChannel _split_v2 _split_v2_backward reshape_like
-    broadcast_like broadcast_axis
+    _mxamp_fan_out _mxamp_move_channels _mxamp_pooling SliceChannel _split_v2 _split_v2_backward
+    reshape_like broadcast_like broadcast_axis
     broadcast_to tile repeat reverse Pad depth_to_space space_to_depth diag im2col col2im
     take batch_take pick gather_nd one_hot _onehot_encode max min
     SequenceLast SequenceMask SequenceReverse UpSampling _contrib_AdaptiveAvgPooling2D
@@ -278,7 +278,7 @@ BFLOAT16_CPU_KERNELS = _names('''
     _mxamp_batch_norm Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
     _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
     slice_like broadcast_like broadcast_axis broadcast_to BlockGrad _copy _mxamp_fan_out
-    _mxamp_pooling make_loss
+    _mxamp_move_channels _mxamp_pooling make_loss
     Concat stack add_n elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add
     broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
     _maximum _minimum _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar

@@ -303,20 +303,47 @@ def test_a_sum_or_relu_with_other_readers_stays_apart():
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_bfloat16_arrays_cross_a_border_in_float32():
-    # MXNet 1.9.1's transpose corrupts memory on bfloat16 arrays (mxamp.policy).
+def test_bfloat16_arrays_cross_a_border_in_one_move_of_their_channels():
+    # MXNet 1.9.1's transpose corrupts memory on bfloat16 arrays (mxamp.policy): each bfloat16
+    # array crosses in one _mxamp_move_channels, no transpose and no cast to float32.
     net = vision.resnet18_v1()
     symbol, shapes = symbol_and_shapes(net, (2, 3, 64, 64))
     converted = mxamp.graph.convert_graph(symbol, mxamp.policy.Policy('bfloat16'), shapes=shapes)
     low = [record.name for record in converted.nodes if record.computes_in == 'bfloat16']
     regions = channels_last.find_regions(converted.symbol, shapes, low)
     rewritten = channels_last.with_channels_last(converted.symbol, regions, shapes)
+    counts = op_counts(rewritten)
+    assert counts[own_conv.MOVE_CHANNELS_OP_NAME] == 2 and 'transpose' not in counts
     graph = json.loads(rewritten.tojson(remove_amp_cast=False))
-    transposes = [node for node in graph['nodes'] if node['op'] == 'transpose']
-    assert transposes
-    for node in transposes:
-        source = graph['nodes'][node['inputs'][0][0]]
-        assert source['op'] == 'amp_cast' and source['attrs']['dtype'] == 'float32', node['name']
+    moves = {node['attrs']['to'] for node in graph['nodes']
+             if node['op'] == own_conv.MOVE_CHANNELS_OP_NAME}
+    assert moves == {'last', 'first'}
+
+
+@runs_own_ops
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('shape', [(2, 3, 7), (2, 4, 96, 70), (1, 67, 3, 5, 2), (3, 1, 9, 9)])
+def test_move_channels_copies_exactly_and_its_gradient_moves_back(shape, dtype):
+    from mxamp.dtypes import cast, to_numpy
+    rng = np.random.RandomState(0)
+    data = cast(mx.nd.array(rng.normal(size=shape)), dtype)
+    last = (0,) + tuple(range(2, len(shape))) + (1,)
+    back = (0, len(shape) - 1) + tuple(range(1, len(shape) - 1))
+
+    def bits(array):
+        values = array if isinstance(array, np.ndarray) else to_numpy(array)
+        return np.ascontiguousarray(values).view(np.uint8)
+    data.attach_grad()
+    with autograd.record():
+        moved = own_conv.move_channels(data, to='last')
+    assert moved.shape == tuple(shape[i] for i in last) and moved.dtype == data.dtype
+    head = cast(mx.nd.array(rng.normal(size=moved.shape)), dtype)
+    moved.backward(head)
+    np.testing.assert_array_equal(bits(moved), bits(to_numpy(data).transpose(last)))
+    np.testing.assert_array_equal(bits(data.grad), bits(to_numpy(head).transpose(back)))
+    np.testing.assert_array_equal(bits(own_conv.move_channels(moved, to='first')), bits(data))
+    with pytest.raises(ValueError, match="expected 'last' or 'first'"):
+        own_conv.move_channels(data, to='middle')
 
 
 # --------------------------------------------------------------------------

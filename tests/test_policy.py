@@ -39,7 +39,8 @@ def test_every_operator_has_exactly_one_base_class():
     # mxamp's own operators are registered only once its library is loaded (mxamp.own_conv).
     known = set(CANONICAL) | {own_conv.OP_NAME, own_conv.FOLLOW_OP_NAME,
                               own_conv.BATCH_NORM_OP_NAME, own_conv.FAN_OUT_OP_NAME,
-                              own_conv.POOLING_OP_NAME, own_conv.SGD_STEP_OP_NAME}
+                              own_conv.MOVE_CHANNELS_OP_NAME, own_conv.POOLING_OP_NAME,
+                              own_conv.SGD_STEP_OP_NAME}
     for members in sets.values():
         assert set(members) <= known, set(members) - known
 
