@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "vector_isa.h"
+
 namespace mxamp {
 namespace {
 
@@ -16,7 +18,7 @@ void transpose_images(const T* in, T* out, int64_t images, int64_t rows, int64_t
   const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
   const int64_t tiles = images * row_tiles * col_tiles;
   const int64_t matrix = rows * cols;
-#pragma omp parallel for schedule(static) if (images * matrix >= (1 << 16))
+#pragma omp parallel for schedule(static) if (images * matrix >= kParallelFrom)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t image = t / (row_tiles * col_tiles), within = t % (row_tiles * col_tiles);
     const int64_t r0 = within / col_tiles * kTile, c0 = within % col_tiles * kTile;

@@ -1,4 +1,4 @@
-// An array's channels moved between the second and the last dimension, for any element size.
+// An array's channels moved between the second and the last dimension (2- or 4-byte elements).
 //
 // Owns the arithmetic of "_mxamp_move_channels" (mxnet_extension.cc registers it), which
 // mxamp.channels_last puts on the bfloat16 arrays crossing a channels-last region's border.
