@@ -225,6 +225,13 @@ size_t element_count(const int64_t* shape, int ndim) {
   return count;
 }
 
+// Throws unless `flag` is unknown (negative), float32 or bfloat16: what `op` computes in.
+void check_float32_or_bfloat16(int flag, const char* op) {
+  if (flag >= 0 && flag != mxamp::kFlagFloat32 && flag != mxamp::kFlagBFloat16)
+    throw std::invalid_argument("data type flag " + std::to_string(flag) + ": " + op +
+                                " takes float32 or bfloat16");
+}
+
 void check_one_type(const int* types, int count) {
   for (int i = 1; i < count; ++i) {
     if (types[i] != types[0])
@@ -840,9 +847,7 @@ int fan_out_infer_type(const char* const* keys, const char* const* vals, int num
     throw std::invalid_argument("expected 1 input and num_outputs outputs");
   int known = intypes[0];
   for (int i = 0; i < num_out && known < 0; ++i) known = outtypes[i];
-  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagBFloat16)
-    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " + kFanOutOpName +
-                                " takes float32 or bfloat16");
+  check_float32_or_bfloat16(known, kFanOutOpName);
   intypes[0] = known;
   for (int i = 0; i < num_out; ++i) outtypes[i] = known;
   return 1;
@@ -933,9 +938,7 @@ int move_channels_infer_type(const char* const* keys, const char* const* vals, i
   parse_move_channels(keys, vals, num);
   if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
   const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
-  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagBFloat16)
-    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " +
-                                kMoveChannelsOpName + " takes float32 or bfloat16");
+  check_float32_or_bfloat16(known, kMoveChannelsOpName);
   intypes[0] = outtypes[0] = known;
   return 1;
 }
@@ -1084,9 +1087,7 @@ int pooling_infer_type(const char* const* keys, const char* const* vals, int num
   const PoolingAttributes a = parse_pooling(keys, vals, num);
   check_pooling_counts(a, num_in, num_out);
   const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
-  if (known >= 0 && known != mxamp::kFlagFloat32 && known != mxamp::kFlagBFloat16)
-    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " +
-                                kPoolingOpName + " takes float32 or bfloat16");
+  check_float32_or_bfloat16(known, kPoolingOpName);
   intypes[0] = outtypes[0] = known;
   if (a.max) outtypes[1] = kFlagUInt8;
   return 1;

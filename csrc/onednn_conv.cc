@@ -250,7 +250,8 @@ class Convolution {
                           {{DNNL_ARG_DIFF_DST, kBwdOutputGrad}, {DNNL_ARG_WEIGHTS, kBwdWeight}},
                           {{DNNL_ARG_DIFF_SRC, kBwdDataGrad}}, plain_));
     }
-    std::unique_ptr<Step> weights = matmul_backward_weights(attr);
+    const int64_t blocks = row_blocks(spec_.data_shape[0], spec_.num_filter * spec_.channels());
+    std::unique_ptr<Step> weights = matmul_backward_weights(attr, blocks);
     if (!weights) {
       dnnl::convolution_backward_weights::primitive_desc weights_pd(
           cpu_engine(), dnnl::algorithm::convolution_direct, any_data_, any_weight_, bias_,
@@ -263,6 +264,7 @@ class Convolution {
     }
     bias_summed_ = !spec_.no_bias && weights->is_matmul();
     data_scattered_ = data->is_matmul();
+    weight_row_blocks_ = weights->is_matmul() ? blocks : 1;
     backward_data_ = std::move(data);
     backward_weights_ = std::move(weights);
   }
@@ -286,8 +288,10 @@ class Convolution {
   // The weight gradient as the matmul described at the top of this file, where that applies:
   // d weight (O, C) = d output^T (O, M) x data (M, C), over the M = N x output positions.
   // matmul's "weights" argument is the convolution's data, gathered first when strided.
-  // Null elsewhere, and where oneDNN cannot describe the gather or has no such matmul.
-  std::unique_ptr<Step> matmul_backward_weights(const dnnl::primitive_attr& attr) {
+  // Over `blocks` row blocks (row_blocks) into float32 partial sums when above 1.  Null
+  // elsewhere, and where oneDNN cannot describe the gather or has no such matmul.
+  std::unique_ptr<Step> matmul_backward_weights(const dnnl::primitive_attr& attr,
+                                                int64_t blocks) const {
     if (!is_pointwise_bfloat16() || (!spec_.no_bias && !bfloat16_batch_norm_runs_here()))
       return nullptr;
     const memory::data_type type = onednn_type(spec_.dtype_flag);
@@ -303,7 +307,6 @@ class Convolution {
       // the next dimension's count times its stride: a size the stride does not divide (17 by
       // 2: 9 positions, the last at 16) cannot be described, though it lies within the data.
       const memory::desc data = strided() ? strided_data_view(out_shape, type) : gathered;
-      const int64_t blocks = row_blocks(out_shape[0], filters * channels);
       if (blocks > 1) {
         // The same product over `blocks` batches of whole images' rows, into float32.
         const memory::dim block_rows = rows / blocks;
@@ -313,12 +316,9 @@ class Convolution {
                                            memory::dims{block_rows * channels, channels, 1});
         const memory::desc partials({blocks, filters, channels}, memory::data_type::f32,
                                     memory::dims{filters * channels, channels, 1});
-        std::unique_ptr<Step> step = matmul_step(
-            {output_grads, output_grads, kBwdOutputGrad},
-            {gathered_blocks, strided() ? data : gathered_blocks, kBwdData},
-            {partials, partials, kBwdWeightPartials}, attr);
-        weight_row_blocks_ = blocks;
-        return step;
+        return matmul_step({output_grads, output_grads, kBwdOutputGrad},
+                           {gathered_blocks, strided() ? data : gathered_blocks, kBwdData},
+                           {partials, partials, kBwdWeightPartials}, attr);
       }
       return matmul_step({output_grad, output_grad, kBwdOutputGrad},
                          {gathered, data, kBwdData}, {weight_grad, weight_grad, kBwdWeightGrad},
@@ -328,7 +328,7 @@ class Convolution {
     }
   }
 
-  // How many row blocks the weight gradient's matmul runs over: the most images per block
+  // How many row blocks a 1x1 weight gradient's matmul runs over: the most images per block
   // that leave at most kMostRowBlocks blocks of whole images, for a gradient of `elements`
   // up to kBlockedWeightGradMost; 1 (whole) otherwise.  Fixed by the shape, not by the team's
   // size, so that mxamp adds the same partial sums whatever the thread count.

@@ -257,6 +257,17 @@ def model(tmp_path):
     return prefix
 
 
+def run_python(code, **environment):
+    """Runs `code` in a fresh Python with `environment` added to this one's; its standard
+    output (the test fails with the end of its standard error if it exits non-zero)."""
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, **environment))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def pattern_task(seed=0):
     """A task a small ResNet learns in 30 steps: 8 batches of 16 noisy copies of 10 patterns.
 

@@ -9,9 +9,6 @@ bfloat16 graphs): training runs the regions, inference MXNet's graph, and a
 ResNet trains with them as without (loss curves side by side).
 """
 import json
-import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -24,7 +21,7 @@ from mxamp import channels_last, own_conv
 from mxamp.channels_last import Region
 from mxamp.network_state import converted_state
 
-from conftest import loss_curve, needs_bfloat16_compute, pattern_task
+from conftest import loss_curve, needs_bfloat16_compute, pattern_task, run_python
 
 runs_own_ops = pytest.mark.skipif(not own_conv.available(),
                                   reason='own operators off here: %s' % own_conv.status().reason)
@@ -349,16 +346,6 @@ def test_move_channels_copies_exactly_and_its_gradient_moves_back(shape, dtype):
 # --------------------------------------------------------------------------
 # The Gluon front, where bfloat16 computes
 
-def run_script(path, text, **environment):
-    """Runs `text` as the Python script `path` in a fresh process with `environment` added;
-    its standard output."""
-    path.write_text(text)
-    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                            env=dict(os.environ, **environment), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
-
-
 def small_resnet():
     mx.random.seed(3)
     net = vision.get_resnet(1, 18, classes=10, thumbnail=True)
@@ -531,11 +518,11 @@ for attach in (False, True, False):
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one(tmp_path):
+def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one():
     # oneDNN's verbose log: the stem's convolution (3 channels padded to 4, 64 filters)
     # computes a data gradient only in the step whose input has a gradient attached.
-    stdout = run_script(tmp_path / 'stem.py', _STEM_SCRIPT, ONEDNN_VERBOSE='1',
-                        OMP_NUM_THREADS='1', MXAMP_CHANNELS_LAST='all')
+    stdout = run_python(_STEM_SCRIPT, ONEDNN_VERBOSE='1', OMP_NUM_THREADS='1',
+                        MXAMP_CHANNELS_LAST='all')
     counts, count = [], 0
     for line in stdout.splitlines():
         if line.startswith('PHASE'):
@@ -625,11 +612,10 @@ print(json.dumps({'single': single, 'region': region}))
 
 
 @runs_own_ops
-def test_mxnets_in_place_gradient_sums_never_reach_the_own_operators(tmp_path):
+def test_mxnets_in_place_gradient_sums_never_reach_the_own_operators():
     # MXNET_EXEC_INPLACE_GRAD_SUM_CAP=1 makes MXNet add every shared array's gradients in
     # place, into its readers' gradient outputs: an own operator cannot add (the extension ABI
     # does not carry the request) and would overwrite.  The fan-outs leave nothing to sum.
-    stdout = run_script(tmp_path / 'addto.py', _ADDTO_SCRIPT,
-                        MXNET_EXEC_INPLACE_GRAD_SUM_CAP='1', OMP_NUM_THREADS='1')
+    stdout = run_python(_ADDTO_SCRIPT, MXNET_EXEC_INPLACE_GRAD_SUM_CAP='1', OMP_NUM_THREADS='1')
     errors = json.loads(stdout.strip().splitlines()[-1])
     assert errors['single'] < TOLERANCE and errors['region'] < TOLERANCE, errors

@@ -23,6 +23,8 @@ from mxnet import autograd
 import mxamp
 from mxamp import hardware, own_conv
 
+from conftest import run_python
+
 pytestmark = pytest.mark.skipif(not own_conv.available(),
                                 reason='own convolution off here: %s' % own_conv.status().reason)
 
@@ -224,13 +226,6 @@ def test_info_says_it_is_on_with_its_onednn():
     line = own_conv.describe()
     assert line == 'own convolution: on (oneDNN %s, %s)' % (state.onednn_version, state.cpu_isa)
     assert line in mxamp.system_info.format_info(mxamp.system_info.collect())
-
-
-def run_python(code, **environment):
-    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, **environment))
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_mxamp_own_conv_0_switches_it_off():
