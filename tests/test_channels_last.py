@@ -13,12 +13,13 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import autograd
+from mxnet import autograd, gluon
 from mxnet.gluon.model_zoo import vision
 
 import mxamp
 from mxamp import channels_last, own_conv
 from mxamp.channels_last import Region
+from mxamp.dtypes import to_float32_numpy
 from mxamp.network_state import converted_state
 
 from conftest import loss_curve, needs_bfloat16_compute, pattern_task, run_python
@@ -538,8 +539,35 @@ def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one():
 @runs_own_ops
 @needs_bfloat16_compute
 def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
-    """Loss curves side by side: 30 SGD steps of a small ResNet, same data, same start."""
+    """Loss curves side by side: 30 SGD steps of a small ResNet, same data, same start.
+
+    Only the first step starts from the same weights: bfloat16's rounding makes the
+    trajectories part (over six tasks and two input roundings, the losses of steps 2
+    and 3 differed by more than 10% in 7 runs of 12), so the curves are compared by
+    where they lead.  The first step's gradients are ill-conditioned (rounding the
+    images alone to bfloat16 moves the FP32 gradients by 16%, median over the
+    parameters): the region's gradients must err from FP32's as MXNet's graph's do.
+    """
     batches, labels, classes = pattern_task()
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def first_gradients(net):
+        with autograd.record():
+            loss = loss_fn(net(batches[0]), labels[0])
+        loss.backward()
+        return [to_float32_numpy(p.grad()) for p in net.collect_params().values()
+                if p.grad_req != 'null']
+    fp32 = small_resnet()
+    fp32.hybridize()
+    reference = first_gradients(fp32)
+    gradient_error = {}
+    for mode in ('0', 'all'):
+        monkeypatch.setenv(channels_last.ENV, mode)
+        gradient_error[mode] = np.median([np.linalg.norm(got - want) / np.linalg.norm(want) for got, want
+                                          in zip(first_gradients(converted_small_resnet()), reference)])
+    print('first gradients, median relative error against FP32:', gradient_error)
+    # Measured (AMX Xeon, tasks 0-2): 0.28-0.31 on both graphs, the region's 0.94x-0.97x.
+    assert gradient_error['all'] < 1.25 * gradient_error['0']
     curves, accuracy = {}, {}
     for mode in ('0', 'all'):
         monkeypatch.setenv(channels_last.ENV, mode)
@@ -560,7 +588,8 @@ def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
     print('loss, MXNet graph:   ', np.round(mxnet_curve, 3))
     print('loss, channels last: ', np.round(own_curve, 3))
     print('accuracy after training:', accuracy)
-    assert np.all(np.abs(own_curve[:4] - mxnet_curve[:4]) <= 0.1 * mxnet_curve[:4])
+    # Same weights, same batch: 0.1% to 0.4% apart over six tasks.
+    assert abs(own_curve[0] - mxnet_curve[0]) <= 0.01 * mxnet_curve[0]
     for curve in (mxnet_curve, own_curve):
         assert curve[-10:].mean() < 0.2 * curve[0]
     # Chance is 0.1; both predict nearly all they trained on, as they do with batch statistics.

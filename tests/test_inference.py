@@ -459,27 +459,44 @@ def module_paths(prefix, x):
 
 @needs_bfloat16_compute
 def test_fused_bfloat16_inference_is_as_accurate_as_unfused_on_every_path(tmp_path):
-    x = mx.nd.array(np.random.RandomState(8).uniform(0, 1, (32, 3, 16, 16)))
-    source = resnet_with_wide_statistics()
-    source.hybridize()
-    reference = source(x).asnumpy()
-    source.export(str(tmp_path / 'r20'))
-    source.save_parameters(str(tmp_path / 'r20.params'))
+    """Each front's fused path errs as its own unfused path does, summed over six nets.
 
-    def fresh():
-        import gluoncv
-        net = gluoncv.model_zoo.get_model('cifar_resnet20_v1', classes=10)
-        net.load_parameters(str(tmp_path / 'r20.params'))
-        return net
-    unfused = mg.convert(fresh(), 'bfloat16')
-    unfused.hybridize()
-    bound = 1.5 * rel_err(unfused(x).asnumpy(), reference)
-    # Gluon: for_inference.
-    fused = mxamp.for_inference(fresh(), x, dtype='bfloat16')
-    assert 'BatchNorm folded into bfloat16 convolutions by mxamp' in mxamp.summary(fused, print_fn=None)
-    assert rel_err(fused(x).asnumpy(), reference) < bound
-    for path, out in module_paths(str(tmp_path / 'r20'), x).items():
-        assert rel_err(out, reference) < bound, path
+    One net's error ratio is no measure: over twelve seeded nets the fused Symbol
+    front's error ranged from 0.54x to 2.2x its unfused one (AMX Xeon).  The fronts
+    differ too (the Symbol front, built for any bfloat16 CPU, computes every
+    convolution in bfloat16; the Gluon front on an AMX CPU keeps nine in FP32), so
+    each is compared with itself.  Measured over these six nets (AMX Xeon): 1.02x
+    (Gluon) and 1.18x (Symbol); folds from rounded weights instead of FP32 ones
+    (mxamp.fusion.fold_batchnorm) gave the Symbol front 1.87x.
+    """
+    import gluoncv
+    x = mx.nd.array(np.random.RandomState(8).uniform(0, 1, (32, 3, 16, 16)))
+    errors = collections.defaultdict(float)
+    for seed in range(6):
+        mx.random.seed(seed)
+        source = resnet_with_wide_statistics()
+        source.hybridize()
+        reference = source(x).asnumpy()
+        prefix = str(tmp_path / ('r20_%d' % seed))
+        source.export(prefix)
+        source.save_parameters(prefix + '.params')
+
+        def fresh():
+            net = gluoncv.model_zoo.get_model('cifar_resnet20_v1', classes=10)
+            net.load_parameters(prefix + '.params')
+            return net
+        unfused = mg.convert(fresh(), 'bfloat16')
+        unfused.hybridize()
+        errors['Gluon'] += rel_err(unfused(x).asnumpy(), reference)
+        fused = mxamp.for_inference(fresh(), x, dtype='bfloat16')
+        assert 'BatchNorm folded into bfloat16 convolutions by mxamp' in \
+            mxamp.summary(fused, print_fn=None)
+        errors['Gluon, for_inference'] += rel_err(fused(x).asnumpy(), reference)
+        for path, out in module_paths(prefix, x).items():
+            errors[path] += rel_err(out, reference)
+    for fused, unfused in (('Gluon, for_inference', 'Gluon'),
+                           ('Module, for_inference=True', 'Module, for_inference=False')):
+        assert errors[fused] < 1.3 * errors[unfused], (fused, dict(errors))
 
 
 @pytest.fixture(scope='module')
