@@ -32,10 +32,10 @@ import mxnet as mx
 
 from . import hardware
 
-__all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'NUMPY_BFLOAT16', 'amp_cast',
-           'bfloat16_casts_round_to_even', 'cast', 'cast_into', 'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype',
-           'param_precision', 'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy',
-           'type_flag', 'widen']
+__all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'NUMPY_BFLOAT16', 'ROUNDING_SUFFIX',
+           'amp_cast', 'bfloat16_casts_round_to_even', 'bfloat16_rounding_nodes', 'cast', 'cast_into',
+           'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype', 'param_precision',
+           'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy', 'type_flag', 'widen']
 
 #: What mxamp accepts wherever it takes a dtype: a precision name or alias
 #: (``'bfloat16'``, ``'bf16'``, ``'float16'``, ``'fp16'``, ``'half'``, ``'float32'``,
@@ -153,15 +153,78 @@ def _reference_bfloat16_reorders():
     return hardware.cpu_class() == hardware.AVX2
 
 
+#: The name part of the helper nodes of a rounded narrowing (`bfloat16_rounding_nodes`):
+#: how readers of a graph tell them from the network's own operators.
+ROUNDING_SUFFIX = '_mxamp_rounding_'
+
+# Bounds of the rounded narrowing's arithmetic: above the midpoint between the largest
+# finite bfloat16 and 2**128 (about 3.3961e38: every larger float32 rounds to infinity,
+# so clipping to the bound keeps the result) and small enough that the scaled split
+# below cannot overflow (below 2**128 / (1 + 2**-16)).
+_SPLIT_BOUND = 3.4e38
+
+
+def bfloat16_rounding_nodes(source: Sequence[int], first: int, name: str) -> List[Dict]:
+    """The nodes of a float32 -> bfloat16 cast that rounds to nearest even, in ops any
+    MXNet runs and saves.
+
+    MXNet 1.9.1's ``Cast`` to bfloat16 truncates (it keeps a float32's upper
+    16 bits), and ``amp_cast``, which rounds to nearest even, is dropped by
+    ``save``/``tojson`` with their defaults.  This narrowing rounds first in
+    float32 arithmetic, with Veltkamp's split: for ``c = (2**16 + 1) * x``,
+    ``c - (c - x)`` is `x` rounded to its 8 leading significant bits, to
+    nearest, ties to even, exactly as ``amp_cast`` rounds (checked on 10**6
+    values, the ties included); the ``Cast`` of that value is then exact.
+    The split runs on ``x * 2**-16`` so that it cannot overflow; `x` is first
+    clipped to +-3.4e38, which leaves every result unchanged (larger values
+    round to infinity either way) and keeps infinities infinite; NaN stays
+    NaN.  Where ``x * 2**-16`` is subnormal, normal values of magnitude below
+    ``2**-110`` (about 7.7e-34), the result may be one step from the nearest.
+    Seven elementwise nodes: ``clip``, three ``_mul_scalar``, two
+    ``elemwise_sub`` and the ``Cast``; measured on 8x256x56x56 values (2
+    threads, AMX Xeon): 55 ms, against 7.3 ms for a truncating ``Cast`` and
+    1.2 ms for ``amp_cast``.
+
+    Parameters
+    ----------
+    source : (int, int)
+        The float32 entry to cast: node index and output.
+    first : int
+        The index the first returned node will have: the nodes are appended
+        to a graph in order and refer to each other by index.
+    name : str
+        The name of the last node, the ``Cast`` that gives the bfloat16
+        value; the others are named `name` + `ROUNDING_SUFFIX` + their step.
+
+    Returns
+    -------
+    list of dict
+        JSON nodes (MXNet's graph format).
+    """
+    def scaled(factor, index):
+        return '_mul_scalar', {'scalar': repr(factor)}, [[index, 0, 0]]
+    steps = [('bounded', 'clip', {'a_min': repr(-_SPLIT_BOUND), 'a_max': repr(_SPLIT_BOUND)},
+              [[source[0], source[1], 0]]),
+             ('scaled',) + scaled(2.0 ** -16, first),
+             ('spread',) + scaled((2 ** 16 + 1) * 2.0 ** -16, first),
+             ('residual', 'elemwise_sub', {}, [[first + 2, 0, 0], [first + 1, 0, 0]]),
+             ('split', 'elemwise_sub', {}, [[first + 2, 0, 0], [first + 3, 0, 0]]),
+             ('rounded',) + scaled(2.0 ** 16, first + 4)]
+    nodes = [{'op': op, 'name': name + ROUNDING_SUFFIX + step, 'attrs': attrs, 'inputs': inputs}
+             for step, op, attrs, inputs in steps]
+    nodes.append({'op': 'Cast', 'name': name, 'attrs': {'dtype': 'bfloat16'},
+                  'inputs': [[first + len(steps) - 1, 0, 0]]})
+    return nodes
+
+
 @functools.lru_cache(maxsize=None)
-def _truncate_to_bfloat16():
+def _round_to_bfloat16():
     # A graph loaded from JSON carries dtype='bfloat16' as the string the C++ Cast
     # parses, whatever numpy knows: MXNet 1.9.1's nd.Cast reads the name through
     # np.dtype(), which knows it only while ml_dtypes is imported.
-    graph = {'nodes': [{'op': 'null', 'name': 'x', 'inputs': []},
-                       {'op': 'Cast', 'name': 'to_bfloat16', 'attrs': {'dtype': 'bfloat16'},
-                        'inputs': [[0, 0, 0]]}],
-             'arg_nodes': [0], 'heads': [[1, 0, 0]],
+    nodes = [{'op': 'null', 'name': 'x', 'inputs': []}] + \
+        bfloat16_rounding_nodes((0, 0), 1, 'to_bfloat16')
+    graph = {'nodes': nodes, 'arg_nodes': [0], 'heads': [[len(nodes) - 1, 0, 0]],
              'attrs': {'mxnet_version': ['int', 10901]}}
     return mx.ndarray.CachedOp(mx.symbol.load_json(json.dumps(graph)))
 
@@ -169,19 +232,12 @@ def _truncate_to_bfloat16():
 def _generic_cast(array, dtype, out=None):
     """Cast between float32 and bfloat16 with MXNet's generic kernels (no oneDNN reorder).
 
-    Widening is exact (``Cast``).  Narrowing rounds to nearest: ``Cast``
-    truncates toward zero, so the float32 residual ``r = x - trunc(x)`` (exact,
-    below one bfloat16 step) is added once more and the sum truncated: a
-    magnitude ``|r|`` of half a step or more carries into the next bfloat16
-    value.  Exact ties round away from zero, where ``amp_cast`` rounds to even
-    (a different last bit on 6 of 589,824 normal random values); an infinite
-    input gives NaN.
+    Widening is exact (``Cast``).  Narrowing rounds to nearest even, as the
+    graph rewrite's casts do (`bfloat16_rounding_nodes`).
     """
     if np.dtype(dtype) == np.float32:
         return mx.ndarray.Cast(array, dtype='float32', out=out)
-    truncate = _truncate_to_bfloat16()
-    residual = array - mx.ndarray.Cast(truncate(array), dtype='float32')
-    return truncate(array + residual, out=out)
+    return _round_to_bfloat16()(array, out=out)
 
 
 def bfloat16_casts_round_to_even() -> bool:

@@ -610,8 +610,9 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
     candidates = {p.name for p in block.collect_params().values()
                   if p.name in names and getattr(p, '_mxamp_precision', None) == settings.dtype}
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
+    inputs = names - {p.name for p in block.collect_params().values()}
     return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
-                                   portable=False)
+                                   portable=False, data_inputs=inputs)
 
 
 # What the training graph runs a channels-last region's ops on (mxamp.channels_last).

@@ -16,17 +16,22 @@ or zero-channel padding it reads through) and every cast inserted (a
 `mxamp.diagnose` read that record; only a graph without it (a file converted
 earlier) has its casts found by name, by `find_casts`.
 
-The rewrite inserts ``Cast`` nodes only where a tensor crosses a precision
-boundary: one cast per tensor and dtype, no cast chains (a consumer that needs
-back the precision a tensor was cast from gets the original tensor), graph
-inputs accepted in FP32 and graph outputs cast back to FP32.  Casts of
-parameters and graph inputs are ``Cast`` nodes.  Casts of activations are
-``amp_cast`` nodes unless ``portable=True``: MXNet 1.9.1's ``amp_cast`` converts
-oneDNN blocked tensors with one reorder, far faster than ``Cast`` (which first
-reorders to a plain layout and then converts element by element;
-docs/policy.rst, "The graph rewrite", has the measurement), but MXNet's
-``tojson``/``save``/``export`` drop ``amp_cast`` nodes by default, so graphs
-meant to be saved by anyone use ``Cast`` only.
+The rewrite inserts casts only where a tensor crosses a precision boundary:
+one cast per tensor and dtype, no cast chains (a consumer that needs back the
+precision a tensor was cast from gets the original tensor), graph inputs
+accepted in FP32 and graph outputs cast back to FP32.  Casts of activations
+and of the network's inputs (``data_inputs``) are ``amp_cast`` nodes unless
+``portable=True``: MXNet 1.9.1's ``amp_cast`` converts oneDNN blocked tensors
+with one reorder, far faster than ``Cast`` (which first reorders to a plain
+layout and then converts element by element; docs/policy.rst, "The graph
+rewrite", has the measurement), but MXNet's ``tojson``/``save``/``export``
+drop ``amp_cast`` nodes by default, so graphs meant to be saved by anyone use
+``Cast`` only.  Parameters are cast with ``Cast`` (see `_Builder.to`).
+MXNet's ``Cast`` to bfloat16 truncates: every narrowing from float32 to
+bfloat16 that is not an ``amp_cast`` is the rounded narrowing of
+`mxamp.dtypes.bfloat16_rounding_nodes` (six helper nodes before the ``Cast``,
+named with `mxamp.dtypes.ROUNDING_SUFFIX`; `cast_input` looks through them),
+which rounds to nearest even as ``amp_cast`` does.
 
 Only entries that are float32 in the FP32 graph take part: integer tensors,
 index inputs and tensors the graph itself casts keep their types.  Parameters
@@ -53,12 +58,14 @@ import numpy as np
 import mxnet as mx
 
 from . import policy as policy_mod
-from .dtypes import DTypeLike, numpy_dtype, precision_name, type_flag
+from .dtypes import (ROUNDING_SUFFIX, DTypeLike, bfloat16_rounding_nodes, numpy_dtype,
+                     precision_name, type_flag)
 from .policy import FLOAT32, LOW
 
 __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'NO_FOLD_SUFFIX',
            'PAD_SUFFIX',
-           'assemble_graph', 'check_graph', 'convert_graph', 'error_line', 'find_casts', 'format_report',
+           'assemble_graph', 'cast_input', 'check_graph', 'convert_graph', 'error_line', 'find_casts',
+           'format_report',
            'infer_entry_shapes', 'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
 
 # Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
@@ -509,9 +516,10 @@ def _as_onednn_activation(node, act_type):
 class _Builder(object):
     """Accumulates the nodes of the converted graph and the precision of each entry."""
 
-    def __init__(self, dtype, portable):
+    def __init__(self, dtype, portable, data_inputs):
         self.dtype = dtype
         self.portable = portable
+        self.data_inputs = frozenset(data_inputs)
         self.nodes = []
         self.state = {}          # new entry -> 'float32' | dtype | None (not floating)
         self.cast_cache = {}     # (entry, target) -> entry
@@ -541,14 +549,22 @@ class _Builder(object):
                                CAST_SUFFIX + target)
             while name in self.names:
                 name += '_'
-            # Activations take the faster amp_cast (see the module docstring).
-            # Variables keep Cast: a parameter may hold a blocked oneDNN layout
-            # that amp_cast's reorder rejects (see mxamp.dtypes.amp_cast), and
-            # they are small.
-            fast = not self.portable and self.nodes[entry[0]]['op'] != 'null'
-            nid = self.add({'op': 'amp_cast' if fast else 'Cast', 'name': name,
-                            'attrs': {'dtype': target},
-                            'inputs': [[entry[0], entry[1], 0]]}, [target])
+            # Activations and the network's inputs take the faster amp_cast (see
+            # the module docstring).  Parameters do not: one may hold a blocked
+            # oneDNN layout that amp_cast's reorder rejects (see
+            # mxamp.dtypes.amp_cast), and they are small.
+            source = self.nodes[entry[0]]
+            fast = not self.portable and (source['op'] != 'null' or source['name'] in self.data_inputs)
+            if fast or (self.state[entry], target) != ('float32', 'bfloat16'):
+                nid = self.add({'op': 'amp_cast' if fast else 'Cast', 'name': name,
+                                'attrs': {'dtype': target},
+                                'inputs': [[entry[0], entry[1], 0]]}, [target])
+            else:
+                # Cast truncates to bfloat16: the rounded narrowing instead.
+                steps = bfloat16_rounding_nodes(entry, len(self.nodes), name)
+                for step in steps[:-1]:
+                    self.add(step, [step['attrs'].get('dtype', 'float32')])
+                nid = self.add(steps[-1], [target])
             self.cast_cache[key] = (nid, 0)
             self.cast_source[(nid, 0)] = entry
             self.casts[nid] = CastRecord(name, producer, entry[1], self.state[entry], target)
@@ -630,7 +646,8 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
 def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable[str] = (),
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                  portable: bool = True, keep_batchnorm: bool = False) -> Conversion:
+                  portable: bool = True, keep_batchnorm: bool = False,
+                  data_inputs: Iterable[str] = ()) -> Conversion:
     """Rewrite an FP32 graph to mixed precision.
 
     Parameters
@@ -662,6 +679,10 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         partitions the graph (``Module`` bound for inference), cannot fold
         them with truncated values.  For graphs that leave mxamp (the Symbol
         front); it costs about 2.5% of a training step (ResNet-50, AMX Xeon).
+    data_inputs : iterable of str
+        Variables that are the network's inputs (a new array at every call),
+        not parameters: with ``portable=False`` they are cast with
+        ``amp_cast``, as activations are.
 
     Returns
     -------
@@ -679,7 +700,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     entry_shapes = infer_entry_shapes(graph, shapes)
     lp_params = storable_params(graph, policy, params)
     low = policy.dtype
-    out = _Builder(low, portable)
+    out = _Builder(low, portable, data_inputs)
     new_entry = {}
     records = []
 
@@ -803,9 +824,12 @@ def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Poli
         if node['op'] == 'null':
             continue
         op, name = node['op'], node['name']
+        if ROUNDING_SUFFIX in name:
+            continue    # a step of a cast's rounded narrowing: checked as that cast
         states = [_state(types.get((src, k)), low) for src, k, _ in node['inputs']]
         if name in cast_names:
-            src = tuple(node['inputs'][0][:2])
+            src = cast_input(nodes, node)
+            states[0] = _state(types.get(src), low)
             target = node['attrs']['dtype']
             if states[0] == target:
                 problems.append("cast '%s' converts a %s tensor to %s" % (name, target, target))
@@ -852,7 +876,8 @@ def _record_problems(record, graph, types, low):
         if node is None or policy_mod.canonical(node['op']) not in policy_mod.CAST_OPS:
             problems.append("recorded cast '%s' is not a cast node of the graph" % cast.name)
             continue
-        src, k, _ = node['inputs'][0]
+        src, k = cast_input(nodes, node)
+        named.update(nodes[step]['name'] for step in _rounding_steps(nodes, node))
         found = (nodes[src]['name'], k, _state(types.get((src, k)), low), node['attrs'].get('dtype'))
         if found != (cast.source, cast.output, cast.from_dtype, cast.to_dtype):
             problems.append("cast '%s' is recorded as %s[%d] %s->%s but casts %s[%d] %s->%s"
@@ -904,9 +929,10 @@ def find_casts(graph: Mapping[str, Any],
     nodes = graph['nodes']
     found = []
     for node in nodes:
-        if CAST_SUFFIX in node['name'] and node['op'] != 'null' and node['inputs'] and \
+        if CAST_SUFFIX in node['name'] and ROUNDING_SUFFIX not in node['name'] and \
+                node['op'] != 'null' and node['inputs'] and \
                 policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
-            src, k = node['inputs'][0][:2]
+            src, k = cast_input(nodes, node)
             found.append(CastRecord(node['name'], nodes[src]['name'], k, types.get((src, k)),
                                     node.get('attrs', {}).get('dtype')))
     return found
@@ -917,9 +943,30 @@ def _state(dtype, low):
     return dtype if dtype in ('float32', low) else None
 
 
+def cast_input(nodes: Sequence[Mapping[str, Any]], cast: Mapping[str, Any]) -> Tuple[int, int]:
+    """The entry (node index, output) a cast node of mxamp's converts: its input, or
+    for a rounded narrowing (`mxamp.dtypes.bfloat16_rounding_nodes`) the input of the
+    helper nodes that lead to it."""
+    src, k = cast['inputs'][0][:2]
+    while ROUNDING_SUFFIX in nodes[src]['name']:
+        src, k = nodes[src]['inputs'][0][:2]
+    return src, k
+
+
+def _rounding_steps(nodes, cast):
+    """The indices of the helper nodes of `cast`'s rounded narrowing (none for a plain cast)."""
+    steps, pending = [], [src for src, _, _ in cast['inputs']]
+    while pending:
+        nid = pending.pop()
+        if ROUNDING_SUFFIX in nodes[nid]['name'] and nid not in steps:
+            steps.append(nid)
+            pending.extend(src for src, _, _ in nodes[nid]['inputs'])
+    return steps
+
+
 def _through_casts(nodes, nid, cast_names):
     while nodes[nid]['name'] in cast_names:
-        nid = nodes[nid]['inputs'][0][0]
+        nid = cast_input(nodes, nodes[nid])[0]
     return nid
 
 

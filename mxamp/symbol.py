@@ -720,8 +720,10 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
             shapes = {name: value.shape for name, value in list(arg_params.items()) + list(aux_params.items())}
         shapes.update(input_shapes)
         # keep_batchnorm: Module's inference bind would fold BatchNorm with truncated values.
+        # The inputs given shapes are the network's, not parameters (check_input_shapes).
         conversion = convert_graph(graph, policy, params=params if cast_params else (),
                                    input_types=input_types, shapes=shapes, portable=portable,
+                                   data_inputs=set(input_shapes),
                                    keep_batchnorm=True)
         symbol = conversion.symbol
         if arg_params is not None:

@@ -2,6 +2,7 @@
 parameter storage, overrides, float16-on-CPU emulation, save/load."""
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -9,9 +10,9 @@ import mxnet as mx
 
 from conftest import needs_bfloat16_compute
 from mxamp import convert_model, convert_symbol, convert_with_record, hardware
-from mxamp.dtypes import BFLOAT16, cast, to_float32_numpy, type_flag
-from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, check_graph, convert_graph,
-                         format_report, load_graph, plan_node)
+from mxamp.dtypes import BFLOAT16, ROUNDING_SUFFIX, cast, to_float32_numpy, type_flag
+from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, cast_input, check_graph,
+                         convert_graph, format_report, load_graph, plan_node)
 from mxamp.policy import Policy
 from mxamp.symbol import make_policy
 
@@ -43,7 +44,11 @@ def nodes(symbol):
 
 
 def casts(symbol):
-    return [n for n in nodes(symbol) if CAST_SUFFIX in n['name']]
+    """mxamp's cast nodes, each reading the entry it converts (a rounded narrowing's
+    helper steps looked through)."""
+    graph = nodes(symbol)
+    return [dict(n, inputs=[list(cast_input(graph, n)) + [0]]) for n in graph
+            if CAST_SUFFIX in n['name'] and ROUNDING_SUFFIX not in n['name']]
 
 
 def run(symbol, args, auxs, data):
@@ -478,9 +483,46 @@ def test_activation_casts_are_amp_cast_unless_portable():
                         'body_bn' + CAST_SUFFIX + 'bfloat16': 'amp_cast',
                         'fc' + CAST_SUFFIX + 'float32': 'amp_cast'}
     assert {n['op'] for n in casts(portable.symbol)} == {'Cast'}
-    # MXNet's default save drops amp_cast: only the portable graph survives it.
+    # MXNet's default save drops amp_cast: only the portable graph survives it.  Its one
+    # narrowing of an activation rounds in seven nodes (mxamp.dtypes.bfloat16_rounding_nodes).
     assert len(casts(portable.symbol)) == 4
-    assert len(nodes(fast.symbol)) == len(nodes(portable.symbol)) - 2
+    steps = [n['name'] for n in nodes(portable.symbol) if ROUNDING_SUFFIX in n['name']]
+    assert {name.split(ROUNDING_SUFFIX)[0] for name in steps} == {'body_bn' + CAST_SUFFIX + 'bfloat16'}
+    assert len(nodes(fast.symbol)) == len(nodes(portable.symbol)) - 2 - len(steps) == 24
+
+
+def test_every_narrowing_to_bfloat16_rounds_to_nearest():
+    """MXNet 1.9.1's Cast truncates to bfloat16 (a float32's upper 16 bits).  mxamp's
+    narrowings round to nearest: a portable graph, whose input, weights and activation
+    narrow in seven saved nodes each, gives the bits of the non-portable one (amp_cast for
+    the input and the activation), also after MXNet's default save."""
+    x = mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3), num_filter=16, pad=(1, 1), name='a')
+    x = mx.sym.softmax(x, axis=1, name='spread')      # FP32: its output narrows for b
+    x = mx.sym.Convolution(x, kernel=(3, 3), num_filter=16, pad=(1, 1), name='b')
+    symbol = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10, name='fc'), name='softmax')
+    shapes = {'data': (2, 16, 8, 8)}
+    args, auxs = params_of(symbol)
+    fast = convert_graph(symbol, Policy('bfloat16'), shapes=shapes, portable=False,
+                         data_inputs=['data'])
+    portable = convert_graph(symbol, Policy('bfloat16'), shapes=shapes)
+    saved = mx.sym.load_json(portable.symbol.tojson())
+    ops = {n['name']: n['op'] for n in json.loads(fast.symbol.tojson(remove_amp_cast=False))['nodes']}
+    assert ops['data' + CAST_SUFFIX + 'bfloat16'] == ops['spread' + CAST_SUFFIX + 'bfloat16'] \
+        == 'amp_cast'
+    narrowed = {n['name'].split(ROUNDING_SUFFIX)[0] for n in nodes(saved) if ROUNDING_SUFFIX in n['name']}
+    assert narrowed == {name + CAST_SUFFIX + 'bfloat16'
+                        for name in ('data', 'a_weight', 'a_bias', 'spread', 'b_weight', 'b_bias',
+                                     'fc_weight', 'fc_bias')}
+    assert not check_graph(saved, Policy('bfloat16'), shapes=shapes)
+    data = np.random.RandomState(1).normal(0, 1, shapes['data']).astype(np.float32)
+    expected = run(fast.symbol, args, auxs, mx.nd.array(data))[0]
+    np.testing.assert_array_equal(run(saved, args, auxs, mx.nd.array(data))[0], expected)
+    # The input's narrowing rounds: the image rounded beforehand gives the same bits,
+    # truncated beforehand (what Cast did) others.
+    rounded = data.astype(ml_dtypes.bfloat16).astype(np.float32)
+    truncated = (data.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    np.testing.assert_array_equal(run(saved, args, auxs, mx.nd.array(rounded))[0], expected)
+    assert (run(saved, args, auxs, mx.nd.array(truncated))[0] != expected).any()
 
 
 def padded_convolution(kernel, data_shape):
