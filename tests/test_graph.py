@@ -491,6 +491,7 @@ def test_activation_casts_are_amp_cast_unless_portable():
     assert len(nodes(fast.symbol)) == len(nodes(portable.symbol)) - 2 - len(steps) == 24
 
 
+@needs_bfloat16_compute
 def test_every_narrowing_to_bfloat16_rounds_to_nearest():
     """MXNet 1.9.1's Cast truncates to bfloat16 (a float32's upper 16 bits).  mxamp's
     narrowings round to nearest: a portable graph, whose input, weights and activation
