@@ -384,6 +384,12 @@ def _charges(nodes, ops, conversion):
     for cast in conversion.cast_nodes:
         if kind_of.get(cast.name) == 'op':
             layer_of[cast.name], kind_of[cast.name] = cast.source, 'cast'
+    # The helper nodes of a rounded narrowing (dtypes.bfloat16_rounding_nodes) are
+    # named after their cast, and charged as it is.
+    for name in layer_of:
+        cast = name.split(dtypes.ROUNDING_SUFFIX)[0]
+        if cast != name and kind_of.get(cast) == 'cast':
+            layer_of[name], kind_of[name] = layer_of[cast], 'cast'
     return layer_of, kind_of
 
 

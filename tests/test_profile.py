@@ -19,6 +19,7 @@ from mxnet.gluon import HybridBlock, nn
 
 import mxamp
 from mxamp import cli, hardware, verdict_rules
+from mxamp.dtypes import ROUNDING_SUFFIX
 from mxamp.profiling import ProfileError, parse_verbose_line
 from mxamp.verdict_rules import EXAMPLE_LAYER, EXAMPLE_STEP, RULES, evaluate
 
@@ -364,3 +365,20 @@ def test_cli_profile_bad_input_is_one_line(exported, capsys):
                   '(its inputs: data)\n'
     status = cli.main(['profile', exported + '-missing.json', '--input-shape', 'data=1,3,8,8'])
     assert status == 2 and 'does not exist' in capsys.readouterr()[1]
+
+
+def test_a_rounded_narrowings_nodes_are_charged_as_its_cast():
+    # A portable graph narrows in seven nodes (mxamp.dtypes.bfloat16_rounding_nodes): all
+    # are the cast's, charged to the layer that reads through it.
+    from mxamp.profiling import _Graph
+    conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(1, 1), num_filter=16, name='conv')
+    shapes = {'data': (2, 16, 4, 4)}
+    converted, _, _, conversion = mxamp.convert_with_record(conv, 'bfloat16', input_shapes=shapes)
+    graph = _Graph(converted, shapes, conversion)
+    helpers = [graph.name(nid) for nid in graph.ops if ROUNDING_SUFFIX in graph.name(nid)]
+    # data, weight and bias: six helper nodes each
+    assert len(helpers) == 18
+    for name in helpers:
+        cast = name.split(ROUNDING_SUFFIX)[0]
+        assert (graph.kind_of[name], graph.layer_of[name]) == ('cast', 'conv') == \
+            (graph.kind_of[cast], graph.layer_of[cast])
