@@ -607,10 +607,11 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
     # convert time, or for a child added later, see _adopt) may be declared in
     # low precision: a child block called on its own must agree with its
     # parents on each parameter's dtype.
-    candidates = {p.name for p in block.collect_params().values()
+    params = block.collect_params().values()
+    candidates = {p.name for p in params
                   if p.name in names and getattr(p, '_mxamp_precision', None) == settings.dtype}
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
-    inputs = names - {p.name for p in block.collect_params().values()}
+    inputs = names - {p.name for p in params}
     return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
                                    portable=False, data_inputs=inputs)
 

@@ -560,10 +560,11 @@ class _Builder(object):
                                 'attrs': {'dtype': target},
                                 'inputs': [[entry[0], entry[1], 0]]}, [target])
             else:
-                # Cast truncates to bfloat16: the rounded narrowing instead.
+                # Cast truncates to bfloat16: the rounded narrowing instead, whose
+                # helper steps compute in float32.
                 steps = bfloat16_rounding_nodes(entry, len(self.nodes), name)
                 for step in steps[:-1]:
-                    self.add(step, [step['attrs'].get('dtype', 'float32')])
+                    self.add(step, ['float32'])
                 nid = self.add(steps[-1], [target])
             self.cast_cache[key] = (nid, 0)
             self.cast_source[(nid, 0)] = entry
