@@ -77,7 +77,14 @@ def resnet18():
 
 def test_resnet18_charges_the_step_to_named_layers(resnet18):
     totals = resnet18.totals
-    assert totals['attributed'] >= 0.95, resnet18
+    side = totals['sides']['bfloat16']
+    # Every operator event of the step is charged to a layer (its own events, its casts, its
+    # padding): measured 99.6-99.8% on a 2-core AMX Xeon; the rest are engine bookkeeping.
+    assert side['layers_ms'] >= 0.98 * side['operators_ms'], side
+    # The step's wall time is layers, optimizer and the engine between operators; the last is
+    # 2-4% on an idle 2-core machine, and grows with the machine's load (9% seen in one CI
+    # run), so the bound on the whole is loose.
+    assert totals['attributed'] >= 0.85, side
     layers = [row['layer'] for row in resnet18.rows]
     # The user's names, without the network's prefix: conv0, stage1_conv0...
     assert 'conv0' in layers and 'stage4_batchnorm4' in layers and 'dense0' in layers
