@@ -571,8 +571,9 @@ def _conversion(block, fp32_symbol, device_type, shapes):
     that call (shapes not known yet).  Reusing a conversion that knew more
     shapes is exact: shapes only choose between exact layouts.
     """
-    identity = _graph_identity(fp32_symbol)
     state = converted_state(block)
+    # A graph for inference alone converts under another policy (Policy's inference).
+    identity = _graph_identity(fp32_symbol), state.inference_only
     cached = state.conversion_for(device_type)
     if cached is None or cached[0] != identity or any(
             cached[1].shapes.get(name) != tuple(shape) for name, shape in shapes.items()):
@@ -596,8 +597,8 @@ def _graph_identity(symbol):
 
 def _rewrite(block, fp32_symbol, device_type, shapes):
     """Converted graph of `block`: mxamp.graph.convert_graph under the tree's policy."""
-    settings = converted_state(block).settings
-    policy = settings.policy(device_type)
+    state = converted_state(block)
+    policy = state.settings.policy(device_type, inference=state.inference_only)
     if policy.emulate_float16:
         _warn_float16_cpu()
     if policy.bfloat16_storage_only:
@@ -608,8 +609,9 @@ def _rewrite(block, fp32_symbol, device_type, shapes):
     # low precision: a child block called on its own must agree with its
     # parents on each parameter's dtype.
     params = block.collect_params().values()
+    dtype = state.settings.dtype
     candidates = {p.name for p in params
-                  if p.name in names and getattr(p, '_mxamp_precision', None) == settings.dtype}
+                  if p.name in names and getattr(p, '_mxamp_precision', None) == dtype}
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
     inputs = names - {p.name for p in params}
     return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,

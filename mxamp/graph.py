@@ -50,8 +50,8 @@ import json
 import os
 import re
 import sys
-from typing import (Any, Collection, Counter, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Set, Tuple, Union)
+from typing import (Any, Collection, Counter, Dict, FrozenSet, Iterable, List, Mapping, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import numpy as np
 
@@ -66,7 +66,8 @@ __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', '
            'PAD_SUFFIX',
            'assemble_graph', 'cast_input', 'check_graph', 'convert_graph', 'error_line', 'find_casts',
            'format_report',
-           'infer_entry_shapes', 'infer_entry_types', 'load_graph', 'plan_node', 'storable_params']
+           'convolution_post_ops', 'infer_entry_shapes', 'infer_entry_types', 'load_graph',
+           'plan_node', 'storable_params']
 
 # Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
 # that comes without its Conversion.
@@ -442,8 +443,8 @@ def _variable_type(node, input_types):
 
 
 def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: Sequence[Optional[str]],
-              input_shapes: Sequence[Optional[Tuple[int, ...]]], float_outputs: Sequence[bool]
-              ) -> NodePlan:
+              input_shapes: Sequence[Optional[Tuple[int, ...]]], float_outputs: Sequence[bool],
+              post_op: bool = False) -> NodePlan:
     """How one op node runs under `policy`: the only place a node's precision is decided.
 
     Parameters
@@ -459,6 +460,11 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         Per input, its shape when known (variables only), else None.
     float_outputs : list of bool
         Per output, whether it is a floating tensor that takes part in the rewrite.
+    post_op : bool
+        Whether MXNet's oneDNN backend would fuse the node into the convolution
+        it reads (`convolution_post_ops`): then, under an inference policy, an
+        activation `Policy.fuses_into_convolution` names computes in the
+        precision of its data.
 
     Returns
     -------
@@ -481,7 +487,13 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
     cls = policy.op_class(op, attrs, node['name'])
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
-    if cls == LOW and policy.follows_data(op) and input_states[0] == 'float32':
+    fused = post_op and input_states[0] == low and policy.fuses_into_convolution(
+        op, attrs, node['name'])
+    if fused:
+        # Fused into the bfloat16 convolution it reads: computed by that kernel, before
+        # its output is rounded (see Policy.fuses_into_convolution).
+        precision = low
+    elif cls == LOW and policy.follows_data(op) and input_states[0] == 'float32':
         precision = 'float32'   # its data stays FP32 (see Policy.follows_data)
     elif cls == LOW:
         # Stored parameters keep their low precision under an FP32 layout (read
@@ -491,7 +503,7 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         precision = low     # widest / neutral: low precision only when every floating input is
     else:
         precision = 'float32'
-    if precision == low and not policy.computes_low(op, attrs):
+    if precision == low and not policy.computes_low(op, attrs) and not fused:
         precision = 'float32'   # no kernel for the target dtype on this CPU class
     compute_fp32 = precision == low and policy.computes_in_float32(op)
     fixed_in = policy.float32_inputs(op) if precision == low else ()
@@ -644,6 +656,59 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
     return storable
 
 
+# What MXNet 1.9.1's oneDNN backend fuses between a convolution and the activation after
+# it (SgMKLDNNConvSelector): a BatchNorm, then an elemwise_add, in that order, each optional.
+_FUSED_BEFORE_ACTIVATION = ('elemwise_add', 'BatchNorm')
+
+
+def convolution_post_ops(graph: Mapping[str, Any]) -> FrozenSet[int]:
+    """The op nodes of `graph` that MXNet's oneDNN backend can fuse into a convolution.
+
+    A node whose data input is a Convolution's output, directly or through a
+    BatchNorm and then an elemwise_add (either operand), every tensor on the
+    way read by that one consumer alone (the backend stops at a branch); the
+    identity a Symbol-front graph puts before a BatchNorm (`NO_FOLD_SUFFIX`) is
+    looked through.  Whether the node fuses is the backend's business (an
+    activation it supports); `plan_node` asks `Policy.fuses_into_convolution`.
+
+    Example
+    -------
+    >>> x = mx.sym.Convolution(mx.sym.var('data'), kernel=(1, 1), num_filter=16, name='conv')
+    >>> y = mx.sym.clip(mx.sym.BatchNorm(x, name='bn'), 0, 6, name='relu6')
+    >>> graph = load_graph(y)
+    >>> [graph['nodes'][nid]['name'] for nid in sorted(convolution_post_ops(graph))]
+    ['bn', 'relu6']
+    """
+    nodes = graph['nodes']
+    uses = collections.Counter((src, k) for node in nodes for src, k, _ in node['inputs'])
+    uses.update((nid, k) for nid, k, _ in graph['heads'])
+
+    def reads_convolution(entry, allowed):
+        src, k = entry[0], entry[1]
+        if uses[(src, k)] != 1:
+            return False
+        node = nodes[src]
+        if node['op'] == 'Convolution':
+            return k == 0
+        if node['op'] == 'amp_cast' and node['name'].endswith(NO_FOLD_SUFFIX):
+            return reads_convolution(node['inputs'][0], allowed)
+        if node['op'] not in allowed:
+            return False
+        return fuses(node, allowed)
+
+    def fuses(node, allowed):
+        # What may come between this node and the convolution, and the operands that may
+        # lead there (either of an elemwise_add; the backend swaps them).
+        if node['op'] in allowed:
+            allowed = allowed[allowed.index(node['op']) + 1:]
+        operands = node['inputs'] if node['op'] == 'elemwise_add' else node['inputs'][:1]
+        return any(reads_convolution(operand, allowed) for operand in operands)
+
+    return frozenset(nid for nid, node in enumerate(nodes)
+                     if node['op'] != 'null' and node['inputs']
+                     and fuses(node, _FUSED_BEFORE_ACTIVATION))
+
+
 def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable[str] = (),
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   shapes: Optional[Mapping[str, Sequence[int]]] = None,
@@ -700,6 +765,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     variable_shapes = infer_variable_shapes(graph, shapes)
     entry_shapes = infer_entry_shapes(graph, shapes)
     lp_params = storable_params(graph, policy, params)
+    post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype
     out = _Builder(low, portable, data_inputs)
     new_entry = {}
@@ -722,7 +788,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         input_shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
                         for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
-                         [t == 'float32' for t in original])
+                         [t == 'float32' for t in original], post_op=nid in post_ops)
         inputs = [entry if dtype is None else out.to(entry, dtype)
                   for entry, dtype in zip(inputs, plan.inputs)]
         casts = [out.casts.get(entry[0]) for entry in inputs]
@@ -820,6 +886,7 @@ def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Poli
     low = policy.dtype
     cast_names = {cast.name for cast in (record.cast_nodes if record else find_casts(graph, types))}
     problems = _record_problems(record, graph, types, low) if record else []
+    post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     seen_casts = set()
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
@@ -844,7 +911,8 @@ def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Poli
         input_shapes = [variable_shapes.get(_through_casts(nodes, src, cast_names))
                         or entry_shapes.get((src, k)) for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, states, input_shapes,
-                         [_state(types.get((nid, k)), low) is not None for k in range(counts[nid])])
+                         [_state(types.get((nid, k)), low) is not None for k in range(counts[nid])],
+                         post_op=nid in post_ops)
         bad = [pos for pos, (state, dtype) in enumerate(zip(states, plan.inputs))
                if dtype not in (None, state)]
         if bad:

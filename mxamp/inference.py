@@ -258,14 +258,18 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     backend = BACKEND if device == 'cpu' else None
     flags = dict(static_alloc=True, static_shape=True)
     base = type(net)
+    state = seen_state(net)
     # The inference class first: its _build_cache builds unfused, folds, then fuses.
     net.__class__ = gluon_mod._mixed_class(_InferenceOnly, base)
     try:
+        # The graph converts under the inference policy (Policy's inference) from now on.
+        state.inference_only = True
         # HybridBlock's own: a converted block's hybridize refuses a backend to its users.
         HybridBlock.hybridize(net, True, backend=backend, clear=True, **flags)
         net._build_cache(*inputs)
     except Exception:
         net.__class__ = base
+        state.inference_only = False
         raise
     if not backend:
         seen_state(net).mark_fused_for_inference(

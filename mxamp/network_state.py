@@ -94,12 +94,14 @@ class Settings(collections.namedtuple('Settings', [
         return self._replace(lp_params=frozenset(
             graph_mod.storable_params(fp32_graph, self._any_policy(), params)))
 
-    def policy(self, device_type: str) -> Policy:
-        """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...)."""
+    def policy(self, device_type: str, inference: bool = False) -> Policy:
+        """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...); with
+        `inference`, of a graph `mxamp.for_inference` fuses (`Policy`'s `inference`)."""
         return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
                       exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
                       cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class(),
-                      lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions)
+                      lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions,
+                      inference=inference)
 
     def same_policy(self, other: 'Settings') -> bool:
         """Whether a block converted with `self` may join a tree converted with `other`:
@@ -152,6 +154,10 @@ class NetworkState(object):
         Device type of the graph built last (CONVERTED), None before the first.
     fused_for_inference : str or None
         What `mxamp.for_inference` fused, when it made this net.
+    inference_only : bool
+        Whether the block's graph is built for inference alone
+        (`mxamp.for_inference`, from its first build on): converted under the
+        inference policy (`Settings.policy`'s `inference`).
     float32_originals : dict of str to NDArray
         For a net `mxamp.for_inference` converted from FP32: the FP32 values of
         the low-precision parameters its BatchNorm folds start from
@@ -175,7 +181,8 @@ class NetworkState(object):
         ``'both'`` (every mode), or None before it is built.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
-                 '_built_at', 'fused_for_inference', 'float32_originals', 'own_conv_nodes',
+                 '_built_at', 'fused_for_inference', 'inference_only', 'float32_originals',
+                 'own_conv_nodes',
                  'own_conv_params', 'channels_last_nodes', 'cached_ops', 'cached_for')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
@@ -184,11 +191,13 @@ class NetworkState(object):
         self._settings = settings
         self.float32_reason = float32_reason
         self._tree = tree
-        # device type -> (identity of the FP32 graph, its Conversion); see mxamp.gluon._conversion
-        self._conversions: Dict[str, Tuple[str, graph_mod.Conversion]] = {}
+        # device type -> (identity of the FP32 graph and policy, its Conversion); see
+        # mxamp.gluon._conversion
+        self._conversions: Dict[str, Tuple[Tuple[str, bool], graph_mod.Conversion]] = {}
         self.built_for: Optional[str] = None
         self._built_at = 0
         self.fused_for_inference: Optional[str] = None
+        self.inference_only = False
         self.float32_originals: Dict[str, Any] = {}
         self.own_conv_nodes: FrozenSet[str] = frozenset()
         self.own_conv_params: FrozenSet[str] = frozenset()
@@ -248,13 +257,15 @@ class NetworkState(object):
         self._tree = other._require_converted('being joined')[1]
 
     # -- conversions ------------------------------------------------------
-    def conversion_for(self, device_type: str) -> Optional[Tuple[str, graph_mod.Conversion]]:
-        """``(FP32 graph identity, Conversion)`` made last for `device_type`, or None."""
+    def conversion_for(self, device_type: str
+                       ) -> Optional[Tuple[Tuple[str, bool], graph_mod.Conversion]]:
+        """``(identity, Conversion)`` made last for `device_type`, or None; the identity is
+        the FP32 graph's and whether the conversion is for inference alone."""
         return self._conversions.get(device_type)
 
-    def remember_conversion(self, device_type: str, identity: str,
+    def remember_conversion(self, device_type: str, identity: Tuple[str, bool],
                             conversion: graph_mod.Conversion) -> None:
-        """Keep `conversion` of the FP32 graph `identity` for `device_type`."""
+        """Keep `conversion` (of the graph and policy `identity`) for `device_type`."""
         self._require_converted('converting a graph')
         self._conversions[device_type] = (identity, conversion)
 

@@ -341,10 +341,27 @@ _FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_
                            '_mxamp_batch_norm'))
 
 
+# Activations MXNet 1.9.1's oneDNN backend fuses into the convolution whose output they
+# read (SgMKLDNNConvSelector: Convolution, then BatchNorm, then elemwise_add, then one of
+# these), whose bfloat16 kernel alone is MXNet's slow generic one (BFLOAT16_CPU_SLOW): a
+# ReLU6 is a clip from 0, which oneDNN fuses as its bounded ReLU.  Per op, the attributes
+# under which it fuses.
+_FUSED_SLOW_ACTIVATIONS = {
+    'clip': lambda attrs: _float_attr(attrs.get('a_min')) == 0.0,
+}
+
+
+def _float_attr(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
 BLOCKED, PAD_CHANNELS = 'blocked', 'pad_channels'
 
 
-def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
+def _bfloat16_conv_layout(attrs, input_shapes, cpu_class, training=True):
     """How a bfloat16 Convolution gets oneDNN's blocked-layout kernels.
 
     Measured on oneDNN 2.4.4 (MXNet 1.9.1), avx512_core_bf16: unless the
@@ -379,7 +396,12 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     16 ms instead of 0.14 ms for a 64x16x16x16 tensor, which made bfloat16
     training 3.6x slower than FP32 for ResNet-20 on 16x16 images and 15x for
     MobileNet 0.5.  On AMX CPUs those convolutions run in FP32
-    (docs/policy.rst has the measurements).
+    (docs/policy.rst has the measurements) when `training`.  A graph for
+    inference alone runs no backward, and MXNet's oneDNN backend folds its
+    BatchNorms into the convolutions: there they compute in bfloat16, as on
+    an AVX512-BF16 CPU (MobileNet 1.0 fused, batch 16, with the ReLU6 of
+    `Policy.fuses_into_convolution`: 3.5 times the images per second,
+    docs/inference.rst).
 
     Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
     ``'pad_channels'`` (an odd number of input channels below 16 with output
@@ -402,7 +424,8 @@ def _bfloat16_conv_layout(attrs, input_shapes, cpu_class):
     groups = int(attrs.get('num_group', 1))
     out_per_group = out_channels // max(groups, 1)
     depthwise = in_per_group == 1 and groups == out_channels
-    if cpu_class == AMX and (depthwise or not _amx_kernel_takes(out_per_group, in_per_group)):
+    if cpu_class == AMX and training and (
+            depthwise or not _amx_kernel_takes(out_per_group, in_per_group)):
         return FLOAT32
     if depthwise:
         return BLOCKED if out_channels % 16 == 0 else FLOAT32
@@ -709,6 +732,15 @@ class Policy(object):
         one of the values runs in FP32.  Added to the policy's own conditions
         (Activation softrelu, LeakyReLU elu/selu/gelu, sum/Lp Pooling); an
         operator may not be both conditional here and in `lp_ops`.
+    inference : bool
+        Whether the graph is for inference alone, fused by MXNet's oneDNN
+        backend (`mxamp.for_inference`, ``convert_model(...,
+        for_inference=True)``).  Then the bfloat16 rules that exist for
+        training only are off (on ``'amx'``, the convolutions its AMX kernels
+        do not take compute in bfloat16 too: see `_bfloat16_conv_layout`), and
+        a ReLU6 that oneDNN fuses into the bfloat16 convolution before it
+        computes there (`fuses_into_convolution`) instead of in FP32 between
+        two casts, which would keep the two apart.
 
     Examples
     --------
@@ -723,7 +755,8 @@ class Policy(object):
                  exclude: Iterable[str] = (), batchnorm_data: str = 'low',
                  emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
                  lp_ops_only: Optional[Iterable[str]] = None,
-                 fp32_conditions: Iterable[Tuple[str, str, Iterable[str]]] = ()) -> None:
+                 fp32_conditions: Iterable[Tuple[str, str, Iterable[str]]] = (),
+                 inference: bool = False) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         fp32 = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
         low = frozenset(canonical_ops(lp_ops, 'lp_ops'))
@@ -748,14 +781,17 @@ class Policy(object):
         if cpu_class not in CPU_CLASSES:
             raise ValueError('cpu_class=%r: expected one of %s' % (cpu_class, ', '.join(CPU_CLASSES)))
         self.cpu_class = cpu_class
+        self.inference = bool(inference)
 
     def __repr__(self) -> str:
         conditions = sorted((op, attribute, tuple(sorted(values)))
                             for op, rules in self.fp32_conditions.items() for attribute, values in rules)
-        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, cpu_class=%r%s)'
+        return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, '
+                'cpu_class=%r%s%s)'
                 % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
                    self.batchnorm_data, self.cpu_class,
-                   ', fp32_conditions=%s' % conditions if conditions else ''))
+                   ', fp32_conditions=%s' % conditions if conditions else '',
+                   ', inference=True' if self.inference else ''))
 
     def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
@@ -830,7 +866,29 @@ class Policy(object):
             return FLOAT32
         if self.dtype != 'bfloat16' or rule is None or op in self.lp_ops:
             return BLOCKED
-        return rule(attrs or {}, input_shapes, self.cpu_class)
+        return rule(attrs or {}, input_shapes, self.cpu_class, training=not self.inference)
+
+    def fuses_into_convolution(self, op: str, attrs: Optional[Mapping[str, str]] = None,
+                               node_name: Optional[str] = None) -> bool:
+        """Whether the node computes in bfloat16 when it reads a bfloat16 convolution that
+        MXNet's oneDNN backend fuses it into (see `mxamp.graph.convolution_post_ops`).
+
+        Only under an `inference` bfloat16 policy for a CPU class that computes
+        bfloat16, and only for an activation whose unfused bfloat16 kernel is
+        slower than FP32 (a ReLU6: ``clip`` from 0); fused, it costs nothing,
+        while FP32 puts two casts, with their layout reorders, around it.
+        The user's `fp32_ops` and `exclude` still keep it in FP32.
+        """
+        if not (self.inference and self.dtype == 'bfloat16' and computes_bfloat16(self.cpu_class)):
+            return False
+        op, attrs = canonical(op), attrs or {}
+        condition = _FUSED_SLOW_ACTIVATIONS.get(op)
+        if condition is None or not condition(attrs) or op in self.fp32_ops:
+            return False
+        if node_name is not None and self.is_excluded(node_name):
+            return False
+        return not any(attrs.get(attribute) in values
+                       for attribute, values in self.fp32_conditions.get(op, ()))
 
     def follows_data(self, op: str) -> bool:
         """Whether a low-precision node runs in FP32 when its data input is FP32."""

@@ -49,8 +49,8 @@ def make_policy(dtype: DTypeLike, exclude: Optional[Iterable[str]] = None,
                 fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
                 ctx: Optional[ContextLike] = None, batchnorm_data: str = 'low',
                 cpu_class: Optional[str] = None, lp_ops_only: Optional[Iterable[str]] = None,
-                fp32_conditions: Iterable[Condition] = ()) -> Policy:
-    """The `Policy` for user arguments.
+                fp32_conditions: Iterable[Condition] = (), inference: bool = False) -> Policy:
+    """The `Policy` for user arguments (`inference`: for a graph fused for inference).
 
     float16 computes GEMMs in FP32 unless every context in `ctx` is a GPU
     (`mxamp.policy.emulates_float16`; no `ctx`: a GPU).  bfloat16 graphs are
@@ -63,7 +63,7 @@ def make_policy(dtype: DTypeLike, exclude: Optional[Iterable[str]] = None,
     return Policy(dtype, fp32_ops=fp32_ops or (), lp_ops=lp_ops or (), exclude=exclude or (),
                   batchnorm_data=batchnorm_data, emulate_float16=emulates_float16(devices),
                   cpu_class=target_cpu_class(cpu_class), lp_ops_only=lp_ops_only,
-                  fp32_conditions=fp32_conditions)
+                  fp32_conditions=fp32_conditions, inference=inference)
 
 
 def target_cpu_class(cpu_class: Optional[str]) -> str:
@@ -713,7 +713,8 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
         symbol, conversion = graph.symbol, None
     else:
         policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class,
-                             lp_ops_only=lp_ops_only, fp32_conditions=fp32_conditions)
+                             lp_ops_only=lp_ops_only, fp32_conditions=fp32_conditions,
+                             inference=for_inference)
         shapes = {}
         if arg_params is not None:
             assert aux_params is not None   # `aux_params or {}` above
