@@ -31,11 +31,11 @@ from setuptools.command.build import build
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ('csrc/onednn_runtime.cc', 'csrc/onednn_conv.cc', 'csrc/onednn_batch_norm.cc',
            'csrc/onednn_pooling.cc', 'csrc/master_weights.cc', 'csrc/fan_out.cc',
-           'csrc/move_channels.cc',
+           'csrc/move_channels.cc', 'csrc/clip.cc',
            'csrc/bfloat16_batch_norm.cc', 'csrc/mxnet_extension.cc')
 HEADERS = ('csrc/onednn_runtime.h', 'csrc/onednn_conv.h', 'csrc/onednn_batch_norm.h',
            'csrc/onednn_pooling.h', 'csrc/master_weights.h', 'csrc/fan_out.h',
-           'csrc/move_channels.h',
+           'csrc/move_channels.h', 'csrc/clip.h',
            'csrc/bfloat16_batch_norm.h', 'csrc/vector_isa.h', 'csrc/mxnet_lib_api_v11.h')
 LIBRARY = 'libmxamp_own_conv.so'
 NOT_BUILT_NOTE = 'own_conv_not_built.txt'  # read by mxamp/own_conv.py

@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers seven operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers eight operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -35,6 +35,9 @@
 // channels_last: one input, the data; outputs the pooled data and, for max pooling, the
 // workspace its gradient reads (uint8, (bytes,)).  Its gradient's inputs are (the outputs' gradients, data, the outputs), its output
 // the data's gradient.
+// "_mxamp_clip" (clip.h), with the attributes of MXNet's clip (a_min, a_max): one input
+// (float32 or bfloat16), the clipped array; its gradient's inputs are (output gradient, input,
+// output), its output the input's gradient.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -51,8 +54,10 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "clip.h"
 #include "fan_out.h"
 #include "master_weights.h"
 #include "move_channels.h"
@@ -72,6 +77,7 @@ constexpr const char* kFanOutOpName = "_mxamp_fan_out";
 constexpr const char* kMoveChannelsOpName = "_mxamp_move_channels";
 constexpr const char* kPoolingOpName = "_mxamp_pooling";
 constexpr const char* kSgdStepOpName = "_mxamp_sgd_step";
+constexpr const char* kClipOpName = "_mxamp_clip";
 constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
@@ -933,14 +939,19 @@ int move_channels_infer_shape(const char* const* keys, const char* const* vals, 
   return 1;
 }
 
+// One input and one output of its type, float32 or bfloat16: the types of `op`.
+int infer_one_float_type(int* intypes, int num_in, int* outtypes, int num_out, const char* op) {
+  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  check_float32_or_bfloat16(known, op);
+  intypes[0] = outtypes[0] = known;
+  return 1;
+}
+
 int move_channels_infer_type(const char* const* keys, const char* const* vals, int num,
                              int* intypes, int num_in, int* outtypes, int num_out) {
   parse_move_channels(keys, vals, num);
-  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
-  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
-  check_float32_or_bfloat16(known, kMoveChannelsOpName);
-  intypes[0] = outtypes[0] = known;
-  return 1;
+  return infer_one_float_type(intypes, num_in, outtypes, num_out, kMoveChannelsOpName);
 }
 
 // `in` of shape `shape` (the layout the move starts from) moved into `out`.
@@ -974,6 +985,78 @@ int move_channels_backward(const Call& c) {
   const std::vector<int64_t> moved = moved_shape(shape, to_last);
   check_same_shape("output gradient", c.inshapes[0], c.indims[0], moved);
   run_move_channels(c.indata[0], c.outdata[0], moved, c.intypes[0], !to_last);
+  return 1;
+}
+
+// _mxamp_clip: (a_min, a_max), both required, as MXNet's clip.
+std::pair<float, float> parse_clip(const char* const* keys, const char* const* vals, int num) {
+  bool has_min = false, has_max = false;
+  std::pair<float, float> bounds;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    char* end = nullptr;
+    const float bound = std::strtof(value.c_str(), &end);
+    if (end == value.c_str() || *end != '\0' || (key != "a_min" && key != "a_max"))
+      throw std::invalid_argument("unknown attribute " + key + "=" + value +
+                                  " (expected a_min and a_max, numbers)");
+    (key == "a_min" ? bounds.first : bounds.second) = bound;
+    (key == "a_min" ? has_min : has_max) = true;
+  }
+  if (!has_min || !has_max) throw std::invalid_argument("attributes a_min and a_max are required");
+  return bounds;
+}
+
+int clip_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+               int* num_out) {
+  parse_clip(keys, vals, num);
+  *num_in = 1;
+  *num_out = 1;
+  return 1;
+}
+
+int clip_infer_shape(const char* const* keys, const char* const* vals, int num,
+                     unsigned int** inshapes, int* indims, int num_in,
+                     unsigned int*** mod_inshapes, int** mod_indims, unsigned int*** outshapes,
+                     int** outdims, int num_out) {
+  parse_clip(keys, vals, num);
+  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  if (indims[0] <= 0) throw std::invalid_argument("the input shape is unknown");
+  const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
+  give_shapes({shape}, mod_inshapes, mod_indims);
+  give_shapes({shape}, outshapes, outdims);
+  return 1;
+}
+
+int clip_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                    int num_in, int* outtypes, int num_out) {
+  parse_clip(keys, vals, num);
+  return infer_one_float_type(intypes, num_in, outtypes, num_out, kClipOpName);
+}
+
+int clip_forward(const Call& c) {
+  const std::pair<float, float> bounds = parse_clip(c.keys, c.vals, c.num);
+  if (c.num_in != 1 || c.num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  check_same_shape("output", c.outshapes[0], c.outdims[0], shape);
+  check_float32_or_bfloat16(c.intypes[0], kClipOpName);
+  mxamp::clip_values(c.indata[0], c.outdata[0], element_count(shape.data(), c.indims[0]),
+                     bounds.first, bounds.second, c.intypes[0] == mxamp::kFlagBFloat16);
+  return 1;
+}
+
+int clip_backward(const Call& c) {
+  const std::pair<float, float> bounds = parse_clip(c.keys, c.vals, c.num);
+  // MXNet's gradient node: inputs (output gradient, input, output), output the input's gradient.
+  if (c.num_in != 3 || c.num_out != 1)
+    throw std::invalid_argument("expected 3 inputs and 1 output");
+  const std::vector<int64_t> shape(c.outshapes[0], c.outshapes[0] + c.outdims[0]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], shape);
+  check_same_shape("input", c.inshapes[1], c.indims[1], shape);
+  check_float32_or_bfloat16(c.intypes[0], kClipOpName);
+  mxamp::clip_gradient(c.indata[0], c.indata[1], c.outdata[0],
+                       element_count(shape.data(), c.outdims[0]), bounds.first, bounds.second,
+                       c.intypes[0] == mxamp::kFlagBFloat16);
   return 1;
 }
 
@@ -1165,6 +1248,9 @@ Operator operators[] = {
     {kPoolingOpName, &pooling_parse, &pooling_infer_shape, &pooling_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&pooling_backward)}, 1, nullptr},
+    {kClipOpName, &clip_parse, &clip_infer_shape, &clip_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&clip_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&clip_backward)}, 1, nullptr},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 

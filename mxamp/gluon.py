@@ -101,7 +101,7 @@ from mxnet.gluon import Block, HybridBlock
 
 from . import dtypes
 from . import graph as graph_mod
-from . import channels_last, hardware, own_conv_choice
+from . import channels_last, hardware, own_conv, own_conv_choice
 from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
 from .network_state import (NetworkState, Settings, Stage, Tree, attach, check_convertible,
@@ -572,12 +572,14 @@ def _conversion(block, fp32_symbol, device_type, shapes):
     shapes is exact: shapes only choose between exact layouts.
     """
     state = converted_state(block)
-    # A graph for inference alone converts under another policy (Policy's inference).
-    identity = _graph_identity(fp32_symbol), state.inference_only
+    # A graph for inference alone, or one whose clips run on the own kernel, converts under
+    # another policy (Policy's inference and own_clip).
+    policy = _policy(block, device_type)
+    identity = _graph_identity(fp32_symbol), policy.inference, policy.own_clip
     cached = state.conversion_for(device_type)
     if cached is None or cached[0] != identity or any(
             cached[1].shapes.get(name) != tuple(shape) for name, shape in shapes.items()):
-        cached = identity, _rewrite(block, fp32_symbol, device_type, shapes)
+        cached = identity, _rewrite(block, fp32_symbol, policy, shapes)
         state.remember_conversion(device_type, *cached)
     return cached[1]
 
@@ -595,10 +597,18 @@ def _graph_identity(symbol):
                       + [[head[:2] for head in graph['heads']]], sort_keys=True)
 
 
-def _rewrite(block, fp32_symbol, device_type, shapes):
-    """Converted graph of `block`: mxamp.graph.convert_graph under the tree's policy."""
+def _policy(block, device_type):
+    """The policy `block`'s graph converts under for `device_type`: the tree's, for
+    inference alone after `mxamp.for_inference`, with its clips on mxamp's own kernel where
+    the runtime graph puts them there (`with_own_clips`: a CPU, not fused, library loaded)."""
     state = converted_state(block)
-    policy = state.settings.policy(device_type, inference=state.inference_only)
+    own_clip = device_type == 'cpu' and not state.inference_only and own_conv.available()
+    return state.settings.policy(device_type, inference=state.inference_only, own_clip=own_clip)
+
+
+def _rewrite(block, fp32_symbol, policy, shapes):
+    """Converted graph of `block`: mxamp.graph.convert_graph under `policy`."""
+    state = converted_state(block)
     if policy.emulate_float16:
         _warn_float16_cpu()
     if policy.bfloat16_storage_only:
@@ -675,8 +685,9 @@ def _runtime_graph(block, symbol, args, mode):
     """The graph `block`'s CachedOp runs in `mode` (`_mode_name`), and whether it differs
     between modes.
 
-    `symbol` with the convolutions `mxamp.own_conv_choice` chose for mxamp's
-    own operator and, for training, the channels-last regions
+    `symbol` with its ``clip`` nodes (ReLU6) on mxamp's own clip operator
+    (`with_own_clips`), the convolutions `mxamp.own_conv_choice` chose for
+    mxamp's own operator and, for training, the channels-last regions
     `mxamp.channels_last` chose (inference keeps MXNet's graph there: the
     own batch normalisation always uses the batch statistics); in training
     for calls whose inputs take no gradient, the region convolutions that
@@ -728,7 +739,33 @@ def _runtime_graph(block, symbol, args, mode):
         if mode == _TRAINING:
             symbol = channels_last.without_input_data_gradients(symbol, params.keys())
     symbol = own_conv_choice.with_own_convolutions(symbol, state.own_conv_nodes)
+    symbol = with_own_clips(symbol)
     return channels_last.with_fanned_out_inputs(symbol, state.own_conv_nodes), bool(regions)
+
+
+def with_own_clips(symbol: mx.sym.Symbol) -> mx.sym.Symbol:
+    """`symbol` with every ``clip`` node that reads an operator's output on mxamp's own clip
+    (`mxamp.own_conv.clip`: the same values, vectorised), when the library is loaded.
+
+    What a converted network runs on a CPU (`_runtime_graph`), and `mxamp.profile`
+    measures; its policy computes those clips in bfloat16 (`Policy`'s ``own_clip``).
+
+    MXNet 1.9.1's clip and its gradient are scalar loops: 53% of MobileNetV2's
+    bfloat16 training step, in its 35 ReLU6 layers (docs/performance.rst).  A
+    clip reading a variable (an input or a parameter) keeps MXNet's: its
+    gradient may be one that adds (``grad_req='add'``), which an extension
+    operator cannot honour (see `mxamp.own_conv`).
+    """
+    if not own_conv.available():
+        return symbol
+    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+    nodes = graph['nodes']
+    changed = False
+    for node in nodes:
+        if node['op'] == 'clip' and nodes[node['inputs'][0][0]]['op'] != 'null':
+            node['op'] = own_conv.CLIP_OP_NAME
+            changed = True
+    return mx.sym.load_json(json.dumps(graph)) if changed else symbol
 
 
 def _own_conv_gradient_added(block):

@@ -94,14 +94,15 @@ class Settings(collections.namedtuple('Settings', [
         return self._replace(lp_params=frozenset(
             graph_mod.storable_params(fp32_graph, self._any_policy(), params)))
 
-    def policy(self, device_type: str, inference: bool = False) -> Policy:
+    def policy(self, device_type: str, inference: bool = False, own_clip: bool = False) -> Policy:
         """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...); with
-        `inference`, of a graph `mxamp.for_inference` fuses (`Policy`'s `inference`)."""
+        `inference`, of a graph `mxamp.for_inference` fuses, with `own_clip`, of one whose
+        ``clip`` nodes run on mxamp's own kernel (`Policy`'s `inference` and `own_clip`)."""
         return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
                       exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
                       cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class(),
                       lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions,
-                      inference=inference)
+                      inference=inference, own_clip=own_clip)
 
     def same_policy(self, other: 'Settings') -> bool:
         """Whether a block converted with `self` may join a tree converted with `other`:
@@ -193,7 +194,7 @@ class NetworkState(object):
         self._tree = tree
         # device type -> (identity of the FP32 graph and policy, its Conversion); see
         # mxamp.gluon._conversion
-        self._conversions: Dict[str, Tuple[Tuple[str, bool], graph_mod.Conversion]] = {}
+        self._conversions: Dict[str, Tuple[Tuple[str, bool, bool], graph_mod.Conversion]] = {}
         self.built_for: Optional[str] = None
         self._built_at = 0
         self.fused_for_inference: Optional[str] = None
@@ -258,12 +259,12 @@ class NetworkState(object):
 
     # -- conversions ------------------------------------------------------
     def conversion_for(self, device_type: str
-                       ) -> Optional[Tuple[Tuple[str, bool], graph_mod.Conversion]]:
+                       ) -> Optional[Tuple[Tuple[str, bool, bool], graph_mod.Conversion]]:
         """``(identity, Conversion)`` made last for `device_type`, or None; the identity is
-        the FP32 graph's and whether the conversion is for inference alone."""
+        the FP32 graph's and the policy's `inference` and `own_clip`."""
         return self._conversions.get(device_type)
 
-    def remember_conversion(self, device_type: str, identity: Tuple[str, bool],
+    def remember_conversion(self, device_type: str, identity: Tuple[str, bool, bool],
                             conversion: graph_mod.Conversion) -> None:
         """Keep `conversion` (of the graph and policy `identity`) for `device_type`."""
         self._require_converted('converting a graph')

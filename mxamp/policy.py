@@ -192,8 +192,8 @@ _NEUTRAL = _names('''
     relu sigmoid tanh softsign hard_sigmoid abs negative sign ceil floor fix rint round trunc
     sqrt cbrt degrees radians clip logical_not Dropout BlockGrad
     Flatten Reshape SwapAxis transpose expand_dims squeeze slice slice_axis slice_like
-    _mxamp_fan_out _mxamp_move_channels _mxamp_pooling SliceChannel _split_v2 _split_v2_backward
-    reshape_like broadcast_like broadcast_axis
+    _mxamp_fan_out _mxamp_move_channels _mxamp_pooling _mxamp_clip SliceChannel _split_v2
+    _split_v2_backward reshape_like broadcast_like broadcast_axis
     broadcast_to tile repeat reverse Pad depth_to_space space_to_depth diag im2col col2im
     take batch_take pick gather_nd one_hot _onehot_encode max min
     SequenceLast SequenceMask SequenceReverse UpSampling _contrib_AdaptiveAvgPooling2D
@@ -278,7 +278,7 @@ BFLOAT16_CPU_KERNELS = _names('''
     _mxamp_batch_norm Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
     _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
     slice_like broadcast_like broadcast_axis broadcast_to BlockGrad _copy _mxamp_fan_out
-    _mxamp_move_channels _mxamp_pooling make_loss
+    _mxamp_move_channels _mxamp_pooling _mxamp_clip make_loss
     Concat stack add_n elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add
     broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
     _maximum _minimum _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar
@@ -741,6 +741,12 @@ class Policy(object):
         a ReLU6 that oneDNN fuses into the bfloat16 convolution before it
         computes there (`fuses_into_convolution`) instead of in FP32 between
         two casts, which would keep the two apart.
+    own_clip : bool
+        Whether ``clip`` runs on mxamp's own kernel (`mxamp.own_conv.clip`,
+        which a converted Gluon network runs in place of MXNet's when the
+        library is loaded): then it computes in bfloat16 where the CPU class
+        computes bfloat16, instead of in FP32 between casts (MXNet's own
+        bfloat16 clip is a slow generic loop, `BFLOAT16_CPU_SLOW`).
 
     Examples
     --------
@@ -756,7 +762,7 @@ class Policy(object):
                  emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
                  lp_ops_only: Optional[Iterable[str]] = None,
                  fp32_conditions: Iterable[Tuple[str, str, Iterable[str]]] = (),
-                 inference: bool = False) -> None:
+                 inference: bool = False, own_clip: bool = False) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         fp32 = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
         low = frozenset(canonical_ops(lp_ops, 'lp_ops'))
@@ -782,16 +788,18 @@ class Policy(object):
             raise ValueError('cpu_class=%r: expected one of %s' % (cpu_class, ', '.join(CPU_CLASSES)))
         self.cpu_class = cpu_class
         self.inference = bool(inference)
+        self.own_clip = bool(own_clip)
 
     def __repr__(self) -> str:
         conditions = sorted((op, attribute, tuple(sorted(values)))
                             for op, rules in self.fp32_conditions.items() for attribute, values in rules)
         return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, '
-                'cpu_class=%r%s%s)'
+                'cpu_class=%r%s%s%s)'
                 % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
                    self.batchnorm_data, self.cpu_class,
                    ', fp32_conditions=%s' % conditions if conditions else '',
-                   ', inference=True' if self.inference else ''))
+                   ', inference=True' if self.inference else '',
+                   ', own_clip=True' if self.own_clip else ''))
 
     def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
@@ -817,7 +825,8 @@ class Policy(object):
             cls = FLOAT32 if (attrs or {}).get(key) in fp32_values else NEUTRAL
         if op in _FLOAT32_INPUTS and self.batchnorm_data == FLOAT32:
             cls = FLOAT32
-        if self.dtype == 'bfloat16' and cls != FLOAT32 and not _runs_in_bfloat16_on_cpu(op, attrs):
+        if (self.dtype == 'bfloat16' and cls != FLOAT32
+                and not _runs_in_bfloat16_on_cpu(op, attrs) and not self._on_own_kernel(op)):
             # No bfloat16 kernel, or a slow one: under bfloat16 the op runs in FP32.
             cls = FLOAT32
         return cls
@@ -842,9 +851,12 @@ class Policy(object):
         if self.dtype != 'bfloat16':
             return True
         op = canonical(op)
-        if op in self.lp_ops:
+        if op in self.lp_ops or self._on_own_kernel(op):
             return not self.bfloat16_storage_only
         return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
+
+    def _on_own_kernel(self, op: str) -> bool:
+        return self.own_clip and op == 'clip'
 
     def computes_in_float32(self, op: str) -> bool:
         """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""

@@ -112,11 +112,11 @@ import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import HybridBlock
 
-from . import dtypes, hardware
+from . import dtypes, hardware, own_conv
 from . import graph as graph_mod
 from . import verdict_rules
 from .dtypes import LOW_PRECISION, DTypeLike, name_of_array
-from .gluon import conversion_of, is_converted
+from .gluon import conversion_of, is_converted, with_own_clips
 from .network_state import Stage, describe_block, state_of
 from .symbol import convert_with_record, graph_inputs, load_params
 from .trainer import Trainer
@@ -745,6 +745,9 @@ def _kernel_child_main(spec_path):
     """The kernel pass's child process: one warm-up and one marked step per side."""
     with open(spec_path) as handle:
         spec = json.load(handle)
+    # A converted Gluon net's graph may hold mxamp's own clip (gluon.with_own_clips): the
+    # library registers it before the graph loads (the parent's MXAMP_OWN_CONV holds here too).
+    own_conv.available()
     ctx = mx.cpu()
     for entry in spec['sides']:
         prefix = entry['prefix']
@@ -1507,8 +1510,10 @@ def profile(net: HybridBlock, *inputs: mx.nd.NDArray, train: bool = False,
         requested, reason = own, 'the net is converted to %s' % own
         conversion, _ = conversion_of(net)
         low_params = {p.name: p.data(ctx).copy() for p in net.collect_params().values()}
-        low = _Side(own, conversion.symbol, low_params, conversion, feed, ctx, train, optimizer,
-                    optimizer_params)
+        # Its clips on mxamp's own kernel, as the net runs them (its policy computes them
+        # there, in bfloat16: MXNet's bfloat16 clip would misreport them).
+        low = _Side(own, with_own_clips(conversion.symbol), low_params, conversion, feed, ctx,
+                    train, optimizer, optimizer_params)
     else:
         requested, target, reason = _dtype_choice('auto' if dtype is None else dtype)
         if state is not None and state.stage is Stage.KEPT_FLOAT32 and state.float32_reason:

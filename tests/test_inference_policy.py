@@ -154,12 +154,12 @@ def test_a_relu6_stays_float32_where_it_would_not_fuse_or_the_user_says_so(case)
 # ---------------------------------------------------------------------------
 # Fused runs
 
-class _MobileBlock(HybridBlock):
+class MobileBlock(HybridBlock):
     """1x1 expand to 48 channels, ReLU6, depthwise 3x3, ReLU6, 1x1 to 16: MobileNet v2's
     block, whose channel counts AMX kernels do not take (16, 48, depthwise)."""
 
     def __init__(self, **kwargs):
-        super(_MobileBlock, self).__init__(**kwargs)
+        super(MobileBlock, self).__init__(**kwargs)
         with self.name_scope():
             self.stem = nn.Conv2D(16, 3, padding=1, use_bias=False)
             self.stem_bn = nn.BatchNorm()
@@ -179,9 +179,9 @@ class _MobileBlock(HybridBlock):
         return self.output(self.pool(x + self.project_bn(self.project(y))))
 
 
-def _mobile_block():
+def mobile_block():
     mx.random.seed(3)
-    net = _MobileBlock()
+    net = MobileBlock()
     net.initialize(mx.init.Xavier())
     x = mx.nd.random.uniform(shape=(4, 3, 16, 16))
     net(x)
@@ -194,8 +194,8 @@ def _mobile_block():
     return net, x
 
 
-def _copy(net, x):
-    twin = _MobileBlock()
+def copy_of(net, x):
+    twin = MobileBlock()
     twin.initialize()
     twin(x)
     for (_, mine), (_, theirs) in zip(twin.collect_params().items(), net.collect_params().items()):
@@ -216,16 +216,16 @@ def _ops(conversion):
 @needs_bfloat16_compute
 def test_for_inference_on_an_amx_cpu_computes_the_mobile_block_in_bfloat16(monkeypatch):
     monkeypatch.setattr(hardware, 'cpu_class', lambda: hardware.AMX)
-    net, x = _mobile_block()
+    net, x = mobile_block()
     reference = net(x).asnumpy()
-    trained = mg.convert(_copy(net, x), 'bfloat16')
+    trained = mg.convert(copy_of(net, x), 'bfloat16')
     trained.hybridize()
     trained(x)
     training_ops = _ops(mg.converted_state(trained).conversion_for('cpu')[1])
     # The training graph on AMX: the stem's 3 channels in, 16 out, and the block's 16/48
     # channel convolutions in FP32 (their weights stored in bfloat16).
     assert training_ops[('Convolution', 'float32')] == 4, training_ops
-    fused = mxamp.for_inference(_copy(net, x), x, dtype='bfloat16')
+    fused = mxamp.for_inference(copy_of(net, x), x, dtype='bfloat16')
     ops = _ops(mg.converted_state(fused).conversion_for('cpu')[1])
     assert ops[('Convolution', 'bfloat16')] == 4 and not ops[('Convolution', 'float32')], ops
     assert ops[('clip', 'bfloat16')] == 3 and not ops[('clip', 'float32')], ops
@@ -243,10 +243,10 @@ def test_a_fused_relu6_changes_no_bit(monkeypatch):
     # rounding is monotonic): computing it inside the convolution, before its output is
     # rounded, gives the bits FP32 between casts gives.
     monkeypatch.setattr(hardware, 'cpu_class', lambda: hardware.AVX512_BF16)
-    net, x = _mobile_block()
-    inside = mxamp.for_inference(_copy(net, x), x, dtype='bfloat16')(x).asnumpy()
+    net, x = mobile_block()
+    inside = mxamp.for_inference(copy_of(net, x), x, dtype='bfloat16')(x).asnumpy()
     monkeypatch.setattr(Policy, 'fuses_into_convolution', lambda self, *args, **kwargs: False)
-    between_casts = mxamp.for_inference(_copy(net, x), x, dtype='bfloat16')
+    between_casts = mxamp.for_inference(copy_of(net, x), x, dtype='bfloat16')
     ops = _ops(mg.converted_state(between_casts).conversion_for('cpu')[1])
     assert ops[('clip', 'float32')] == 3, ops
     np.testing.assert_array_equal(between_casts(x).asnumpy(), inside)

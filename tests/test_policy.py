@@ -40,7 +40,7 @@ def test_every_operator_has_exactly_one_base_class():
     known = set(CANONICAL) | {own_conv.OP_NAME, own_conv.FOLLOW_OP_NAME,
                               own_conv.BATCH_NORM_OP_NAME, own_conv.FAN_OUT_OP_NAME,
                               own_conv.MOVE_CHANNELS_OP_NAME, own_conv.POOLING_OP_NAME,
-                              own_conv.SGD_STEP_OP_NAME}
+                              own_conv.SGD_STEP_OP_NAME, own_conv.CLIP_OP_NAME}
     for members in sets.values():
         assert set(members) <= known, set(members) - known
 
@@ -487,3 +487,21 @@ def test_bfloat16_training_runs_no_reference_batchnorm_kernel(model, batch, size
     assert batchnorms, done.stdout[-2000:]
     assert not [line for line in batchnorms if 'bnorm_ref' in line], \
         [line for line in batchnorms if 'bnorm_ref' in line][:3]
+
+
+def test_clip_computes_in_bfloat16_on_the_own_kernel_only():
+    # MXNet's bfloat16 clip is a slow generic loop (FP32 between casts instead); mxamp's own
+    # clip (a converted Gluon net runs it where the library is loaded) is not.
+    from mxamp.graph import plan_node
+    node = {'op': 'clip', 'name': 'relu6', 'attrs': {'a_min': '0', 'a_max': '6'}}
+
+    def precision(**options):
+        options.setdefault('cpu_class', 'avx512_bf16')
+        policy = Policy('bfloat16', **options)
+        return plan_node(node, policy, ['bfloat16'], [None], [True]).precision
+    assert precision(own_clip=True) == precision(own_clip=True, cpu_class='amx') == 'bfloat16'
+    assert precision() == 'float32'
+    assert precision(own_clip=True, cpu_class='avx2') == 'float32'     # bfloat16 storage only
+    assert precision(own_clip=True, fp32_ops=['clip']) == 'float32'
+    assert precision(own_clip=True, exclude=['relu6']) == 'float32'
+    assert 'own_clip=True' in repr(Policy('bfloat16', own_clip=True))
