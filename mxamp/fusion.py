@@ -25,7 +25,7 @@ import numpy as np
 import mxnet as mx
 
 from .dtypes import LOW_PRECISION, NUMPY_BFLOAT16, cast, from_numpy, type_flag
-from .graph import (NO_FOLD_SUFFIX, GraphError, GraphLike, assemble_graph, error_line,
+from .graph import (NO_FOLD_SUFFIX, GraphError, GraphLike, assemble_graph, entry_uses, error_line,
                     infer_entry_types, load_graph)
 
 __all__ = ['fused_nodes', 'format_fusions', 'describe_fusion', 'fuse_symbol', 'fold_batchnorm',
@@ -178,8 +178,7 @@ def _foldable_pairs(graph):
     axis 1, its statistics not output) is the only consumer of a bfloat16 convolution,
     directly or through the identity the rewrite puts there (`mxamp.graph.NO_FOLD_SUFFIX`)."""
     nodes = graph['nodes']
-    uses = collections.Counter((src, k) for node in nodes for src, k, _ in node['inputs'])
-    uses.update((nid, k) for nid, k, _ in graph['heads'])
+    uses = entry_uses(graph)
     types = infer_entry_types(graph)
     pairs = []
     for bn, node in enumerate(nodes):

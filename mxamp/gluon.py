@@ -608,7 +608,6 @@ def _policy(block, device_type):
 
 def _rewrite(block, fp32_symbol, policy, shapes):
     """Converted graph of `block`: mxamp.graph.convert_graph under `policy`."""
-    state = converted_state(block)
     if policy.emulate_float16:
         _warn_float16_cpu()
     if policy.bfloat16_storage_only:
@@ -619,9 +618,8 @@ def _rewrite(block, fp32_symbol, policy, shapes):
     # low precision: a child block called on its own must agree with its
     # parents on each parameter's dtype.
     params = block.collect_params().values()
-    dtype = state.settings.dtype
     candidates = {p.name for p in params
-                  if p.name in names and getattr(p, '_mxamp_precision', None) == dtype}
+                  if p.name in names and getattr(p, '_mxamp_precision', None) == policy.dtype}
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
     inputs = names - {p.name for p in params}
     return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,

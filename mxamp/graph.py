@@ -66,7 +66,7 @@ __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', '
            'PAD_SUFFIX',
            'assemble_graph', 'cast_input', 'check_graph', 'convert_graph', 'error_line', 'find_casts',
            'format_report',
-           'convolution_post_ops', 'infer_entry_shapes', 'infer_entry_types', 'load_graph',
+           'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'load_graph',
            'plan_node', 'storable_params']
 
 # Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
@@ -656,6 +656,15 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
     return storable
 
 
+def entry_uses(graph: Mapping[str, Any]) -> Counter[Tuple[int, int]]:
+    """How many readers each entry ``(node index, output)`` of `graph` has: node inputs and
+    graph outputs."""
+    uses: Counter[Tuple[int, int]] = collections.Counter(
+        (src, k) for node in graph['nodes'] for src, k, _ in node['inputs'])
+    uses.update((nid, k) for nid, k, _ in graph['heads'])
+    return uses
+
+
 # What MXNet 1.9.1's oneDNN backend fuses between a convolution and the activation after
 # it (SgMKLDNNConvSelector): a BatchNorm, then an elemwise_add, in that order, each optional.
 _FUSED_BEFORE_ACTIVATION = ('elemwise_add', 'BatchNorm')
@@ -680,8 +689,7 @@ def convolution_post_ops(graph: Mapping[str, Any]) -> FrozenSet[int]:
     ['bn', 'relu6']
     """
     nodes = graph['nodes']
-    uses = collections.Counter((src, k) for node in nodes for src, k, _ in node['inputs'])
-    uses.update((nid, k) for nid, k, _ in graph['heads'])
+    uses = entry_uses(graph)
 
     def reads_convolution(entry, allowed):
         src, k = entry[0], entry[1]

@@ -812,10 +812,7 @@ class Policy(object):
         conditional ops; `node_name` applies `exclude`.
         """
         op = canonical(op)
-        if node_name is not None and self.is_excluded(node_name):
-            return FLOAT32
-        if op in self.fp32_ops or any((attrs or {}).get(attribute) in values
-                                      for attribute, values in self.fp32_conditions.get(op, ())):
+        if self._user_keeps_float32(op, attrs, node_name):
             return FLOAT32
         if op in self.lp_ops:
             return LOW
@@ -854,6 +851,15 @@ class Policy(object):
         if op in self.lp_ops or self._on_own_kernel(op):
             return not self.bfloat16_storage_only
         return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
+
+    def _user_keeps_float32(self, op: str, attrs: Optional[Mapping[str, str]],
+                            node_name: Optional[str]) -> bool:
+        """Whether `exclude`, `fp32_ops` or `fp32_conditions` keep the node (`op`
+        canonical) in FP32."""
+        if node_name is not None and self.is_excluded(node_name):
+            return True
+        return op in self.fp32_ops or any((attrs or {}).get(attribute) in values
+                                          for attribute, values in self.fp32_conditions.get(op, ()))
 
     def _on_own_kernel(self, op: str) -> bool:
         return self.own_clip and op == 'clip'
@@ -895,12 +901,8 @@ class Policy(object):
             return False
         op, attrs = canonical(op), attrs or {}
         condition = _FUSED_SLOW_ACTIVATIONS.get(op)
-        if condition is None or not condition(attrs) or op in self.fp32_ops:
-            return False
-        if node_name is not None and self.is_excluded(node_name):
-            return False
-        return not any(attrs.get(attribute) in values
-                       for attribute, values in self.fp32_conditions.get(op, ()))
+        return (condition is not None and condition(attrs)
+                and not self._user_keeps_float32(op, attrs, node_name))
 
     def follows_data(self, op: str) -> bool:
         """Whether a low-precision node runs in FP32 when its data input is FP32."""
