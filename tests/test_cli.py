@@ -10,7 +10,7 @@ import pytest
 
 import mxnet as mx
 
-from conftest import CORPUS, require_corpus
+from conftest import CORPUS, needs_bfloat16_compute, require_corpus
 import mxamp
 from mxamp import cli, hardware
 from mxamp.dtypes import BFLOAT16
@@ -301,6 +301,81 @@ def test_for_inference_writes_a_fused_model_and_reports_the_fusions(model, tmp_p
     module.set_params(args, auxs)
     module.forward(mx.io.DataBatch([mx.nd.ones((4, 16, 8, 8))], [mx.nd.zeros(4)]), is_train=False)
     assert np.isfinite(module.get_outputs()[0].asnumpy()).all()
+
+
+def _forward(prefix, batch=2):
+    symbol, args, auxs = mx.model.load_checkpoint(prefix, 0)
+    module = mx.mod.Module(symbol, context=mx.cpu())
+    module.bind(data_shapes=[('data', (batch, 16, 8, 8))],
+                label_shapes=[('softmax_label', (batch,))], for_training=False)
+    module.set_params(args, auxs)
+    data = mx.nd.random.uniform(-1, 1, shape=(batch, 16, 8, 8), ctx=mx.cpu())
+    module.forward(mx.io.DataBatch([data], [mx.nd.zeros(batch)]), is_train=False)
+    return module.get_outputs()[0].asnumpy()
+
+
+def _casts_of_activations(prefix):
+    """The operators of the casts that read an operator's output or the input 'data'."""
+    nodes = json.load(open(prefix + '-symbol.json'))['nodes']
+    return sorted({node['op'] for node in nodes if node['op'] in ('Cast', 'amp_cast')
+                   and not node['name'].endswith('_mxamp_no_fold')
+                   and (nodes[node['inputs'][0][0]]['op'] != 'null'
+                        or nodes[node['inputs'][0][0]]['name'] == 'data')})
+
+
+def _fast_and_portable(model, tmp_path, capsys, *options):
+    """Converts `model` with `options`, with and without --fast-casts; the two prefixes."""
+    prefixes = []
+    for fast in (False, True):
+        prefix = str(tmp_path / ('fast' if fast else 'portable'))
+        status, out, err = convert(capsys, model + '-symbol.json', '--params',
+                                   model + '-0000.params', '-o', prefix,
+                                   '--input-shape', 'data=2,16,8,8', *options,
+                                   *(['--fast-casts'] if fast else []))
+        assert status == 0, err
+        # The fast form names what a default save would do to it, once.
+        assert err.count('remove_amp_cast=False') == fast, err
+        prefixes.append(prefix)
+    return prefixes
+
+
+def test_fast_casts_cast_activations_with_amp_cast_to_the_same_values(model, tmp_path, capsys):
+    # float16 for a CPU runs everywhere: its GEMMs compute in FP32 between float16 casts.
+    portable, fast = _fast_and_portable(model, tmp_path, capsys, '--dtype', 'float16', '--cpu')
+    assert _casts_of_activations(portable) == ['Cast']
+    assert _casts_of_activations(fast) == ['amp_cast']
+    mx.random.seed(3)
+    expected = _forward(portable)
+    mx.random.seed(3)
+    np.testing.assert_array_equal(_forward(fast), expected)
+    # What the note is about: MXNet's default save drops the casts.
+    symbol = mx.sym.load(fast + '-symbol.json')
+    for remove, expected_ops in ((True, set()), (False, {'amp_cast'})):
+        nodes = json.loads(symbol.tojson(remove_amp_cast=remove))['nodes']
+        assert {node['op'] for node in nodes} & {'amp_cast'} == expected_ops
+
+
+@needs_bfloat16_compute
+def test_fast_casts_give_the_bits_of_the_rounded_portable_casts_in_bfloat16(model, tmp_path,
+                                                                           capsys):
+    portable, fast = _fast_and_portable(model, tmp_path, capsys, '--dtype', 'bfloat16')
+    assert _casts_of_activations(fast) == ['amp_cast']
+    assert 'amp_cast' not in _casts_of_activations(portable)
+    mx.random.seed(3)
+    expected = _forward(portable)
+    mx.random.seed(3)
+    np.testing.assert_array_equal(_forward(fast), expected)
+
+
+@pytest.mark.parametrize('options', [['--dtype', 'float32'],
+                                     ['--dtype', 'bfloat16', '--cpu-class', 'avx2']])
+def test_fast_casts_without_activation_casts_write_no_note(model, tmp_path, capsys, options):
+    # float32 writes the graph unchanged; a bfloat16 graph for an AVX2 CPU computes in FP32
+    # and casts parameters only, which are always Cast nodes.
+    status, out, err = convert(capsys, model + '-symbol.json', '-o', str(tmp_path / 'x'),
+                               '--fast-casts', *options)
+    assert status == 0 and 'remove_amp_cast' not in err, err
+    assert _casts_of_activations(str(tmp_path / 'x')) == []
 
 
 def test_for_inference_errors_exit_2_and_write_nothing(model, tmp_path, capsys):
