@@ -32,10 +32,12 @@ How an update runs
   ``mp_sgd_mom_update``, ``multi_mp_sgd_*``, ``mp_nag_mom_update``,
   ``mp_lamb_update_phase1/2`` or ``contrib.mp_adamw_update``.  These run on CPU.
 * bfloat16 weights with MXNet's own ``SGD`` (with or without momentum) on a
-  CPU where mxamp's native library runs (see :func:`follow_weight`): one
-  native pass per weight (`mxamp.own_conv.sgd_step_bfloat16`) that computes
-  what the generic path below computes, bit for bit, reading and writing
-  each value once instead of in four MXNet passes.
+  CPU where mxamp's native library runs: one native pass per weight
+  (`mxamp.own_conv.sgd_step_bfloat16`) that computes what the generic path
+  below computes, bit for bit, reading and writing each value once instead
+  of in four MXNet passes (on CPUs without AVX-512, whose generic narrowing
+  keeps subnormals, the pass rounds as a bfloat16 CPU does: the two differ
+  only below 2**-100 in magnitude; :func:`mxamp.dtypes.bfloat16_casts_round_to_even`).
 * Everything else (other bfloat16 weights, float16 weights with Adam, RMSProp,
   AdaGrad, ...): the generic path.  The gradient is cast to FP32, the base
   optimizer's FP32 ``update`` runs on the master copy and its FP32 states, and
@@ -289,11 +291,17 @@ class MultiPrecision(_MixedInto):
 
         Only for MXNet's own ``SGD`` mixed in by :func:`mixed_class` (a
         subclass may change the update), on dense bfloat16 weights where the
-        native kernels run (see `_runs_natively`).
+        native kernels run (see `_native_library_takes`).  Also where this
+        process's bfloat16 casts are MXNet's generic kernels (CPU class
+        ``'avx2'``), unlike the native follow: the step writes the weight
+        itself, rounded as it then compares, as a bfloat16 CPU's ``amp_cast``
+        rounds.  That differs from the generic narrowing only below 2**-100
+        in magnitude (subnormals flushed to zero), where the first step may
+        restart a master converted from such a weight to the weight's value.
         """
         return (type(self).__dict__.get('_mxamp_base') is mx.optimizer.SGD and
                 self.multi_precision and weight.stype == 'default' and
-                grad.stype == 'default' and _runs_natively(weight))
+                grad.stype == 'default' and _native_library_takes(weight))
 
     def _mxamp_sgd_steps(self, indices, weights, grads, states):
         """SGD's update of bfloat16 weights on their masters, one native pass per weight.
@@ -367,23 +375,27 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
 
 
 def _follows_natively(master, weight):
-    """Whether mxamp's native one-pass kernel can follow `weight` (see `follow_weight`)."""
-    return master.context == weight.context and _runs_natively(weight)
+    """Whether mxamp's native one-pass kernel can follow `weight` (see `follow_weight`).
+
+    Where the casts that wrote the weight round as the kernel does: not where
+    MXNet's generic kernels stand in for ``amp_cast`` (CPU class ``'avx2'``),
+    whose narrowing differs from the kernel's below 2**-100 in magnitude, so
+    the kernel would restart those masters.
+    """
+    return master.context == weight.context and bfloat16_casts_round_to_even() and \
+        _native_library_takes(weight)
 
 
-def _runs_natively(weight):
-    """Whether mxamp's native master-weight kernels (follow, SGD step) take `weight`.
+def _native_library_takes(weight):
+    """Whether mxamp's native master-weight kernels (follow, SGD step) can run on `weight`.
 
-    bfloat16 weights on the CPU, in a worker process with the library loaded,
-    where the casts that wrote the weights round to nearest even as the kernels
-    do (not where MXNet's generic ``Cast`` stands in for them: its ties round
-    away from zero, and the kernels would restart those masters).  Not on a
-    kvstore server: it runs inside ``import mxnet`` (see MultiPrecision), where
-    mxamp's package, and with it the library, is never imported.
+    bfloat16 weights on the CPU, in a worker process with the library loaded.
+    Not on a kvstore server: it runs inside ``import mxnet`` (see
+    MultiPrecision), where mxamp's package, and with it the library, is never
+    imported.
     """
     if weight.dtype != BFLOAT16 or weight.context.device_type != 'cpu' or \
-            os.environ.get('DMLC_ROLE', 'worker') != 'worker' or \
-            not bfloat16_casts_round_to_even():
+            os.environ.get('DMLC_ROLE', 'worker') != 'worker':
         return False
     from . import own_conv
     return own_conv.available()
