@@ -796,7 +796,8 @@ def _warn_bfloat16_storage_only():
         _warned_bfloat16_storage_only = True
         warnings.warn('mxamp: bfloat16 on this %s: parameters are stored in bfloat16 and every '
                       'op computes in FP32 between casts (results within bfloat16 rounding of a '
-                      'bfloat16 CPU; for memory and portability, slightly slower than FP32)'
+                      'bfloat16 CPU; for portability and half-size parameters, not for speed, '
+                      'and in training not for memory: the FP32 master weights stay beside them)'
                       % hardware.describe_cpu_class(),
                       RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
