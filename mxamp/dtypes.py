@@ -34,8 +34,9 @@ from . import hardware
 
 __all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'NUMPY_BFLOAT16', 'ROUNDING_SUFFIX',
            'amp_cast', 'bfloat16_casts_round_to_even', 'bfloat16_rounding_nodes', 'cast', 'cast_into',
-           'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype', 'param_precision',
-           'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy', 'type_flag', 'widen']
+           'dtype_name', 'explicit_bfloat16_here', 'from_numpy', 'name_of_array', 'numpy_dtype',
+           'param_precision', 'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy',
+           'type_flag', 'widen']
 
 #: What mxamp accepts wherever it takes a dtype: a precision name or alias
 #: (``'bfloat16'``, ``'bf16'``, ``'float16'``, ``'fp16'``, ``'half'``, ``'float32'``,
@@ -441,9 +442,11 @@ def resolve_dtype(dtype: DTypeLike, ctx: Optional[ContextLike] = None) -> str:
     str
         ``'float32'``, ``'float16'`` or ``'bfloat16'``.  ``'auto'`` gives the
         fastest precision the hardware computes: ``'float16'`` on a GPU,
-        ``'bfloat16'`` on a CPU that computes it natively (:func:`mxamp.hardware.cpu_class`
-        ``'avx512_bf16'`` or ``'amx'``), ``'float32'`` on other CPUs, saying so
-        once per process in one warning that names the CPU class.
+        ``'bfloat16'`` on a CPU where bfloat16 is faster than FP32
+        (:func:`mxamp.hardware.bfloat16_pays`: :func:`mxamp.hardware.cpu_class`
+        ``'avx512_bf16'`` or ``'amx'``, but not a CPU with AMX tiles left off),
+        ``'float32'`` on other CPUs, saying so once per process in one warning
+        that names the CPU class.
 
     Raises
     ------
@@ -457,13 +460,21 @@ def resolve_dtype(dtype: DTypeLike, ctx: Optional[ContextLike] = None) -> str:
     on_gpu = hardware.gpu_count() > 0 if ctx is None else ctx.device_type == 'gpu'
     if on_gpu:
         return 'float16'
-    if hardware.computes_bfloat16():
+    if hardware.bfloat16_pays():
         return 'bfloat16'
     global _warned_auto_float32
     if not _warned_auto_float32:
         _warned_auto_float32 = True
-        warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; bfloat16 pays on "
-                      "CPUs with AVX512-BF16 or AMX (dtype='bfloat16' still works here: "
-                      "bfloat16 parameters, FP32 compute)" % hardware.describe_cpu_class(),
+        warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; %s"
+                      % (hardware.describe_cpu_class(), explicit_bfloat16_here()),
                       RuntimeWarning, stacklevel=hardware.user_stacklevel())
     return 'float32'
+
+
+def explicit_bfloat16_here() -> str:
+    """What ``dtype='bfloat16'`` does on this CPU, where ``'auto'`` stays float32, in words."""
+    if hardware.computes_bfloat16():
+        return "dtype='bfloat16' still computes in bfloat16 here; AMX enabled makes it the fast path"
+    return ("bfloat16 pays on CPUs with AVX512-BF16 or AMX; dtype='bfloat16' still works here: "
+            "bfloat16 storage, FP32 compute, slower than FP32")
+

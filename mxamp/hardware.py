@@ -72,7 +72,8 @@ from types import FrameType
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, cast
 
 __all__ = ['cpu_flags', 'cpu_model', 'has_avx512_bf16', 'has_amx_bf16', 'usable_cpus', 'gpu_count',
-           'cpu_class', 'computes_bfloat16', 'describe_cpu_class', 'class_lowered_by', 'isa_cap',
+           'cpu_class', 'computes_bfloat16', 'amx_left_off', 'bfloat16_pays', 'describe_cpu_class',
+           'class_lowered_by', 'isa_cap',
            'enable_amx', 'describe', 'CPU_CLASSES', 'mxnet_openmp_threads', 'mxnet_openmp_runtime',
            'launch_environment', 'performance_variables', 'PERFORMANCE_VARIABLES',
            'MXNET_OPENMP_SONAMES']
@@ -105,6 +106,10 @@ _ISA_CAPS = {
 }
 # What oneDNN's avx512_core needs (Skylake-SP and later; AMD Zen 4).
 _AVX512_CORE_FLAGS = frozenset(('avx512f', 'avx512bw', 'avx512vl', 'avx512dq'))
+
+# Why enable_amx() leaves a CPU's AMX tiles off (its log line says which).
+_AMX_OFF_WHY = ('MXAMP_AMX=0, a DNNL_MAX_CPU_ISA of the user, or Linux refused the tile '
+                'permission: kernels before 5.16 cannot grant it')
 
 _CLASS_TEXT = {
     AVX2: 'CPU without AVX-512: MXNet 1.9.1\'s oneDNN has no bfloat16 kernels',
@@ -199,18 +204,43 @@ def computes_bfloat16(klass: Optional[str] = None) -> bool:
     return (klass or cpu_class()) in BFLOAT16_COMPUTE_CLASSES
 
 
+def amx_left_off() -> bool:
+    """Whether this CPU has AMX tiles that oneDNN does not use (:func:`class_lowered_by` says why).
+
+    Then its class is ``'avx512_bf16'``: bfloat16 runs on the AVX512-BF16
+    kernels, which on this silicon are no faster than FP32's AVX-512 ones.
+    """
+    return has_amx_bf16() and cpu_class() == AVX512_BF16
+
+
+def bfloat16_pays() -> bool:
+    """Whether computing in bfloat16 is faster than FP32 on this CPU: what ``'auto'`` follows.
+
+    :func:`computes_bfloat16`, except on a CPU with AMX tiles left off
+    (:func:`amx_left_off`). There the AVX512-BF16 kernels trained ResNet-50 v1
+    at 0.77x FP32 (a 16-core Xeon with AMX capped to ``AVX512_CORE_BF16``, 2
+    threads, batch 16: MXNet's bfloat16 convolutions alone took longer than
+    the whole FP32 step; docs/hardware.rst). The CPUs the class was measured
+    on, AMD EPYC with AVX512-BF16, ran bfloat16 convolutions at 2x FP32.
+    """
+    return computes_bfloat16() and not amx_left_off()
+
+
 def describe_cpu_class(klass: Optional[str] = None) -> str:
     """One phrase naming CPU class `klass` (default: this CPU's) and its bfloat16 support.
 
     Mentions ``DNNL_MAX_CPU_ISA`` only when that variable is what lowered this
     CPU's class (on an AMX machine mxamp itself sets it, to a value that lowers
-    nothing).
+    nothing), and, for this CPU, AMX tiles left off (:func:`amx_left_off`).
     """
     if klass is None:
         klass = cpu_class()
         if _lowered_by_isa_cap():
             return 'CPU limited by DNNL_MAX_CPU_ISA=%s to class %r (%s)' % (
                 os.environ.get('DNNL_MAX_CPU_ISA'), klass, _CLASS_TEXT[klass])
+        if amx_left_off():
+            return ('%r class CPU with its AMX tiles left off (%s): bfloat16 runs on '
+                    'AVX512-BF16 kernels, slower than float32 here' % (klass, _AMX_OFF_WHY))
     return '%r class %s' % (klass, _CLASS_TEXT[klass])
 
 
@@ -232,8 +262,7 @@ def class_lowered_by() -> List[str]:
     if _lowered_by_isa_cap():
         why.append('DNNL_MAX_CPU_ISA=%s' % os.environ.get('DNNL_MAX_CPU_ISA'))
     if has_amx_bf16() and not _amx_enabled:
-        why.append('AMX left off (MXAMP_AMX=0, a DNNL_MAX_CPU_ISA of the user, or Linux refused '
-                   'the tile permission)')
+        why.append('AMX left off (%s)' % _AMX_OFF_WHY)
     return why
 
 

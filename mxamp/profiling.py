@@ -1411,7 +1411,7 @@ def _dtype_choice(dtype):
         warnings.simplefilter('ignore')     # resolve_dtype's once-a-process note: the report says it
         auto = dtypes.resolve_dtype('auto', mx.cpu())
     if auto == 'float32':
-        reason = 'this %s' % hardware.describe_cpu_class()
+        reason = 'this %s; %s' % (hardware.describe_cpu_class(), dtypes.explicit_bfloat16_here())
     else:
         reason = 'this %s computes it natively' % hardware.describe_cpu_class()
     return asked, auto if asked == 'auto' else asked, reason

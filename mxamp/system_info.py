@@ -55,8 +55,7 @@ def _auto() -> Dict[str, str]:
     if cpu == 'bfloat16':
         why = 'this %s computes bfloat16 natively' % hardware.describe_cpu_class()
     else:
-        why = ("this %s; dtype='bfloat16' still works here: bfloat16 storage, FP32 compute, "
-               "slower than FP32" % hardware.describe_cpu_class())
+        why = 'this %s; %s' % (hardware.describe_cpu_class(), dtypes.explicit_bfloat16_here())
     answer = {'cpu': cpu, 'cpu_why': why, 'cpu_class': klass}
     if hardware.gpu_count():
         answer.update(gpu='float16', gpu_why='NVIDIA GPUs compute float16 on Tensor Cores')

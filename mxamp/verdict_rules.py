@@ -186,9 +186,8 @@ def _casts_matter(record):
 RULES = (
     Rule('auto_kept_float32', STEP,
          lambda r: r['dtype_requested'] == 'auto' and r['dtype'] == 'float32',
-         "dtype='auto' chose float32: {auto_reason}. bfloat16 here would store the parameters "
-         "in bfloat16 and compute every operator in FP32 between casts; profile with "
-         "dtype='bfloat16' to measure what that costs",
+         "dtype='auto' chose float32: {auto_reason}; profile with dtype='bfloat16' to measure "
+         "what that costs",
          'whole_step'),
     Rule('bfloat16_storage_only', STEP,
          lambda r: r['dtype'] == 'bfloat16' and not r['computes_low_precision'],

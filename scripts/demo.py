@@ -78,9 +78,10 @@ def main(argv=None):
     from mxamp import hardware
     from tqdm import tqdm
 
-    # 'auto' stays FP32 on CPUs without native bfloat16 (mxamp.dtypes.resolve_dtype);
-    # the demo compares precisions, so there it asks for bfloat16 storage, FP32 compute.
-    mixed = 'auto' if hardware.computes_bfloat16() else 'bfloat16'
+    # 'auto' stays FP32 where bfloat16 does not pay (mxamp.hardware.bfloat16_pays); the
+    # demo compares precisions, so there it asks for bfloat16 (storage only on CPUs
+    # without bfloat16 kernels).
+    mixed = 'auto' if hardware.bfloat16_pays() else 'bfloat16'
     dtypes = ('float32', mixed)
     results = {dtype: [] for dtype in dtypes}
     rows = {dtype: [] for dtype in dtypes}

@@ -484,17 +484,42 @@ def test_float32_is_a_no_op():
     assert mg.convert(net, 'float32') is net and type(net) is klass
 
 
-def test_auto_on_cpu_is_bfloat16_where_the_cpu_computes_it():
+def test_auto_on_cpu_is_bfloat16_where_bfloat16_pays():
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')   # 'auto' stays in float32: said once per process
         net = mg.convert(make(), 'auto')
-    if hw.computes_bfloat16():
+    if hw.bfloat16_pays():
         assert state_of(net).settings.dtype == 'bfloat16'
     else:
         assert not mg.is_converted(net)
         text = mg.summary(net, print_fn=None)
         assert 'runs in float32' in text and repr(hw.cpu_class()) in text
         assert len(text.splitlines()) == 1
+
+
+@pytest.mark.parametrize('amx_enabled', [False, True])
+def test_amx_left_off_keeps_auto_in_float32_and_bfloat16_says_what_it_costs(monkeypatch,
+                                                                             amx_enabled):
+    # A CPU with AMX tiles that oneDNN does not use computes bfloat16 on its AVX512-BF16
+    # kernels, slower than FP32 there (hardware.bfloat16_pays); symbolic builds only, so
+    # any CPU runs this.
+    monkeypatch.setattr(hw, 'cpu_flags', lambda: frozenset((
+        'avx512f', 'avx512bw', 'avx512vl', 'avx512dq', 'avx512_bf16', 'amx_bf16')))
+    monkeypatch.setattr(hw, '_amx_enabled', amx_enabled)
+    monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
+    monkeypatch.setattr(mg, '_warned_bfloat16_without_amx', False)
+    monkeypatch.setattr(dtypes, '_warned_auto_float32', True)
+    assert mg.is_converted(mg.convert(make(), 'auto')) is amx_enabled
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for _ in range(2):
+            mg.summary(mg.convert(make(), 'bfloat16'), print_fn=None)
+    messages = [str(w.message) for w in caught if 'AMX tiles left off' in str(w.message)]
+    if amx_enabled:
+        assert messages == []
+    else:
+        assert len(messages) == 1, messages
+        assert '0.77x FP32' in messages[0] and 'Enable AMX' in messages[0]
 
 
 def test_auto_on_a_cpu_without_bfloat16_stays_float32(monkeypatch):

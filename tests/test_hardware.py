@@ -176,8 +176,9 @@ def test_resolve_auto_gpu(flags):
 
 
 @pytest.mark.parametrize('cpu_flag', ['avx512_bf16', 'amx_bf16'])
-def test_resolve_auto_bf16_cpu(flags, cpu_flag):
+def test_resolve_auto_bf16_cpu(flags, monkeypatch, cpu_flag):
     flags('sse2', cpu_flag, *AVX512_CORE)
+    monkeypatch.setattr(hardware, '_amx_enabled', cpu_flag == 'amx_bf16')  # AMX on where it is
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         assert dtypes.resolve_dtype('auto') == 'bfloat16'
@@ -400,3 +401,44 @@ def test_performance_variables_are_the_ones_that_change_how_mxnet_computes():
            'HOME': '/root', 'MXAMP_AMX': '0', 'PATH': '/bin'}
     assert list(hardware.performance_variables(env)) == ['DNNL_VERBOSE', 'MXAMP_AMX', 'MXNET_ENGINE_TYPE',
                                                   'OMP_NUM_THREADS']
+
+
+# --- where bfloat16 pays ('auto') ----------------------------------------------
+
+@pytest.mark.parametrize('cpu, amx_enabled, isa, pays', [
+    (('avx512_bf16',) + AVX512_CORE, False, None, True),                  # Zen 4, Cooper Lake
+    (('avx512_bf16', 'amx_bf16') + AVX512_CORE, True, None, True),        # AMX enabled
+    (('avx512_bf16', 'amx_bf16') + AVX512_CORE, False, None, False),      # AMX left off
+    (('avx512_bf16', 'amx_bf16') + AVX512_CORE, False, 'AVX512_CORE_BF16', False),  # user's cap
+    (('avx512_bf16', 'amx_bf16') + AVX512_CORE, False, 'AVX2', False),    # no bfloat16 kernels
+    (('avx2',), False, None, False),
+])
+def test_auto_is_bfloat16_only_where_bfloat16_is_faster(flags, monkeypatch, cpu, amx_enabled,
+                                                         isa, pays):
+    flags(*cpu)
+    monkeypatch.setattr(hardware, '_amx_enabled', amx_enabled)
+    if isa:
+        monkeypatch.setenv('DNNL_MAX_CPU_ISA', isa)
+    monkeypatch.setattr(dtypes, '_warned_auto_float32', True)
+    assert hardware.bfloat16_pays() is pays
+    assert hardware.amx_left_off() is ('amx_bf16' in cpu and hardware.cpu_class() == 'avx512_bf16')
+    assert dtypes.resolve_dtype('auto', mx.cpu()) == ('bfloat16' if pays else 'float32')
+    assert dtypes.resolve_dtype('bfloat16', mx.cpu()) == 'bfloat16'  # explicit: kept
+
+
+def test_auto_with_amx_left_off_says_why_and_what_bfloat16_does(flags, monkeypatch):
+    # A Sapphire Rapids whose tiles Linux did not grant: the AVX512-BF16 kernels
+    # trained ResNet-50 at 0.77x FP32 there, so 'auto' keeps FP32 and says how to
+    # get the fast path.
+    flags('avx512_bf16', 'amx_bf16', *AVX512_CORE)
+    monkeypatch.setattr(dtypes, '_warned_auto_float32', False)
+    with pytest.warns(RuntimeWarning) as record:
+        assert dtypes.resolve_dtype('auto') == 'float32'
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "'avx512_bf16' class CPU with its AMX tiles left off" in message
+    assert 'MXAMP_AMX=0' in message and 'before 5.16' in message
+    assert 'slower than float32' in message
+    assert "dtype='bfloat16' still computes in bfloat16 here" in message
+    assert 'storage' not in message and '\n' not in message
+    assert 'AMX tiles left off' not in hardware.describe_cpu_class('avx512_bf16')  # a class alone

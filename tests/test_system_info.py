@@ -62,10 +62,16 @@ def test_amx_left_off_is_named(machine):
     info = system_info.collect()
     assert info['cpu']['class'] == 'avx512_bf16'
     assert info['cpu']['lowered_by'][0].startswith('AMX left off')
-    assert 'AMX: not enabled' in system_info.format_info(info)
+    text = system_info.format_info(info)
+    assert 'AMX: not enabled' in text
+    # Its AVX512-BF16 kernels are slower than FP32 (hardware.bfloat16_pays): 'auto' keeps FP32.
+    assert info['auto']['cpu'] == 'float32'
+    assert "dtype='bfloat16' still computes in bfloat16 here" in info['auto']['cpu_why']
+    assert 'AMX tiles left off' in text
     machine('avx512_bf16', 'amx_bf16', 'amx_tile', *AVX512_CORE, amx=True)
     info = system_info.collect()
     assert info['cpu']['class'] == 'amx' and info['cpu']['lowered_by'] == []
+    assert info['auto']['cpu'] == 'bfloat16'
     assert 'AMX: enabled' in system_info.format_info(info)
 
 
