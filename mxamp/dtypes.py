@@ -34,7 +34,7 @@ from . import hardware
 
 __all__ = ['BFLOAT16', 'ContextLike', 'DTypeLike', 'LOW_PRECISION', 'NUMPY_BFLOAT16', 'ROUNDING_SUFFIX',
            'amp_cast', 'bfloat16_casts_round_to_even', 'bfloat16_rounding_nodes', 'cast', 'cast_into',
-           'dtype_name', 'explicit_bfloat16_here', 'from_numpy', 'name_of_array', 'numpy_dtype',
+           'auto_on_this_cpu', 'dtype_name', 'from_numpy', 'name_of_array', 'numpy_dtype',
            'param_precision', 'precision_name', 'resolve_dtype', 'to_float32_numpy', 'to_numpy',
            'type_flag', 'widen']
 
@@ -460,21 +460,32 @@ def resolve_dtype(dtype: DTypeLike, ctx: Optional[ContextLike] = None) -> str:
     on_gpu = hardware.gpu_count() > 0 if ctx is None else ctx.device_type == 'gpu'
     if on_gpu:
         return 'float16'
-    if hardware.bfloat16_pays():
-        return 'bfloat16'
+    precision, why = auto_on_this_cpu()
     global _warned_auto_float32
-    if not _warned_auto_float32:
+    if precision == 'float32' and not _warned_auto_float32:
         _warned_auto_float32 = True
-        warnings.warn("mxamp: dtype='auto' stays in float32 on this %s; %s"
-                      % (hardware.describe_cpu_class(), explicit_bfloat16_here()),
+        warnings.warn("mxamp: dtype='auto' stays in float32 on %s" % why,
                       RuntimeWarning, stacklevel=hardware.user_stacklevel())
-    return 'float32'
+    return precision
 
 
-def explicit_bfloat16_here() -> str:
-    """What ``dtype='bfloat16'`` does on this CPU, where ``'auto'`` stays float32, in words."""
+def auto_on_this_cpu() -> Tuple[str, str]:
+    """What ``'auto'`` means on this machine's CPU, and why in words; warns nothing.
+
+    Returns
+    -------
+    (str, str)
+        ``'bfloat16'`` where :func:`mxamp.hardware.bfloat16_pays`, else
+        ``'float32'``; and a phrase starting ``'this <CPU class>'`` that says
+        why and, for float32, what ``dtype='bfloat16'`` still does here.
+    """
+    cpu = hardware.describe_cpu_class()
+    if hardware.bfloat16_pays():
+        return 'bfloat16', 'this %s computes bfloat16 natively' % cpu
     if hardware.computes_bfloat16():
-        return "dtype='bfloat16' still computes in bfloat16 here; AMX enabled makes it the fast path"
-    return ("bfloat16 pays on CPUs with AVX512-BF16 or AMX; dtype='bfloat16' still works here: "
-            "bfloat16 storage, FP32 compute, slower than FP32")
+        return 'float32', ("this %s; dtype='bfloat16' still computes in bfloat16 here; AMX "
+                           "enabled makes it the fast path" % cpu)
+    return 'float32', ("this %s; bfloat16 pays on CPUs with AVX512-BF16 or AMX; "
+                       "dtype='bfloat16' still works here: bfloat16 storage, FP32 compute, "
+                       "slower than FP32" % cpu)
 

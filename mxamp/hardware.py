@@ -25,7 +25,9 @@ its instruction set; mxamp names the four cases after it:
     AVX-512 (``avx512_core``) without AVX512-BF16: oneDNN emulates bfloat16,
     by its own estimate slower than FP32.
 ``'avx512_bf16'``
-    AVX512-BF16 instructions: native bfloat16, convolutions faster than FP32.
+    AVX512-BF16 instructions: native bfloat16, convolutions faster than FP32
+    on the AMD EPYCs measured. An AMX CPU whose tiles are left off lands here
+    too, and there they are not faster (:func:`bfloat16_pays`).
 ``'amx'``
     AMX tiles, enabled by :func:`enable_amx`: native bfloat16 on AMX kernels.
 

@@ -1407,13 +1407,7 @@ def _dtype_choice(dtype):
         asked = dtypes.dtype_name(dtype, allowed=('auto', 'float32') + LOW_PRECISION)
     except ValueError as err:
         raise ProfileError('dtype: %s' % err)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')     # resolve_dtype's once-a-process note: the report says it
-        auto = dtypes.resolve_dtype('auto', mx.cpu())
-    if auto == 'float32':
-        reason = 'this %s; %s' % (hardware.describe_cpu_class(), dtypes.explicit_bfloat16_here())
-    else:
-        reason = 'this %s computes it natively' % hardware.describe_cpu_class()
+    auto, reason = dtypes.auto_on_this_cpu()
     return asked, auto if asked == 'auto' else asked, reason
 
 

@@ -20,7 +20,6 @@ no operator.
 """
 import importlib
 import platform
-import warnings
 from typing import Any, Dict, Optional
 
 from . import channels_last, dtypes, hardware, own_conv, own_conv_choice
@@ -48,23 +47,11 @@ def _version(module_name: str) -> Optional[str]:
 
 def _auto() -> Dict[str, str]:
     """What ``dtype='auto'`` picks on this machine's CPU and GPU, and why."""
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # resolve_dtype's once-per-process note; said here instead
-        cpu = dtypes.resolve_dtype('auto', _cpu_context())
-    klass = hardware.cpu_class()
-    if cpu == 'bfloat16':
-        why = 'this %s computes bfloat16 natively' % hardware.describe_cpu_class()
-    else:
-        why = 'this %s; %s' % (hardware.describe_cpu_class(), dtypes.explicit_bfloat16_here())
-    answer = {'cpu': cpu, 'cpu_why': why, 'cpu_class': klass}
+    cpu, why = dtypes.auto_on_this_cpu()
+    answer = {'cpu': cpu, 'cpu_why': why, 'cpu_class': hardware.cpu_class()}
     if hardware.gpu_count():
         answer.update(gpu='float16', gpu_why='NVIDIA GPUs compute float16 on Tensor Cores')
     return answer
-
-
-def _cpu_context() -> Any:
-    import mxnet as mx  # here: the only MXNet object this module makes
-    return mx.cpu()
 
 
 def _features() -> Dict[str, bool]:
