@@ -323,10 +323,12 @@ class BenchmarkDirective(Directive):
             raise self.error('benchmark: %s: %s' % (name, error))
         hardware = meta.get('hardware', {})
         features = ', '.join(flag for flag in ('avx512_bf16', 'amx_bf16') if hardware.get(flag))
+        # A run under a cap of oneDNN's ISA measured a lower CPU class: the command says so.
+        cap = meta.get('DNNL_MAX_CPU_ISA')
+        command = ('DNNL_MAX_CPU_ISA=%s ' % cap if cap else '') + meta.get('command', '')
         caption = ('``docs/%s``: %s, %s CPUs (%s), %s; ``%s``' % (
             name, meta.get('cpu_model', 'CPU'), meta.get('cpu_count', '?'),
-            features or 'no AVX512-BF16, no AMX', meta.get('date', '')[:10],
-            meta.get('command', '')))
+            features or 'no AVX512-BF16, no AMX', meta.get('date', '')[:10], command))
         text, messages = self.state.inline_text(caption, self.lineno)
         block = nodes.literal_block(table, table, language='text')
         return [nodes.paragraph(caption, '', *text), block] + messages
