@@ -69,6 +69,7 @@ MXAMP_CHANNELS_LAST
     (or ``1``): the measured rule.  ``MXAMP_OWN_CONV=0`` also turns regions
     off: they run on mxamp's own operators.
 """
+import collections
 import json
 import os
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
@@ -268,7 +269,11 @@ def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     entry_shapes = _entry_shapes(graph, shapes)
-    wanted = set(low_precision)
+    # A block the graph calls twice (a shared tower) makes operator nodes of one name; the
+    # rewrite names the nodes it adds after the node they serve, and MXNet merges variables
+    # of one name: such nodes stay out of regions.
+    calls = collections.Counter(node['name'] for node in nodes if node['op'] != 'null')
+    wanted = {name for name in low_precision if calls[name] <= 1}
     eligible = {nid for nid, node in enumerate(nodes) if node['op'] != 'null' and
                 _eligible(nid, node, nodes, entry_shapes, wanted, writes_gradient)}
     # Connected components over the data edges between eligible nodes (union-find).

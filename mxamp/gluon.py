@@ -12,7 +12,8 @@ How a block is converted
 and all its descendants) gets its class swapped for a generated subclass of
 its own class (same name, so ``isinstance`` and ``repr`` are unchanged) that
 adds mxamp's hooks; children, attribute paths and parameter names stay as
-they were.  The hooks:
+they were, and a block the tree holds in two places is one block, converted
+once.  The hooks:
 
 * graph building: the FP32 graph of ``hybrid_forward`` is built as usual, then
   replaced by its mixed-precision rewrite before MXNet makes the CachedOp, so
@@ -477,19 +478,25 @@ def _adopt(parent, block):
     if not isinstance(block, HybridBlock) or isinstance(block, mx.gluon.SymbolBlock):
         return
     parent_state = converted_state(parent)
-    settings = parent_state.settings
     if not is_converted(block):
-        _convert_tree(block, graph_mod.load_graph(_fp32_graph(block)), settings, parent_state.tree)
+        _convert_tree(block, graph_mod.load_graph(_fp32_graph(block)), parent_state.settings,
+                      parent_state.tree)
         return
-    own = converted_state(block).settings
-    if not own.same_policy(settings):
-        raise ValueError("%s was converted by mxamp with other settings (%s) than %s, which it "
-                         "would join (%s): add it unconverted (FP32), and it takes the net's settings"
-                         % (describe_block(block), own.text(), describe_block(parent),
-                            settings.text()))
+    _check_joins(block, parent_state.settings, parent,
+                 "add it unconverted (FP32), and it takes the net's settings")
     for sub in _walk(block):
         if is_converted(sub):
             converted_state(sub).join(parent_state)
+
+
+def _check_joins(block, settings, net, remedy):
+    """Raise ValueError, ending with `remedy`, when the converted `block` has other settings
+    than `settings`, those of `net`, whose tree it would join."""
+    own = converted_state(block).settings
+    if not own.same_policy(settings):
+        raise ValueError("%s was converted by mxamp with other settings (%s) than %s, which it "
+                         "would join (%s): %s" % (describe_block(block), own.text(),
+                                                  describe_block(net), settings.text(), remedy))
 
 
 def chosen_precision(block: Block) -> Optional[str]:
@@ -892,10 +899,17 @@ def _exclude_patterns(net, exclude, node_names, option='exclude'):
 
 
 def _walk(block):
-    yield block
-    for child in block._children.values():
-        for sub in _walk(child):
-            yield sub
+    """`block` and its descendants, each once: a block registered under two parents or
+    two names (gluoncv's GoogLeNet, a Siamese tower, tied layers) is one block."""
+    seen = set()
+    pending = [block]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        pending.extend(reversed(list(current._children.values())))
 
 
 def _find_block(net, blocks, text):
@@ -1014,16 +1028,31 @@ def convert(net: HybridBlock, dtype: Optional[DTypeLike] = None, *,
 def _convert_tree(net, fp32, rules, tree):
     """Convert the HybridBlocks of `net`'s tree under `rules` (`mxamp.network_state.Settings`),
     their low-precision parameters decided on `fp32` (its parsed FP32 graph), as members of
-    `tree`; then cast its parameters."""
+    `tree`; then cast its parameters.
+
+    A block converted before, as part of another net that shares it (a tower
+    two nets hold), keeps its conversion and joins `tree` when its settings
+    agree (ValueError before any block changes otherwise).
+    """
+    blocks = [block for block in _walk(net)
+              if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock)]
+    converted_before = [block for block in blocks if is_converted(block)]
+    for block in converted_before:
+        _check_joins(block, rules, net, 'a block shared by two nets has one precision policy: '
+                     'convert both with the same settings')
     # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
     params = {p.name for p in net.collect_params().values()
               if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
     # No graph is converted here: each block's is, when it is built (_get_graph).
     settings = rules.decided_for(fp32, params)
-    for block in _walk(net):
-        if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
+    joined = NetworkState.converted(settings, tree)
+    for block in blocks:
+        if is_converted(block):
+            converted_state(block).join(joined)
+        else:
             attach(block, NetworkState.converted(settings, tree))
             block.__class__ = _mixed_class(_Converted, type(block))
+    for block in _walk(net):
         block._clear_cached_op()
     _sync_params(net)
 

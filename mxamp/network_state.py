@@ -128,12 +128,39 @@ class Tree(object):
     A block's graph includes the code of its descendants, and MXNet rebuilds
     only the graph of the block a child is registered into; each converted
     block remembers the count its graph was built at
-    (`NetworkState.graph_is_stale`).
+    (`NetworkState.graph_is_stale`).  Two trees that come to share a block (a
+    converted child added to a second net, or a net converted around a block
+    another converted net holds) merge: one count serves both, since an edit
+    under the shared block changes the graphs of both.
     """
-    __slots__ = ('edits',)
+    __slots__ = ('_edits', '_merged_into')
 
     def __init__(self) -> None:
-        self.edits = 0
+        self._edits = 0
+        self._merged_into: Optional['Tree'] = None
+
+    def _root(self) -> 'Tree':
+        tree = self
+        while tree._merged_into is not None:
+            tree = tree._merged_into
+        return tree
+
+    @property
+    def edits(self) -> int:
+        """Children registered so far anywhere in the (merged) tree."""
+        return self._root()._edits
+
+    def edited(self) -> None:
+        """A child was registered somewhere in the tree."""
+        self._root()._edits += 1
+
+    def merge_into(self, other: 'Tree') -> None:
+        """This tree's blocks count `other`'s edits from now on, and `other`'s count
+        theirs; every graph either built before is stale."""
+        mine, theirs = self._root(), other._root()
+        if mine is not theirs:
+            mine._merged_into = theirs
+            theirs._edits = max(mine._edits, theirs._edits) + 1
 
 
 class NetworkState(object):
@@ -250,12 +277,15 @@ class NetworkState(object):
 
     def child_registered(self) -> None:
         """A child was registered somewhere in the tree: every graph built before is stale."""
-        self._require_converted('registering a child')[1].edits += 1
+        self._require_converted('registering a child')[1].edited()
 
     def join(self, other: 'NetworkState') -> None:
-        """This block, converted on its own, joins `other`'s tree."""
-        self._require_converted('joining a tree')
-        self._tree = other._require_converted('being joined')[1]
+        """This block, converted before, joins `other`'s tree; the blocks that shared its
+        tree (the other net that still holds it) follow (`Tree.merge_into`)."""
+        own = self._require_converted('joining a tree')[1]
+        theirs = other._require_converted('being joined')[1]
+        own.merge_into(theirs)
+        self._tree = theirs
 
     # -- conversions ------------------------------------------------------
     def conversion_for(self, device_type: str

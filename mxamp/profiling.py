@@ -1121,12 +1121,23 @@ def _finite(value):
 
 
 def _rows(network, sides, operator_times, attributed):
-    """One row per operator node of the FP32 graph (the layers), in graph order."""
+    """One row per operator node of the FP32 graph (the layers), in graph order.
+
+    A block the network calls twice (a shared tower) makes nodes of one name,
+    which MXNet's profiler times as one: they are one row, its layer named
+    with the count of calls.
+    """
     fp32_graph = sides[0].graph
     rows = []
+    calls = collections.Counter(fp32_graph.name(nid) for nid in fp32_graph.ops)
     for nid in fp32_graph.ops:
         node = fp32_graph.name(nid)
+        if calls[node] == 0:
+            continue  # a later call of a layer that has its row
         layer, block = network.layer_names.get(node, (node, None))
+        if calls[node] > 1:
+            layer = '%s (%d calls)' % (layer, calls[node])
+        calls[node] = 0
         shape = fp32_graph.out_shapes(nid)
         row = {'layer': layer, 'node': node, 'block': block, 'op': fp32_graph.op(nid),
                'op_class': _op_class(fp32_graph.op(nid)),

@@ -110,3 +110,17 @@ def test_for_inference_marks_the_state_not_the_stage():
     assert state.stage is Stage.CONVERTED
     assert 'inference only' in state.fused_for_inference
     assert state.fused_for_inference in mxamp.summary(net, print_fn=None)
+
+
+def test_trees_that_come_to_share_a_block_count_edits_as_one():
+    first, second = Tree(), Tree()
+    first.edited()
+    first.edited()
+    built_before = {id(first): first.edits, id(second): second.edits}
+    first.merge_into(second)
+    # Every graph built before the merge is stale; from now on one count serves both.
+    assert first.edits == second.edits not in built_before.values()
+    second.edited()
+    assert first.edits == second.edits
+    first.merge_into(second)            # merging again changes nothing
+    assert first.edits == second.edits
