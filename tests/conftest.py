@@ -282,6 +282,24 @@ def pattern_task(seed=0):
     return batches, mx.nd.array(classes), classes
 
 
+def first_gradients(net, batch, label):
+    """The gradients (float32 numpy) of `net`'s trainable parameters after one backward pass
+    of the softmax cross-entropy of `batch` against `label`."""
+    from mxnet import autograd, gluon
+    from mxamp.dtypes import to_float32_numpy
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(batch), label)
+    loss.backward()
+    return [to_float32_numpy(p.grad()) for p in net.collect_params().values() if p.grad_req != 'null']
+
+
+def median_error(gradients, reference):
+    """The median over parameters of each gradient's relative error against `reference`'s."""
+    import numpy as np
+    return float(np.median([np.linalg.norm(got - want) / np.linalg.norm(want)
+                            for got, want in zip(gradients, reference)]))
+
+
 def loss_curve(net, batches, labels, steps=30):
     """The loss of each of `steps` SGD steps (momentum 0.9, learning rate 0.02) of `net`."""
     import numpy as np

@@ -93,11 +93,17 @@ def weights(net):
     return [to_float32_numpy(p.data()) for p in net.collect_params().values()]
 
 
-def assert_same_run(low, ref, dtype, steps):
+def assert_same_run(low, ref, dtype, steps, ulps_per_step=2):
+    """The converted net's weights within `ulps_per_step` units per step of the FP32 twin's.
+
+    Each update is rounded once more in low precision than in FP32, and the forward and
+    backward passes are rounded on a CPU that computes the low precision.  Measured over
+    8 seeds of every test here (AMD EPYC with avx512_bf16): at most 0.12 of the default
+    bound, but for RMSprop (below); a stale master copy misses by the change, far more.
+    """
     for got, want in zip(weights(low), weights(ref)):
-        # Each update is rounded once more in low precision than in FP32.
-        assert np.abs(got - want).max() <= 2 * steps * ULP[dtype] * max(1, np.abs(want).max()), \
-            np.abs(got - want).max()
+        bound = ulps_per_step * steps * ULP[dtype] * max(1, np.abs(want).max())
+        assert np.abs(got - want).max() <= bound, np.abs(got - want).max()
 
 
 def change(how, net, values, tmp_path):
@@ -159,7 +165,10 @@ def test_every_optimizer_follows_an_ema_swap(dtype, key):
         for param, value in zip(net.collect_params().values(), swapped):
             param.set_data(value)
     train_side_by_side((low, ref), trainers, range(4, 6))
-    assert_same_run(low, ref, dtype, steps=2)
+    # RMSprop divides by its running mean square, which the swap leaves small: over 40
+    # seeds its gap reached 0.69 (bfloat16) and 0.51 (float16) of 2 units a step, the
+    # 97.5th percentile 0.45; 4 units stay below the swap's 20.
+    assert_same_run(low, ref, dtype, steps=2, ulps_per_step=4 if key == 'rmsprop' else 2)
 
 
 @pytest.mark.parametrize('dtype', DTYPES)

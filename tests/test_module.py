@@ -208,16 +208,22 @@ def test_two_devices_are_summed_and_stay_identical():
     single = initialised('bfloat16')
     single_trainer = mxamp.ModuleTrainer(single, 'sgd', {'learning_rate': 0.1})
     assert single_trainer.kvstore is None
-    train(trainer, 2)
-    train(single_trainer, 2)
+    start = weights(single)
+    train(trainer, 1)
+    train(single_trainer, 1)
+    # The first update, summed over the devices (each sees half the batch) as one device
+    # sums its batch.  The two compute different things (BatchNorm's statistics over 4
+    # samples against 8): the dense layer's update, measured over seeds 0-9 (AMD EPYC
+    # with avx512_bf16), is at most 0.18 from the one device's; a mean over the devices
+    # instead of the sum reads 0.5.
+    got, want = weights(mod)['fc_weight'], weights(single)['fc_weight']
+    moved = want - start['fc_weight']
+    assert np.linalg.norm(got - want) < 0.3 * np.linalg.norm(moved)
+    train(trainer, 1, first_seed=1)
     group = mod._exec_group
     for name, per_device in zip(group.param_names, group.param_arrays):
         np.testing.assert_array_equal(to_float32_numpy(per_device[0]),
                                       to_float32_numpy(per_device[1]), err_msg=name)
-    # Summed over the devices (each sees half the batch) as one device sums its batch.
-    got, want = weights(mod), weights(single)
-    for name in ('conv0_weight', 'fc_weight'):
-        np.testing.assert_allclose(got[name], want[name], rtol=0.02, atol=0.02, err_msg=name)
 
 
 def test_aux_arrays_are_the_live_statistics():

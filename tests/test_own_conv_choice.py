@@ -20,7 +20,7 @@ from mxamp import cli, own_conv, own_conv_choice
 from mxamp.network_state import converted_state
 from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
 
-from conftest import loss_curve, needs_bfloat16_compute, pattern_task
+from conftest import first_gradients, loss_curve, median_error, needs_bfloat16_compute, pattern_task
 
 CASE = ConvCase((16, 64, 56, 56), (3, 3), (1, 1), (1, 1), (1, 1), 64, 1, True, 'bfloat16',
                 'batchnorm')
@@ -302,26 +302,48 @@ def test_a_network_fused_for_inference_keeps_mxnets_convolution(monkeypatch):
 @runs_own_conv
 @needs_bfloat16_compute
 def test_a_resnet_trains_on_the_own_operator_as_on_mxnets(monkeypatch):
-    """Loss curves side by side: 30 SGD steps of a small ResNet, same data, same start."""
+    """30 SGD steps of a small ResNet, same data, same start, on either convolution.
+
+    Only the first step starts from the same weights: bfloat16's rounding makes the
+    trajectories part after it, differently on each CPU class (on an AMD EPYC with
+    avx512_bf16 the losses of step 3 stood 13% apart), so the first step is compared
+    (its loss, and its gradients by their error against FP32's) and the curves by
+    where they lead.
+    """
     from mxnet.gluon.model_zoo.vision import get_resnet
     batches, labels, _ = pattern_task()
-    curves = {}
-    for mode in ('0', 'all'):
-        monkeypatch.setenv('MXAMP_OWN_CONV', mode)
+
+    def resnet():
         mx.random.seed(7)
         net = get_resnet(1, 18, classes=10, thumbnail=True)
         net.initialize(mx.init.Xavier())
-        mxamp.convert(net, 'bfloat16')
+        return net
+
+    def converted():
+        net = mxamp.convert(resnet(), 'bfloat16')
         net.hybridize()
+        return net
+    fp32 = resnet()
+    fp32.hybridize()
+    reference = first_gradients(fp32, batches[0], labels[0])
+    gradient_error, curves = {}, {}
+    for mode in ('0', 'all'):
+        monkeypatch.setenv('MXAMP_OWN_CONV', mode)
+        gradient_error[mode] = median_error(first_gradients(converted(), batches[0], labels[0]),
+                                            reference)
+        net = converted()
         curves[mode] = loss_curve(net, batches, labels)
         if mode == 'all':
             assert len(_own_weights(net)) >= 16   # every 64-channel-or-wider convolution
     mxnet_curve, own_curve = curves['0'], curves['all']
+    print('first gradients, median relative error against FP32:', gradient_error)
     print('loss, MXNet kernels:', np.round(mxnet_curve, 3))
     print('loss, own operator: ', np.round(own_curve, 3))
-    # The first steps agree closely; later, bfloat16 rounding in different places lets the
-    # two runs (like any two runs) take different paths to the same place.
-    assert np.all(np.abs(own_curve[:4] - mxnet_curve[:4]) <= 0.1 * mxnet_curve[:4])
+    # Measured over tasks 0-5 (pattern_task(seed), AMD EPYC with avx512_bf16): gradient errors
+    # 0.29-0.33 on both, the own operator's 0.97x-1.04x MXNet's; first losses 0.01%-0.26% apart
+    # (the losses of step 3: 2%-16%); the last ten steps' mean at most 0.13 of the first loss.
+    assert gradient_error['all'] < 1.25 * gradient_error['0']
+    assert abs(own_curve[0] - mxnet_curve[0]) <= 0.01 * mxnet_curve[0]
     for curve in (mxnet_curve, own_curve):
         assert curve[-10:].mean() < 0.2 * curve[0]
 

@@ -1024,12 +1024,12 @@ def _bf16_round(values):
     return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def _dense_run(dtype, ctxs, kvstore, steps=3, **trainer_kwargs):
+def _dense_run(dtype, ctxs, kvstore, steps=3, seed=0, **trainer_kwargs):
     """A Dense(4) layer on `ctxs`, SGD with momentum, one batch per context per step.
 
     The FP32 run starts from the bfloat16 run's initial weights and data (rounded),
     so that both compute the same thing up to bfloat16 rounding."""
-    mx.random.seed(0)
+    mx.random.seed(seed)
     net = gluon.nn.Dense(4, in_units=8)
     net.initialize(mx.init.Uniform(0.5), ctx=ctxs)
     for param in net.collect_params().values():
@@ -1038,7 +1038,7 @@ def _dense_run(dtype, ctxs, kvstore, steps=3, **trainer_kwargs):
         convert_quietly(net, dtype)
     trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
                       kvstore=kvstore, **trainer_kwargs)
-    rng = np.random.RandomState(0)
+    rng = np.random.RandomState(seed)
     for _ in range(steps):
         with autograd.record():
             losses = []
@@ -1063,6 +1063,8 @@ def test_bfloat16_on_two_contexts_matches_float32(kvstore, update_on_kvstore):
     for per_ctx, ref in zip(weights, reference):
         assert np.array_equal(per_ctx[0], per_ctx[1])             # contexts agree bit for bit
         ref = ref[0]
+        # Three steps of two computations (bfloat16 forward, backward and sums against FP32):
+        # over seeds 0-9 the largest gap is 0.37 of this bound (AMD EPYC with avx512_bf16).
         assert np.allclose(per_ctx[0], ref, rtol=2 ** -6, atol=2 ** -8), (per_ctx[0], ref)
 
 
@@ -1122,7 +1124,8 @@ def test_bfloat16_crosses_a_dist_kvstore_in_float32_and_float16_stays_float16():
     assert kv.dtypes == {'float32'}                                 # never bfloat16
     for per_ctx, ref in zip(weights, reference):
         assert np.array_equal(per_ctx[0], per_ctx[1])
-        # The FP32 sum is rounded once; the weight is its FP32 master copy rounded.
+        # The FP32 sum is rounded once; the weight is its FP32 master copy rounded.  Over
+        # seeds 0-9 the largest gap is 0.34 of this bound (AMD EPYC with avx512_bf16).
         assert np.allclose(per_ctx[0], ref[0], rtol=2 ** -6, atol=2 ** -8), (per_ctx[0], ref[0])
     # float16 gradients keep travelling in float16.
     kv16 = _DistKVStoreWithoutBfloat16()
