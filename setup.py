@@ -80,7 +80,11 @@ setup(
     ],
     extras_require={
         'cu112': [_MXNET_BUILDS['cu112']],
-        'test': ['pytest', 'hypothesis', 'scikit-learn', 'matplotlib', 'docutils', 'pyflakes', 'mypy'],
+        # GluonNLP's models (tests/test_partial_conversion.py): an optional family, never needed
+        # by mxamp itself; its tests skip without it.
+        'nlp': ['gluonnlp==0.10.0'],
+        'test': ['pytest', 'hypothesis', 'scikit-learn', 'matplotlib', 'docutils', 'pyflakes', 'mypy',
+                 'gluonnlp==0.10.0'],
         'demo': ['scikit-learn', 'matplotlib'],
         # The manual (`make docs`): Sphinx 7.1 is the last release for Python 3.8, 7.4 the last
         # for 3.9; one pinned line each, so a warning (an error under -W) is the same everywhere.

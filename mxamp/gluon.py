@@ -13,7 +13,10 @@ and all its descendants) gets its class swapped for a generated subclass of
 its own class (same name, so ``isinstance`` and ``repr`` are unchanged) that
 adds mxamp's hooks; children, attribute paths and parameter names stay as
 they were, and a block the tree holds in two places is one block, converted
-once.  The hooks:
+once.  A network that cannot become a graph is converted in part: each of
+its largest subtrees that can is converted so, as a network of its own,
+and the network itself keeps its class but for FP32 checkpoints
+(`_ConvertedInPart`).  The hooks:
 
 * graph building: the FP32 graph of ``hybrid_forward`` is built as usual, then
   replaced by its mixed-precision rewrite before MXNet makes the CachedOp, so
@@ -231,8 +234,67 @@ def _restore_low_precision(base):
 # --------------------------------------------------------------------------
 # The subclass every converted block gets
 
-class _Converted(object):
+class _Float32Checkpoints(object):
+    """Checkpoints of a converted net: every parameter in FP32, as FP32 nets write them."""
+
+    def save_parameters(self, filename, deduplicate=False):
+        """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike.
+
+        Written whole or not at all (`mxamp.atomic_files`): an interrupted save
+        leaves the previous file as it was.
+        """
+        # mxamp's own batch normalisation updates the moving statistics in its gradient,
+        # which MXNet's engine does not know writes them (mxamp.own_conv.batch_norm): a
+        # read right after backward() could save the values before that update.
+        mx.nd.waitall()
+        # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
+        # ('features.0.weight') that save_parameters/load_parameters use.
+        named = self._collect_params_with_prefix()
+        if deduplicate:
+            first = {}
+            for key in sorted(named):
+                first.setdefault(id(named[key]), key)
+            named = {key: named[key] for key in first.values()}
+        arrays = {}
+        for key, param in named.items():
+            value = param._reduce()
+            if name_of_array(value) in LOW_PRECISION:
+                value = cast(value, 'float32')
+            arrays[key] = value
+        with replaced_on_success(filename) as temporary:
+            mx.nd.save(temporary, arrays)
+
+    def load_parameters(self, filename, ctx=None, allow_missing=False,
+                        ignore_extra=False, cast_dtype=False, dtype_source='current'):
+        """Load a checkpoint (FP32, as written by FP32 nets and by converted nets).
+
+        FP32 parameters load bit-exactly; low-precision ones are loaded in FP32
+        and rounded to the target dtype (round to nearest even).
+        """
+        low = [(p, name_of_array(p)) for p in self.collect_params().values()
+               if name_of_array(p) in LOW_PRECISION]
+        for param, _ in low:
+            _set_param_dtype(param, 'float32')
+        try:
+            super(_Float32Checkpoints, self).load_parameters(
+                filename, ctx=ctx, allow_missing=allow_missing, ignore_extra=ignore_extra,
+                cast_dtype=cast_dtype, dtype_source=dtype_source)
+        finally:
+            for param, precision in low:
+                _set_param_dtype(param, precision)
+        for part in self._converted_parts():
+            _sync_params(part)
+
+    def _converted_parts(self):
+        """The converted trees whose parameters a load gives their dtypes again."""
+        raise NotImplementedError
+
+
+class _Converted(_Float32Checkpoints):
     """Mixin placed first in the MRO of a converted block's class."""
+
+    def _converted_parts(self):
+        return [self]
 
     # MXNet 1.9.1: _get_graph(*args) builds (and caches in self._cached_graph)
     # the tuple (input symbols, output Group) from hybrid_forward; _build_cache,
@@ -374,52 +436,22 @@ class _Converted(object):
         _drop_stale_graph(self)
         return super(_Converted, self).export(path, epoch, remove_amp_cast=False)
 
-    def save_parameters(self, filename, deduplicate=False):
-        """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike.
 
-        Written whole or not at all (`mxamp.atomic_files`): an interrupted save
-        leaves the previous file as it was.
-        """
-        # mxamp's own batch normalisation updates the moving statistics in its gradient,
-        # which MXNet's engine does not know writes them (mxamp.own_conv.batch_norm): a
-        # read right after backward() could save the values before that update.
-        mx.nd.waitall()
-        # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
-        # ('features.0.weight') that save_parameters/load_parameters use.
-        named = self._collect_params_with_prefix()
-        if deduplicate:
-            first = {}
-            for key in sorted(named):
-                first.setdefault(id(named[key]), key)
-            named = {key: named[key] for key in first.values()}
-        arrays = {}
-        for key, param in named.items():
-            value = param._reduce()
-            if name_of_array(value) in LOW_PRECISION:
-                value = cast(value, 'float32')
-            arrays[key] = value
-        with replaced_on_success(filename) as temporary:
-            mx.nd.save(temporary, arrays)
+class _ConvertedInPart(_Float32Checkpoints):
+    """Mixin placed first in the MRO of a net `convert` converted in part.
 
-    def load_parameters(self, filename, ctx=None, allow_missing=False,
-                        ignore_extra=False, cast_dtype=False, dtype_source='current'):
-        """Load a checkpoint (FP32, as written by FP32 nets and by converted nets).
+    The net itself runs as it did (its code calls the converted parts, which
+    take and return FP32 arrays); what it adds is the FP32 checkpoints of a
+    converted net, and the refusal to ``cast()``.
+    """
 
-        FP32 parameters load bit-exactly; low-precision ones are loaded in FP32
-        and rounded to the target dtype (round to nearest even).
-        """
-        low = [p for p in self.collect_params().values()
-               if name_of_array(p) in LOW_PRECISION]
-        for param in low:
-            _set_param_dtype(param, 'float32')
-        try:
-            super(_Converted, self).load_parameters(
-                filename, ctx=ctx, allow_missing=allow_missing, ignore_extra=ignore_extra,
-                cast_dtype=cast_dtype, dtype_source=dtype_source)
-        finally:
-            for param in low:
-                _set_param_dtype(param, converted_state(self).settings.dtype)
-        _sync_params(self)
+    def _converted_parts(self):
+        return [part for _, part in state_of(self).parts]
+
+    def cast(self, dtype):
+        raise TypeError('%s was converted in part by mxamp to %s; cast() would override the '
+                        'precision policy of its parts (convert an FP32 copy of the net instead)'
+                        % (describe_block(self), state_of(self).precision))
 
 
 _CLASSES: Dict[Tuple[type, type], type] = {}
@@ -479,7 +511,8 @@ def _adopt(parent, block):
         return
     parent_state = converted_state(parent)
     if not is_converted(block):
-        _convert_tree(block, graph_mod.load_graph(_fp32_graph(block)), parent_state.settings,
+        graph = graph_mod.load_graph(_fp32_graph(block))
+        _convert_tree(block, _decided(parent_state.settings, [('', block, graph)]),
                       parent_state.tree)
         return
     _check_joins(block, parent_state.settings, parent,
@@ -487,6 +520,15 @@ def _adopt(parent, block):
     for sub in _walk(block):
         if is_converted(sub):
             converted_state(sub).join(parent_state)
+
+
+def _check_shared(root, settings, net):
+    """Raise ValueError when a block of `root`'s tree, converted before for another net that
+    holds it too, has other settings than `settings`, those of `net`."""
+    for block in _walk(root):
+        if is_converted(block):
+            _check_joins(block, settings, net, 'a block shared by two nets has one precision '
+                         'policy: convert both with the same settings')
 
 
 def _check_joins(block, settings, net, remedy):
@@ -836,8 +878,20 @@ def _input_names(block):
     return ['data'] if count == 1 else ['data%d' % i for i in range(count)]
 
 
+class _Untraceable(TypeError):
+    """A block whose ``hybrid_forward`` does not build a graph; `cause` says why, briefly."""
+
+    def __init__(self, block, cause):
+        super(_Untraceable, self).__init__(
+            '%s cannot be turned into a graph (its hybrid_forward must work with F=mx.sym, as '
+            'for hybridize()), so mxamp cannot convert it: %s' % (describe_block(block), cause))
+        self.cause = cause
+
+
 def _fp32_graph(block):
-    """The FP32 symbol of `block`, built symbolically (no shapes or data needed)."""
+    """The FP32 symbol of `block`, built symbolically (no shapes or data needed).
+
+    Raises `_Untraceable` (a TypeError) when its ``hybrid_forward`` fails on symbols."""
     for param in block.collect_params().values():
         _ensure_fp32_var(param)
     inputs = [mx.sym.var(name) for name in _input_names(block)]
@@ -846,14 +900,77 @@ def _fp32_graph(block):
     try:
         out = HybridBlock.forward(block, *inputs)
     except Exception as err:  # any failure means the block cannot be traced
-        raise TypeError('%s cannot be turned into a graph (its hybrid_forward must work with '
-                        'F=mx.sym, as for hybridize()), so mxamp cannot convert it: %s: %s'
-                        % (describe_block(block), type(err).__name__, graph_mod.error_line(err)))
+        raise _Untraceable(block, '%s: %s' % (type(err).__name__, graph_mod.error_line(err)))
     outputs = list(_flat([out])) if isinstance(out, (list, tuple)) else [out]
     if not all(isinstance(o, mx.sym.Symbol) for o in outputs):
-        raise TypeError('%s returns non-Symbol outputs when traced; mxamp cannot convert it'
-                        % describe_block(block))
+        raise _Untraceable(block, 'it returns non-Symbol outputs when traced')
     return mx.sym.Group(outputs)
+
+
+def check_traceable(block: HybridBlock, purpose: str) -> None:
+    """Raise TypeError, starting with `purpose`, when `block` cannot become one graph."""
+    try:
+        _fp32_graph(block)
+    except _Untraceable as err:
+        raise TypeError('%s, and %s cannot become one: %s' % (purpose, describe_block(block),
+                                                             err.cause))
+
+
+def _graph_parts(net):
+    """The largest subtrees of `net` that become a graph, and the blocks above them.
+
+    Returns ``(parts, float32_blocks)``: ``(child path, block, parsed FP32
+    graph)`` of each such subtree (``[('', net, graph)]`` when `net` itself
+    becomes one), and ``(child path, block, why)`` of each block that does
+    not, each block once.  Below a block that does not, a subtree without
+    parameters has nothing to store or compute in low precision: it stays
+    FP32 with its parent.
+    """
+    parts, float32_blocks, seen = [], [], set()
+
+    def visit(block, path):
+        if id(block) in seen:
+            return
+        seen.add(id(block))
+        if isinstance(block, mx.gluon.SymbolBlock):
+            float32_blocks.append((path, block, 'a SymbolBlock: mxamp converts its symbol '
+                                                'with mxamp.convert_symbol, not the block'))
+            return
+        if isinstance(block, HybridBlock):
+            try:
+                graph = graph_mod.load_graph(_fp32_graph(block))
+            except _Untraceable as err:
+                float32_blocks.append((path, block, err.cause))
+            else:
+                if block is net or list(block.collect_params().values()):
+                    parts.append((path, block, graph))
+                return
+        else:
+            float32_blocks.append((path, block, 'a Block, not a HybridBlock: it has no graph'))
+        for key, child in block._children.items():
+            visit(child, '%s.%s' % (path, key) if path else key)
+    visit(net, '')
+    return parts, float32_blocks
+
+
+def _float32_params(block):
+    """Names of `block`'s FP32 parameters that may be stored in low precision: not the
+    constants (anchors, fixed tables), which are data, not weights."""
+    return {p.name for p in block.collect_params().values()
+            if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
+
+
+def _decided(rules, parts):
+    """`rules` (`mxamp.network_state.Settings`) with the parameters stored in low precision
+    decided on the FP32 graphs of `parts` (``(path, block, graph)``): a parameter two parts
+    read (tied weights) only where both would store it so."""
+    wanted, refused = set(), set()
+    for _, block, graph in parts:
+        params = _float32_params(block)
+        low = rules.decided_for(graph, params).lp_params
+        wanted |= low
+        refused |= params - low
+    return rules._replace(lp_params=frozenset(wanted - refused))
 
 
 # --------------------------------------------------------------------------
@@ -929,7 +1046,7 @@ def _find_block(net, blocks, text):
 # --------------------------------------------------------------------------
 # Public API
 
-def convert(net: HybridBlock, dtype: Optional[DTypeLike] = None, *,
+def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
             exclude: Union[_Excluded, Sequence[_Excluded], None] = None,
             fp32_ops: Optional[Sequence[str]] = None, lp_ops: Optional[Sequence[str]] = None,
             target_dtype: Optional[DTypeLike] = None,
@@ -937,13 +1054,17 @@ def convert(net: HybridBlock, dtype: Optional[DTypeLike] = None, *,
             conditional_fp32_ops: Optional[Sequence[Tuple[str, str, Sequence[str]]]] = None,
             excluded_sym_names: Optional[Sequence[str]] = None,
             cast_optional_params: Optional[bool] = None, ctx: Optional[mx.Context] = None
-            ) -> HybridBlock:
+            ) -> Block:
     """Convert a Gluon HybridBlock to mixed precision, in place; returns `net`.
 
     Parameters
     ----------
     net : mxnet.gluon.HybridBlock
         An FP32 network, initialised or not (deferred initialisation is fine).
+        One that cannot become a graph (its ``hybrid_forward`` calls
+        ``mx.nd``, or a plain ``Block``) is converted in part: each of its
+        largest subtrees that can (`summary` says which blocks stay FP32
+        and why).
     dtype : str
         ``'auto'`` (float16 on a GPU, bfloat16 on a CPU that computes it,
         float32 on other CPUs, see `mxamp.dtypes.resolve_dtype`; decided from
@@ -976,19 +1097,16 @@ def convert(net: HybridBlock, dtype: Optional[DTypeLike] = None, *,
     Raises
     ------
     TypeError
-        `net` is not a HybridBlock, or its ``hybrid_forward`` cannot be traced
-        symbolically.
+        `net` is not a Block, or no part of it can be traced symbolically.
     ValueError
         Unknown dtype or operator name, an `exclude` entry that matches nothing,
         a net that is already converted, ``cast_optional_params=False``.
     TypeError
         An option given in both spellings (``dtype`` and ``target_dtype``).
     """
-    if not isinstance(net, HybridBlock):
-        raise TypeError('mxamp.convert needs a gluon HybridBlock (the precision policy works on '
-                        'its graph); got %s. Use HybridSequential/HybridBlock, or convert its '
-                        'HybridBlock children one by one' % (
-                            describe_block(net) if isinstance(net, Block) else type(net).__name__))
+    if not isinstance(net, Block):
+        raise TypeError('mxamp.convert needs a gluon Block (a HybridBlock, or a Block holding '
+                        'some); got %s' % type(net).__name__)
     if isinstance(net, mx.gluon.SymbolBlock):
         raise TypeError('mxamp.convert does not convert a SymbolBlock; convert its symbol '
                         'with mxamp.graph.convert_graph instead')
@@ -1013,38 +1131,44 @@ def convert(net: HybridBlock, dtype: Optional[DTypeLike] = None, *,
             reason = 'mxamp.convert was asked for float32 (%r)' % (dtype,)
         attach(net, NetworkState.kept_float32(reason))
         return net
-    fp32 = graph_mod.load_graph(_fp32_graph(net))
-    node_names = [n['name'] for n in fp32['nodes'] if n['op'] != 'null']
+    parts, float32_blocks = _graph_parts(net)
+    if not parts:
+        if isinstance(net, HybridBlock) and float32_blocks[0][1] is net:
+            _fp32_graph(net)  # raises why the net itself cannot become a graph
+        raise TypeError('mxamp.convert: no part of %s becomes a graph (%s), so there is nothing '
+                        'to convert' % (describe_block(net), float32_blocks[0][2]))
+    node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, options.exclude, node_names, options.exclude_option)
     rules = Settings.rules(name, options.fp32_ops, options.lp_ops, patterns,
                            lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
-    _convert_tree(net, fp32, rules, Tree())
+    settings = _decided(rules, parts)
+    for _, part, _ in parts:   # all refusals before any block changes
+        _check_shared(part, settings, net)
+    for _, part, _ in parts:
+        _convert_tree(part, settings, Tree())
+    if float32_blocks:
+        attach(net, NetworkState.converted_in_part(
+            settings, [(path, part) for path, part, _ in parts], float32_blocks))
+        net.__class__ = _mixed_class(_ConvertedInPart, type(net))
     if options.ctx is not None:
         # contrib.amp's convert_hybrid_block(ctx=...): where the parameters live.
         net.collect_params().reset_ctx(options.ctx)
     return net
 
 
-def _convert_tree(net, fp32, rules, tree):
-    """Convert the HybridBlocks of `net`'s tree under `rules` (`mxamp.network_state.Settings`),
-    their low-precision parameters decided on `fp32` (its parsed FP32 graph), as members of
-    `tree`; then cast its parameters.
+def _convert_tree(net, settings, tree):
+    """Convert the HybridBlocks of `net`'s tree under `settings` (`mxamp.network_state.Settings`,
+    its low-precision parameters decided, see `_decided`), as members of `tree`; then cast
+    its parameters.
 
     A block converted before, as part of another net that shares it (a tower
     two nets hold), keeps its conversion and joins `tree` when its settings
     agree (ValueError before any block changes otherwise).
     """
+    _check_shared(net, settings, net)
     blocks = [block for block in _walk(net)
               if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock)]
-    converted_before = [block for block in blocks if is_converted(block)]
-    for block in converted_before:
-        _check_joins(block, rules, net, 'a block shared by two nets has one precision policy: '
-                     'convert both with the same settings')
-    # Constants (anchors, fixed tables) are data, not weights: they stay FP32.
-    params = {p.name for p in net.collect_params().values()
-              if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
     # No graph is converted here: each block's is, when it is built (_get_graph).
-    settings = rules.decided_for(fp32, params)
     joined = NetworkState.converted(settings, tree)
     for block in blocks:
         if is_converted(block):
@@ -1055,6 +1179,17 @@ def _convert_tree(net, fp32, rules, tree):
     for block in _walk(net):
         block._clear_cached_op()
     _sync_params(net)
+
+
+def _in_part_lines(net, state):
+    """The head of the summary of a net converted in part: what stays FP32 and why."""
+    lines = ['mxamp summary: %s converted to %s in part: it cannot become one graph, so its '
+             'largest parts that can were converted (%s); the rest computes in float32:'
+             % (describe_block(net), state.precision,
+                ', '.join(path for path, _ in state.parts))]
+    lines.extend('  %s (%s): %s' % (path or '(the net itself)', describe_block(block), why)
+                 for path, block, why in state.float32_blocks)
+    return '\n'.join(lines)
 
 
 def conversion_of(net: HybridBlock) -> Tuple[graph_mod.Conversion, str]:
@@ -1107,6 +1242,13 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     str
     """
     state = state_of(net)
+    if state is not None and state.stage is Stage.CONVERTED_IN_PART:
+        text = '\n\n'.join([_in_part_lines(net, state)] +
+                           ['part %s:\n%s' % (path, summary(part, print_fn=None))
+                            for path, part in state.parts])
+        if print_fn is not None:
+            print_fn(text)
+        return text
     # Set by mxamp.for_inference: what it fused, and that the net cannot train.
     inference = state.fused_for_inference if state is not None else None
     if state is not None and state.stage is Stage.KEPT_FLOAT32:

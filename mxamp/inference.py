@@ -63,7 +63,7 @@ from .dtypes import DTypeLike
 from .fusion import (BACKEND, FIX, REFUSAL, check_trainable_params, check_trainable_symbol,
                      describe_fusion, fold_batchnorm, format_fusions, fuse_symbol, fused_nodes,
                      mark_inference_only)
-from .network_state import describe_block, seen_state
+from .network_state import Stage, describe_block, seen_state, state_of
 
 __all__ = ['for_inference', 'fuse_symbol', 'fold_batchnorm', 'fused_nodes', 'format_fusions',
            'check_trainable_params', 'check_trainable_symbol']
@@ -237,6 +237,13 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
         raise RuntimeError("mxamp.for_inference: parameter '%s' of %s is not initialised; call "
                            "net.initialize() or net.load_parameters() first"
                            % (uninitialised[0], describe_block(net)))
+    state = state_of(net)
+    if state is not None and state.stage is Stage.CONVERTED_IN_PART:
+        raise TypeError('mxamp.for_inference fuses one graph, and %s cannot become one (it is '
+                        'converted in part): call it on each converted part (%s), or run the net '
+                        'as it is' % (describe_block(net), ', '.join(p for p, _ in state.parts)))
+    if state is None:
+        gluon_mod.check_traceable(net, 'mxamp.for_inference fuses one graph')
     kept = gluon_mod.chosen_precision(net)
     if kept is not None:
         # The user's precision stands, float32 included: 'auto' is for unconverted nets.

@@ -13,7 +13,12 @@ The life cycle of a network, each move a method here::
              --mxamp.convert('float32' or
                'auto' on a CPU without bf16)---> KEPT_FLOAT32 (the reason, for summary)
     KEPT_FLOAT32 --mxamp.convert(dtype)-------> CONVERTED
-    CONVERTED --mxamp.convert(...)------------> ValueError: already converted
+    FP32 net that cannot become a graph
+             --mxamp.convert(dtype)-----------> CONVERTED_IN_PART (its largest subtrees that
+                                                can are CONVERTED, each its own tree; the
+                                                blocks above them stay FP32, with why)
+    CONVERTED or CONVERTED_IN_PART
+              --mxamp.convert(...)------------> ValueError: already converted
     CONVERTED: graph built for a device type (graph_built); a child registered
                anywhere in the tree (child_registered) makes every graph built
                before it stale; a converted child joins the tree (join)
@@ -50,6 +55,9 @@ class Stage(enum.Enum):
     KEPT_FLOAT32 = 'kept float32'
     #: the net computes under a precision policy (its class swapped, see `mxamp.gluon`).
     CONVERTED = 'converted'
+    #: the net cannot become a graph: its largest subtrees that can are converted (each
+    #: CONVERTED), the blocks above them compute in FP32.
+    CONVERTED_IN_PART = 'converted in part'
 
 
 class Settings(collections.namedtuple('Settings', [
@@ -178,6 +186,12 @@ class NetworkState(object):
         The tree's edit count (CONVERTED; RuntimeError otherwise).
     float32_reason : str or None
         Why the net stayed FP32 (KEPT_FLOAT32).
+    parts : tuple of (str, Block)
+        The converted subtrees of a net converted in part, by child path
+        (CONVERTED_IN_PART; empty otherwise).
+    float32_blocks : tuple of (str, Block, str)
+        The blocks of a net converted in part that stay FP32: child path,
+        block, and why (CONVERTED_IN_PART; empty otherwise).
     built_for : str or None
         Device type of the graph built last (CONVERTED), None before the first.
     fused_for_inference : str or None
@@ -208,7 +222,8 @@ class NetworkState(object):
         The mode(s) the block's current CachedOp serves: one of those,
         ``'both'`` (every mode), or None before it is built.
     """
-    __slots__ = ('stage', '_settings', 'float32_reason', '_tree', '_conversions', 'built_for',
+    __slots__ = ('stage', '_settings', 'float32_reason', 'parts', 'float32_blocks', '_tree',
+                 '_conversions', 'built_for',
                  '_built_at', 'fused_for_inference', 'inference_only', 'float32_originals',
                  'own_conv_nodes',
                  'own_conv_params', 'channels_last_nodes', 'cached_ops', 'cached_for')
@@ -218,6 +233,8 @@ class NetworkState(object):
         self.stage = stage
         self._settings = settings
         self.float32_reason = float32_reason
+        self.parts: Tuple[Tuple[str, Any], ...] = ()
+        self.float32_blocks: Tuple[Tuple[str, Any, str], ...] = ()
         self._tree = tree
         # device type -> (identity of the FP32 graph and policy, its Conversion); see
         # mxamp.gluon._conversion
@@ -242,6 +259,17 @@ class NetworkState(object):
     def converted(cls, settings: Settings, tree: Tree) -> 'NetworkState':
         """The state of one block of a tree converted under `settings`."""
         return cls(Stage.CONVERTED, settings=settings, tree=tree)
+
+    @classmethod
+    def converted_in_part(cls, settings: Settings, parts: Iterable[Tuple[str, Any]],
+                          float32_blocks: Iterable[Tuple[str, Any, str]]) -> 'NetworkState':
+        """The state of a net that cannot become a graph, whose `parts` (child path, block)
+        were converted under `settings` and whose `float32_blocks` (child path, block, why)
+        stay FP32."""
+        state = cls(Stage.CONVERTED_IN_PART, settings=settings)
+        state.parts = tuple(parts)
+        state.float32_blocks = tuple(float32_blocks)
+        return state
 
     @property
     def precision(self) -> str:
@@ -325,7 +353,7 @@ def state_of(block: object) -> Optional[NetworkState]:
 def attach(block: object, state: NetworkState) -> None:
     """Give `block` its state (a new one replaces a KEPT_FLOAT32 one only)."""
     current = state_of(block)
-    if current is not None and current.stage is Stage.CONVERTED:
+    if current is not None and current.stage is not Stage.KEPT_FLOAT32:
         raise RuntimeError('mxamp: %s already holds a converted state' % describe_block(block))
     object.__setattr__(block, _ATTRIBUTE, state)
 
@@ -357,6 +385,6 @@ def describe_block(block: object) -> str:
 def check_convertible(block: object) -> None:
     """Raise ValueError when `block` is converted already (convert is one move, once)."""
     state = state_of(block)
-    if state is not None and state.stage is Stage.CONVERTED:
-        raise ValueError('%s is already converted by mxamp (to %s)'
-                         % (describe_block(block), state.settings.dtype))
+    if state is not None and state.stage is not Stage.KEPT_FLOAT32:
+        raise ValueError('%s is already %s by mxamp (to %s)'
+                         % (describe_block(block), state.stage.value, state.precision))

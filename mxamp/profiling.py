@@ -116,7 +116,7 @@ from . import dtypes, hardware, own_conv
 from . import graph as graph_mod
 from . import verdict_rules
 from .dtypes import LOW_PRECISION, DTypeLike, name_of_array
-from .gluon import conversion_of, is_converted, with_own_clips
+from .gluon import check_traceable, conversion_of, is_converted, with_own_clips
 from .network_state import Stage, describe_block, state_of
 from .symbol import convert_with_record, graph_inputs, load_params
 from .trainer import Trainer
@@ -1496,6 +1496,15 @@ def profile(net: HybridBlock, *inputs: mx.nd.NDArray, train: bool = False,
     if any(x.context.device_type != 'cpu' for x in inputs):
         raise ProfileError('mxamp.profile measures on the CPU: the inputs are on %s'
                            % inputs[0].context)
+    state = state_of(net)
+    if state is not None and state.stage is Stage.CONVERTED_IN_PART:
+        raise ProfileError('mxamp.profile times one graph, and %s cannot become one (it is '
+                           'converted in part): profile each converted part (%s)'
+                           % (describe_block(net), ', '.join(path for path, _ in state.parts)))
+    try:
+        check_traceable(net, 'mxamp.profile times one graph')
+    except TypeError as err:
+        raise ProfileError(str(err))
     ctx = mx.cpu()
     names = ['data'] if len(inputs) == 1 else ['data%d' % i for i in range(len(inputs))]
     feed = dict(zip(names, inputs))
@@ -1505,7 +1514,6 @@ def profile(net: HybridBlock, *inputs: mx.nd.NDArray, train: bool = False,
     fp32_params = _fp32_params(net, ctx)
     fp32 = _Side('float32', fp32_symbol, fp32_params, None, feed, ctx, train, optimizer,
                  optimizer_params)
-    state = state_of(net)
     low = None
     if is_converted(net) and state is not None:
         own = state.settings.dtype

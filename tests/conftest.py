@@ -282,6 +282,20 @@ def pattern_task(seed=0):
     return batches, mx.nd.array(classes), classes
 
 
+def convert_quietly(net, dtype='bfloat16'):
+    """mxamp.convert without its once-per-process notes (float16 or bfloat16 on this CPU)."""
+    import mxamp
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return mxamp.convert(net, dtype)
+
+
+def relative_error(got, want):
+    """The largest difference of two arrays, relative to the largest magnitude of `want`."""
+    import numpy as np
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
 def first_gradients(net, batch, label):
     """The gradients (float32 numpy) of `net`'s trainable parameters after one backward pass
     of the softmax cross-entropy of `batch` against `label`."""

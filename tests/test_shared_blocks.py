@@ -20,7 +20,7 @@ from mxamp import channels_last, own_conv
 from mxamp.dtypes import dtype_name, to_float32_numpy
 from mxamp.network_state import state_of
 
-from conftest import median_error, needs_bfloat16_compute
+from conftest import convert_quietly, median_error, needs_bfloat16_compute, relative_error
 
 DTYPES = ['bfloat16', 'float16']
 
@@ -60,21 +60,11 @@ def _copy_params(source, target):
         other.set_data(param.data().astype('float32'))
 
 
-def _convert(net, dtype):
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # float16 on a CPU, bfloat16 without kernels
-        return mxamp.convert(net, dtype)
-
-
-def _error(got, want):
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_a_block_held_twice_converts_once_and_stays_shared(dtype):
     net = _siamese()
     fp32_params = list(net.collect_params())
-    _convert(net, dtype)
+    convert_quietly(net, dtype)
     assert net.tower is net.twin
     assert state_of(net.tower) is state_of(net.twin)
     assert list(net.collect_params()) == fp32_params          # one parameter each, as in FP32
@@ -92,7 +82,7 @@ def test_a_shared_tower_trains_as_in_fp32_one_update_a_step(dtype):
     x, y = _inputs()
     reference, net = _siamese(), _siamese()
     _copy_params(reference, net)
-    _convert(net, dtype)
+    convert_quietly(net, dtype)
     net.hybridize()
     deltas = []
     for model, trainer in ((reference, gluon.Trainer(reference.collect_params(), 'sgd',
@@ -117,7 +107,7 @@ def test_a_shared_tower_trains_as_in_fp32_one_update_a_step(dtype):
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_a_shared_tower_saves_and_loads_like_fp32_gluon(dtype, tmp_path):
     x, y = _inputs()
-    net = _convert(_siamese(), dtype)
+    net = convert_quietly(_siamese(), dtype)
     out = to_float32_numpy(net(x, y))
     path = str(tmp_path / 'siamese.params')
     net.save_parameters(path)
@@ -127,8 +117,8 @@ def test_a_shared_tower_saves_and_loads_like_fp32_gluon(dtype, tmp_path):
     assert all(value.dtype == np.float32 for value in saved.values())
     plain = _Siamese(prefix='siamese_')
     plain.load_parameters(path)
-    assert _error(plain(x, y).asnumpy(), out) < 0.05
-    again = _convert(_siamese(seed=1), dtype)
+    assert relative_error(plain(x, y).asnumpy(), out) < 0.05
+    again = convert_quietly(_siamese(seed=1), dtype)
     again.load_parameters(path)
     np.testing.assert_array_equal(to_float32_numpy(again(x, y)), out)
 
@@ -144,15 +134,15 @@ def test_a_shared_tower_fuses_for_inference_and_summarises(dtype):
         warnings.simplefilter('ignore')
         fused = mxamp.for_inference(net, x, y, dtype=dtype)
     assert fused.tower is fused.twin
-    assert _error(to_float32_numpy(fused(x, y)), want) < 0.05
-    text = mxamp.summary(_convert(_siamese(), dtype), print_fn=None)
+    assert relative_error(to_float32_numpy(fused(x, y)), want) < 0.05
+    text = mxamp.summary(convert_quietly(_siamese(), dtype), print_fn=None)
     # The tower's layers run twice, each call a row of the converted graph.
     assert text.count('siamese_conv0_fwd ') == 2
 
 
 def test_a_shared_tower_profiles_as_one_layer_per_block():
     x, y = _inputs()
-    net = _convert(_siamese(), 'bfloat16')
+    net = convert_quietly(_siamese(), 'bfloat16')
     report = mxamp.profile(net, x, y, kernels=False, iterations=1, warmup=1)
     layers = [row['layer'] for row in report.rows]
     assert 'conv0 (2 calls)' in layers
@@ -176,8 +166,8 @@ def _two_nets_sharing_a_tower():
 def test_an_edit_inside_a_shared_block_rebuilds_every_net_that_holds_it():
     tower, first, second = _two_nets_sharing_a_tower()
     x = mx.nd.ones((2, 4))
-    _convert(first, 'bfloat16')
-    _convert(second, 'bfloat16')    # the tower, converted with first, joins second's tree
+    convert_quietly(first, 'bfloat16')
+    convert_quietly(second, 'bfloat16')    # the tower, converted with first, joins second's tree
     assert state_of(tower) is state_of(first[0]) is state_of(second[0])
     first(x), second(x)
     layer = nn.Dense(4, in_units=8)
@@ -194,10 +184,10 @@ def test_an_edit_inside_a_shared_block_rebuilds_every_net_that_holds_it():
 
 def test_a_block_converted_with_other_settings_cannot_join_a_second_net():
     _, first, second = _two_nets_sharing_a_tower()
-    _convert(first, 'float16')
+    convert_quietly(first, 'float16')
     with pytest.raises(ValueError, match=r"'tower' was converted by mxamp with other settings "
                                           r"\(float16\) than HybridSequential 'second'.*same settings"):
-        _convert(second, 'bfloat16')
+        convert_quietly(second, 'bfloat16')
     assert state_of(second) is None and state_of(second[1]) is None   # nothing changed
 
 
@@ -210,11 +200,11 @@ def test_googlenet_converts_trains_and_reloads(dtype, tmp_path):
     net.initialize(mx.init.Xavier(magnitude=2.0))
     x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (2, 3, 224, 224)).astype('f4'))
     want = net(x).asnumpy()
-    _convert(net, dtype)
+    convert_quietly(net, dtype)
     assert net.output is net.head[2] and net.avgpool is net.head[0]
     got = to_float32_numpy(net(x))
     # Measured on an AMD EPYC with avx512_bf16: 0.011 (bfloat16), 0.0005 (float16).
-    assert _error(got, want) < 0.1
+    assert relative_error(got, want) < 0.1
     trainer = mxamp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
     before = to_float32_numpy(net.output.weight.data())
     applied = 0
@@ -232,7 +222,7 @@ def test_googlenet_converts_trains_and_reloads(dtype, tmp_path):
     plain = gluoncv.model_zoo.get_model('googlenet', classes=10, pretrained=False)
     plain.load_parameters(path)
     with autograd.predict_mode():
-        assert _error(plain(x).asnumpy(), to_float32_numpy(net(x))) < 0.1
+        assert relative_error(plain(x).asnumpy(), to_float32_numpy(net(x))) < 0.1
 
 
 class _SiameseResNet(gluon.HybridBlock):
@@ -273,11 +263,11 @@ def test_a_tower_called_twice_trains_on_the_own_operators(monkeypatch):
         return [to_float32_numpy(p.grad()) for p in block.collect_params().values()
                 if p.grad_req != 'null']
     reference = gradients(net())
-    converted = _convert(net(), 'bfloat16')
+    converted = convert_quietly(net(), 'bfloat16')
     error = median_error(gradients(converted), reference)
     state = state_of(converted)
     assert state.own_conv_nodes and not state.channels_last_nodes
     monkeypatch.setenv('MXAMP_OWN_CONV', '0')
-    mxnets = median_error(gradients(_convert(net(), 'bfloat16')), reference)
+    mxnets = median_error(gradients(convert_quietly(net(), 'bfloat16')), reference)
     # Measured on an AMD EPYC with avx512_bf16: 0.404 against MXNet's operators' 0.408.
     assert error < 1.25 * mxnets

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import warnings
 
 import ml_dtypes
 import numpy as np
@@ -17,11 +16,12 @@ import pytest
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-import mxamp
 from mxamp import optimizer as mo
 from mxamp.dtypes import BFLOAT16, cast, dtype_name, numpy_dtype, to_float32_numpy
 from mxamp.loss_scaler import LossScaler, OverflowInfo
 from mxamp.trainer import Trainer
+
+from conftest import convert_quietly
 
 CTXS = [mx.cpu(0), mx.cpu(1)]
 
@@ -37,13 +37,6 @@ class Linear(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, w, b):
         return F.broadcast_add(F.sum(F.broadcast_mul(x, w), axis=1), b)
-
-
-def convert_quietly(net, dtype='bfloat16'):
-    """mxamp.convert without its once-per-process notes (float16 or bfloat16 on this CPU)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        return mxamp.convert(net, dtype)
 
 
 def make_net(dtype='float16', ctx=None, seed=0, grad_req='write'):
