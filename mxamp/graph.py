@@ -60,7 +60,7 @@ import mxnet as mx
 from . import policy as policy_mod
 from .dtypes import (ROUNDING_SUFFIX, DTypeLike, bfloat16_rounding_nodes, numpy_dtype,
                      precision_name, type_flag)
-from .policy import FLOAT32, LOW
+from .policy import FLOAT32, LOW, NEUTRAL, WIDEST
 
 __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'NO_FOLD_SUFFIX',
            'PAD_SUFFIX',
@@ -636,24 +636,31 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
                     params: Collection[str]) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
 
-    Decided on operator classes alone, not on shapes, the device or the CPU
-    class, so that a network has the same parameters, in the same dtypes,
-    wherever it runs, and they can be decided before any graph is converted.
+    Decided on operator classes and kernels alone, not on shapes, the device
+    or the CPU class, so that a network has the same parameters, in the same
+    dtypes, wherever it runs, and they can be decided before any graph is
+    converted.
     `graph` is a parsed graph (`load_graph`); returns a set of names.
     """
-    storable = {node['name'] for node in graph['nodes'] if node['op'] == 'null'
-                and node['name'] in params}
-    for node in graph['nodes']:
+    nodes = graph['nodes']
+    # Whether a node's output is read in FP32: by an FP32 operator, as a fixed input, by an
+    # operator no CPU computes in bfloat16 (RNN, Embedding: a cast to FP32 at every use,
+    # and values rounded for nothing), or through operators that pass it on (an RNN's
+    # weights reach it through _rnn_param_concat).  Graphs list producers first.
+    read_in_float32 = [False] * len(nodes)
+    for nid in reversed(range(len(nodes))):
+        node = nodes[nid]
         if node['op'] == 'null':
             continue
         cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
         fixed = set(policy.float32_inputs(node['op'])) | set(policy.index_inputs(node['op'], node.get('attrs')))
+        passes_on = cls in (NEUTRAL, WIDEST) and read_in_float32[nid]
         for pos, (src, _, _) in enumerate(node['inputs']):
-            source = graph['nodes'][src]
-            if source['op'] == 'null' and source['name'] in storable:
-                if cls == FLOAT32 or pos in fixed:
-                    storable.discard(source['name'])
-    return storable
+            if cls == FLOAT32 or pos in fixed or passes_on or \
+                    (cls == LOW and policy.computes_low_nowhere(node['op'])):
+                read_in_float32[src] = True
+    return {node['name'] for nid, node in enumerate(nodes) if node['op'] == 'null'
+            and node['name'] in params and not read_in_float32[nid]}
 
 
 def entry_uses(graph: Mapping[str, Any]) -> Counter[Tuple[int, int]]:

@@ -852,6 +852,14 @@ class Policy(object):
             return not self.bfloat16_storage_only
         return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
 
+    def computes_low_nowhere(self, op: str) -> bool:
+        """Whether no CPU class computes `op` in the target dtype: bfloat16 (a CPU-only
+        target) and no bfloat16 kernel of MXNet 1.9.1 (or only a slow one) for it.  Such a
+        node computes in FP32 wherever the net runs (`computes_low`)."""
+        op = canonical(op)
+        return self.dtype == 'bfloat16' and op not in BFLOAT16_CPU_OPS and \
+            op not in self.lp_ops and not self._on_own_kernel(op)
+
     def _user_keeps_float32(self, op: str, attrs: Optional[Mapping[str, str]],
                             node_name: Optional[str]) -> bool:
         """Whether `exclude`, `fp32_ops` or `fp32_conditions` keep the node (`op`

@@ -653,3 +653,33 @@ def test_a_bfloat16_convolution_of_a_map_smaller_than_its_stride_trains_in_float
     assert precision[net[1].prefix + 'fwd'] == 'float32'
     assert precision[net[0].prefix + 'fwd'] == computes_in('bfloat16')   # its input is 1x1 too, stride 1
     assert np.isfinite(grad).all() and rel_err(grad, reference) < tolerance('bfloat16')
+
+
+def _sequence_model():
+    mx.random.seed(0)
+    net = nn.HybridSequential(prefix='seq_')
+    with net.name_scope():
+        net.add(nn.Embedding(50, 16), gluon.rnn.LSTM(16, input_size=16),
+                nn.Dense(4, flatten=False, in_units=16))
+    net.initialize()
+    return net
+
+
+def test_parameters_that_no_cpu_reads_in_bfloat16_stay_fp32():
+    """The weights of MXNet's RNN operator (packed through _rnn_param_concat), which no CPU
+    computes in bfloat16, are stored FP32: stored in bfloat16 they were rounded and cast
+    back at every step for nothing.  float16 (GPU kernels) stores them in float16."""
+    tokens = mx.nd.array(np.random.RandomState(0).randint(0, 50, (5, 2)))
+    reference = _sequence_model()
+    want = reference(tokens).asnumpy()
+    for dtype, recurrent in (('bfloat16', 'float32'), ('float16', 'float16')):
+        net = _sequence_model()
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            mg.convert(net, dtype)
+        lstm = net[1]
+        assert {dtype_name(p.dtype) for p in lstm.collect_params().values()} == {recurrent}
+        assert dtype_name(net[0].weight.dtype) == 'float32'      # Embedding: FP32 always
+        assert dtype_name(net[2].weight.dtype) == dtype
+        got = to_float32_numpy(net(tokens))
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
