@@ -242,7 +242,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
         raise TypeError('mxamp.for_inference fuses one graph, and %s cannot become one (it is '
                         'converted in part): call it on each converted part (%s), or run the net '
                         'as it is' % (describe_block(net), ', '.join(p for p, _ in state.parts)))
-    if state is None:
+    if state is None or state.stage is Stage.KEPT_FLOAT32:
         gluon_mod.check_traceable(net, 'mxamp.for_inference fuses one graph')
     kept = gluon_mod.chosen_precision(net)
     if kept is not None:
