@@ -512,8 +512,9 @@ def _adopt(parent, block):
     parent_state = converted_state(parent)
     if not is_converted(block):
         graph = graph_mod.load_graph(_fp32_graph(block))
-        _convert_tree(block, _decided(parent_state.settings, [('', block, graph)]),
-                      parent_state.tree)
+        settings = _decided(parent_state.settings, [('', block, graph)])
+        _check_shared(block, settings, parent)
+        _convert_tree(block, settings, parent_state.tree)
         return
     _check_joins(block, parent_state.settings, parent,
                  "add it unconverted (FP32), and it takes the net's settings")
@@ -1134,7 +1135,7 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
     parts, float32_blocks = _graph_parts(net)
     if not parts:
         if isinstance(net, HybridBlock) and float32_blocks[0][1] is net:
-            _fp32_graph(net)  # raises why the net itself cannot become a graph
+            raise _Untraceable(net, float32_blocks[0][2])
         raise TypeError('mxamp.convert: no part of %s becomes a graph (%s), so there is nothing '
                         'to convert' % (describe_block(net), float32_blocks[0][2]))
     node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
@@ -1162,21 +1163,17 @@ def _convert_tree(net, settings, tree):
     its parameters.
 
     A block converted before, as part of another net that shares it (a tower
-    two nets hold), keeps its conversion and joins `tree` when its settings
-    agree (ValueError before any block changes otherwise).
+    two nets hold), keeps its conversion and joins `tree`; the callers check
+    first that its settings agree (`_check_shared`).
     """
-    _check_shared(net, settings, net)
-    blocks = [block for block in _walk(net)
-              if isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock)]
     # No graph is converted here: each block's is, when it is built (_get_graph).
     joined = NetworkState.converted(settings, tree)
-    for block in blocks:
+    for block in _walk(net):
         if is_converted(block):
             converted_state(block).join(joined)
-        else:
+        elif isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
             attach(block, NetworkState.converted(settings, tree))
             block.__class__ = _mixed_class(_Converted, type(block))
-    for block in _walk(net):
         block._clear_cached_op()
     _sync_params(net)
 

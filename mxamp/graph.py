@@ -644,7 +644,7 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
     """
     nodes = graph['nodes']
     # Whether a node's output is read in FP32: by an FP32 operator, as a fixed input, by an
-    # operator no CPU computes in bfloat16 (RNN, Embedding: a cast to FP32 at every use,
+    # operator no CPU computes in bfloat16 (RNN, dot: a cast to FP32 at every use,
     # and values rounded for nothing), or through operators that pass it on (an RNN's
     # weights reach it through _rnn_param_concat).  Graphs list producers first.
     read_in_float32 = [False] * len(nodes)

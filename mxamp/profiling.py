@@ -1130,14 +1130,15 @@ def _rows(network, sides, operator_times, attributed):
     fp32_graph = sides[0].graph
     rows = []
     calls = collections.Counter(fp32_graph.name(nid) for nid in fp32_graph.ops)
+    seen = set()
     for nid in fp32_graph.ops:
         node = fp32_graph.name(nid)
-        if calls[node] == 0:
+        if node in seen:
             continue  # a later call of a layer that has its row
+        seen.add(node)
         layer, block = network.layer_names.get(node, (node, None))
         if calls[node] > 1:
             layer = '%s (%d calls)' % (layer, calls[node])
-        calls[node] = 0
         shape = fp32_graph.out_shapes(nid)
         row = {'layer': layer, 'node': node, 'block': block, 'op': fp32_graph.op(nid),
                'op_class': _op_class(fp32_graph.op(nid)),
