@@ -69,7 +69,6 @@ import logging
 import os
 import platform
 import sys
-import warnings
 from types import FrameType
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, cast
 
@@ -473,13 +472,3 @@ def describe() -> Dict[str, Any]:
             'amx_enabled': bool(_amx_enabled), 'cpu_class': cpu_class(),
             'dnnl_max_cpu_isa': os.environ.get('DNNL_MAX_CPU_ISA'), 'gpus': gpu_count()}
 
-
-def __getattr__(name: str) -> Any:
-    # The spelling of mxamp 0.1.0, kept for one release: resolve_dtype names a
-    # precision, so it moved to mxamp.dtypes (this module sits below it).
-    if name == 'resolve_dtype':
-        warnings.warn('mxamp.hardware.resolve_dtype is deprecated: use '
-                      'mxamp.dtypes.resolve_dtype', DeprecationWarning, stacklevel=2)
-        from .dtypes import resolve_dtype
-        return resolve_dtype
-    raise AttributeError('module %r has no attribute %r' % (__name__, name))

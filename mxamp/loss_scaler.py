@@ -48,8 +48,9 @@ _MAX_FINITE_ARRAYS = 200
 OverflowInfo = collections.namedtuple(
     'OverflowInfo', ['step', 'loss_scale', 'next_loss_scale', 'skipped_steps'])
 
-_STATE_KEYS = ('loss_scale', 'dynamic', 'growth_factor', 'backoff_factor', 'growth_interval',
-               'min_scale', 'max_scale', 'at_min_scale', 'clean_steps', 'skipped_steps', 'steps')
+_STATE_KEYS = ('loss_scale', 'dynamic', 'enabled', 'first_descent', 'growth_factor', 'backoff_factor',
+               'growth_interval', 'min_scale', 'max_scale', 'at_min_scale', 'clean_steps',
+               'skipped_steps', 'steps')
 
 def _positive(name: str, value: Any) -> float:
     try:
@@ -373,9 +374,7 @@ class LossScaler(object):
         self.min_scale = low
         self.max_scale = high
         self.at_min_scale = cfg['at_min_scale']
-        # State dicts written before the first descent existed lack the key: those
-        # scalers halved from the start, and a resumed one goes on doing so.
-        self._first_descent = bool(cfg.get('first_descent', False))
+        self._first_descent = bool(cfg['first_descent'])
 
     # -- public state --------------------------------------------------------
     @property
@@ -810,10 +809,8 @@ class LossScaler(object):
         """The scale, its configuration and the counters, as a dict of Python scalars.
 
         ``'first_descent'``: whether overflows before the first applied step
-        descend fast (the default start); :meth:`load_state_dict` takes dicts
-        without it, from earlier versions, as False.  ``'enabled'``: False
-        for a disabled scaler; dicts without it, from earlier versions, are
-        from enabled ones.
+        descend fast (the default start).  ``'enabled'``: False for a
+        disabled scaler.
         """
         return {'loss_scale': self._scale, 'dynamic': self.dynamic, 'enabled': self._enabled,
                 'first_descent': self._first_descent,
@@ -839,13 +836,13 @@ class LossScaler(object):
         """
         if not self._enabled:
             return
-        if not state.get('enabled', True):
-            raise ValueError('LossScaler.load_state_dict(): the state is from a disabled scaler '
-                             '(enabled=False), which has no loss scale to restore; create this '
-                             'one with enabled=False too, or start it afresh')
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise KeyError('LossScaler.load_state_dict(): missing keys %s' % ', '.join(missing))
+        if not state['enabled']:
+            raise ValueError('LossScaler.load_state_dict(): the state is from a disabled scaler '
+                             '(enabled=False), which has no loss scale to restore; create this '
+                             'one with enabled=False too, or start it afresh')
         self._configure(state)
         self._clean_steps = int(state['clean_steps'])
         self._skipped_steps = int(state['skipped_steps'])

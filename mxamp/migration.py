@@ -15,10 +15,9 @@ Keyword by keyword (contrib.amp -> mxamp):
 ``target_dtype``
     ``dtype``: the same names (``'float16'``, ``'bfloat16'``; mxamp also takes
     ``'auto'`` and the aliases ``'fp16'``, ``'bf16'``...).  contrib.amp's
-    default is ``'float16'``; mxamp's is not: ``mxamp.convert`` defaults to
-    ``'auto'``, the Symbol front to ``'bfloat16'`` (with a FutureWarning, it
-    becomes ``'auto'``).  Pass ``target_dtype='float16'`` to keep a
-    contrib.amp call's result.
+    default is ``'float16'``; mxamp's is not: every front defaults to
+    ``'auto'`` (the fastest precision the machine computes).  Pass
+    ``target_dtype='float16'`` to keep a contrib.amp call's result.
 ``target_dtype_ops``
     The policy's ``lp_ops_only``: the list of operators run in low precision,
     replaced, as in contrib.amp.  Operators mxamp runs in low precision by
@@ -98,9 +97,6 @@ class Options(NamedTuple):
         (the front's default).  A front that cannot honour a value raises.
     ctx : any
         ``ctx`` as given.
-    contrib_amp : bool
-        Whether the caller used a contrib.amp spelling (`CONTRIB_AMP_KEYWORDS`),
-        so that a front's default dtype can say that contrib.amp's differs.
     """
     dtype: Optional[DTypeLike]
     fp32_ops: Tuple[str, ...]
@@ -111,7 +107,6 @@ class Options(NamedTuple):
     exclude_option: str
     cast_params: Optional[bool]
     ctx: Any
-    contrib_amp: bool
 
 
 def from_contrib_amp(function: str, dtype: Optional[DTypeLike] = None, *,
@@ -187,10 +182,8 @@ def from_contrib_amp(function: str, dtype: Optional[DTypeLike] = None, *,
     if cast_optional_params is not None and not isinstance(cast_optional_params, bool):
         raise TypeError('%s(): cast_optional_params=%r: expected True or False'
                         % (function, cast_optional_params))
-    contrib_amp = any(value is not None for value in (target_dtype, target_dtype_ops, conditional_fp32_ops,
-                                                      excluded_sym_names, cast_optional_params))
     return Options(dtype, fp32, tuple(canonical_ops(lp_ops or (), 'lp_ops')), only, conditions,
-                   exclude, exclude_option, cast_optional_params, ctx, contrib_amp)
+                   exclude, exclude_option, cast_optional_params, ctx)
 
 
 def _one_spelling(function, mxamp_name, mxamp_value, contrib_name, contrib_value):

@@ -1,12 +1,12 @@
 """The Symbol-API front: `convert_symbol`, `convert_model`, `convert_with_record` and their files.
 
 It turns user-facing arguments (dtype names, op and layer overrides, a context;
-MXNet contrib.amp's keywords and positional orders too, through
-`mxamp.migration`) into a `mxamp.policy.Policy`, runs the graph rewrite of
-`mxamp.graph`, casts the parameters the rewrite stores in low precision, and
-reads and writes ``*-symbol.json`` / ``*.params`` files atomically (a failed
-conversion never leaves a partial output file).  `convert_with_record` also
-returns the rewrite's record of every decision (`mxamp.graph.Conversion`).
+MXNet contrib.amp's keywords too, through `mxamp.migration`) into a
+`mxamp.policy.Policy`, runs the graph rewrite of `mxamp.graph`, casts the
+parameters the rewrite stores in low precision, and reads and writes
+``*-symbol.json`` / ``*.params`` files atomically (a failed conversion never
+leaves a partial output file).  `convert_with_record` also returns the
+rewrite's record of every decision (`mxamp.graph.Conversion`).
 
 Before converting it refuses what would give a wrong graph without a word:
 names that match nothing in the graph (``exclude`` entries, ``input_shapes``
@@ -23,14 +23,10 @@ and the rewrite share the Symbol MXNet loaded.
 """
 import collections
 import difflib
-import functools
-import inspect
 import os
 import typing
 import uuid
-import warnings
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
-                    TypeVar, Union)
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 
@@ -39,7 +35,7 @@ from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
 from .graph import Conversion, GraphError, GraphLike, LoadedGraph, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
 from .migration import from_contrib_amp
-from .policy import Condition, Policy, emulates_float16, exclude_matches, registered_ops
+from .policy import Condition, Policy, emulates_float16, exclude_matches
 
 __all__ = ['ConversionResult', 'ParameterError', 'check_params', 'convert_model', 'convert_symbol',
            'convert_with_record', 'load_params', 'make_policy', 'save_model']
@@ -146,155 +142,38 @@ class ConversionResult(NamedTuple):
     conversion: Optional[Conversion]
 
 
-_Function = TypeVar('_Function', bound=Callable[..., Any])
-
-
-def _options_by_keyword(old_order: Sequence[str], contrib_amp_order: Sequence[str]
-                        ) -> Callable[[_Function], _Function]:
-    """Take the options after `dtype` by keyword only, as ``mxamp.convert`` does.
-
-    mxamp 0.1.0 also took them by position, in `old_order` (two different
-    orders for `convert_symbol` and `convert_model`); that still works for one
-    release, with a DeprecationWarning naming the options to spell out.
-    contrib.amp's functions of the same name take theirs by position in
-    `contrib_amp_order`; a list of operator names in the first place after
-    `dtype`, which mxamp 0.1.0 read as `old_order`'s first option (variable or
-    node names), is read in that order instead (`_in_contrib_amp_order`), with
-    the same warning.
-    """
-    def decorate(function: _Function) -> _Function:
-        positional = sum(1 for p in inspect.signature(function).parameters.values()
-                         if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-        @functools.wraps(function)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            extra = args[positional:]
-            if extra:
-                order = old_order
-                if _in_contrib_amp_order(function.__name__, args[0], positional + 1, extra,
-                                         old_order[0], contrib_amp_order):
-                    order = contrib_amp_order
-                if len(extra) > len(order):
-                    raise TypeError('%s() takes at most %d positional arguments (%d given)'
-                                    % (function.__name__, positional, len(args)))
-                names = order[:len(extra)]
-                for name in names:
-                    if name in kwargs:
-                        raise TypeError('%s() got multiple values for argument %r'
-                                        % (function.__name__, name))
-                warnings.warn('%s(): options by position are deprecated; name them (%s)'
-                              % (function.__name__, ', '.join('%s=...' % n for n in names)),
-                              DeprecationWarning, stacklevel=2)
-                kwargs.update(zip(names, extra))
-            return function(*args[:positional], **kwargs)
-        return typing.cast(_Function, call)
-    return decorate
-
-
-def _in_contrib_amp_order(function: str, sym: Any, place: int, extra: Sequence[Any], old_name: str,
-                          contrib_amp_order: Sequence[str]) -> bool:
-    """Whether the options `extra`, given by position from place number `place` on,
-    are in contrib.amp's order (`contrib_amp_order`) rather than mxamp 0.1.0's.
-
-    They are when the first is contrib.amp's ``target_dtype_ops``: a non-empty
-    list of registered operator names none of which is what mxamp 0.1.0 took
-    there (`old_name`: ``'params'``, variables of the graph `sym`, or
-    ``'exclude'``, names or patterns of its nodes); such a list that reads
-    both ways raises TypeError naming both keywords.  They also are when
-    ``conditional_fp32_ops``' place holds ``(operator, attribute, values)``
-    triples, which no option of mxamp 0.1.0 takes.  Otherwise mxamp 0.1.0's
-    reading (and its checks) stands.
-    """
-    conditions_at = contrib_amp_order.index('conditional_fp32_ops')
-    conditions = extra[conditions_at] if len(extra) > conditions_at else None
-    if (isinstance(conditions, (list, tuple)) and conditions
-            and all(isinstance(entry, (list, tuple)) and len(entry) == 3 for entry in conditions)):
-        return True
-    value = extra[0]
-    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value
-            or not all(isinstance(op, str) and op in registered_ops() for op in value)):
-        return False
-    try:
-        graph = load_graph(sym)
-    except GraphError:
-        return False        # the conversion says what is wrong with the graph
-    if old_name == 'params':
-        symbol = graph.symbol
-        variables = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
-        taken = [entry for entry in value if entry in variables]
-    else:
-        nodes = [node['name'] for node in graph['nodes'] if node['op'] != 'null']
-        taken = [entry for entry in value if any(exclude_matches(node, entry) for node in nodes)]
-    if taken:
-        raise TypeError("%s(): positional argument %d, %r, names operators (contrib.amp's "
-                        "target_dtype_ops in that place) and %s of the graph (mxamp 0.1.0's %s): "
-                        "pass it by keyword, target_dtype_ops=... or %s=..."
-                        % (function, place, list(value),
-                           'variables' if old_name == 'params' else 'nodes', old_name, old_name))
-    return True
-
-
-def _default_dtype(function: str, contrib_amp: bool) -> DTypeLike:
-    # mxamp 0.1.0's default was 'bfloat16'; mxamp.convert's, for_inference's and
-    # this front's next default is 'auto'.  Until then, leaving it out says so.
-    # Called from _front, called by the public function inside its
-    # _options_by_keyword wrapper: the caller's line is 5 frames up.
-    warnings.warn("%s(): the default dtype becomes 'auto' (as mxamp.convert's: this machine's "
-                  "fastest precision) in the next release; pass dtype='bfloat16' to keep "
-                  "today's result%s"
-                  % (function, " (contrib.amp's default, target_dtype='float16', is not mxamp's)"
-                     if contrib_amp else ''), FutureWarning, stacklevel=5)
-    return 'bfloat16'
-
-
-def _return_conversion_deprecated(function: str, returned: str) -> None:
-    # Called by the public function inside its _options_by_keyword wrapper.
-    warnings.warn('%s(return_conversion=True) is deprecated (one function, one return type); '
-                  'call mxamp.convert_with_record(sym, dtype, ...) instead: it returns a '
-                  'ConversionResult %s' % (function, returned), DeprecationWarning, stacklevel=4)
-
-
-@_options_by_keyword(('params', 'exclude', 'fp32_ops', 'lp_ops', 'ctx', 'input_types',
-                      'input_shapes', 'portable', 'cpu_class', 'return_conversion'),
-                     ('target_dtype_ops', 'fp32_ops', 'conditional_fp32_ops', 'excluded_sym_names',
-                      'data_names', 'cast_optional_params'))
 def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = None, *,
                    params: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None,
                    fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
                    ctx: Optional[ContextLike] = None,
                    input_types: Optional[Mapping[str, DTypeLike]] = None,
                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
-                   cpu_class: Optional[str] = None, return_conversion: bool = False,
-                   target_dtype: Optional[DTypeLike] = None,
+                   cpu_class: Optional[str] = None, target_dtype: Optional[DTypeLike] = None,
                    target_dtype_ops: Optional[Iterable[str]] = None,
                    conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
                    excluded_sym_names: Optional[Iterable[str]] = None,
                    data_names: Optional[Iterable[str]] = None,
-                   cast_optional_params: Optional[bool] = None
-                   ) -> Union[mx.sym.Symbol, Tuple[mx.sym.Symbol, Optional[Conversion]]]:
+                   cast_optional_params: Optional[bool] = None) -> mx.sym.Symbol:
     """Convert an FP32 Symbol to mixed precision.
 
     Takes contrib.amp's keywords too, with contrib.amp's meaning
     (``mxnet.contrib.amp.convert_symbol``; `mxamp.migration` says what each
-    becomes), and contrib.amp's positional order when a list of operator
-    names follows `dtype` (with a DeprecationWarning: name them).
+    becomes).  The options after `dtype` are keyword-only.
 
     Parameters
     ----------
     sym : mx.sym.Symbol or str
         The FP32 graph, or its JSON text.
-    dtype : str
+    dtype : str, optional
         Target low precision: ``'bfloat16'`` or ``'float16'`` (aliases
         ``'bf16'``, ``'fp16'``, ``'half'``), or ``'auto'``: the fastest
         precision this machine computes (`mxamp.dtypes.resolve_dtype`, with
         `ctx`).  ``'float32'`` (also what ``'auto'`` gives on a CPU without
         native bfloat16) returns the graph unchanged, as `mxamp.convert` does.
-        Left out: ``'bfloat16'`` with a FutureWarning; the default becomes
-        ``'auto'``, `mxamp.convert`'s, in the next release.  contrib.amp's
-        default, ``'float16'``, is not mxamp's: a contrib.amp call that left
-        ``target_dtype`` out needs ``target_dtype='float16'`` here.  The
-        options after it are taken by keyword (by position, mxamp 0.1.0's
-        order, with a DeprecationWarning, for one release).
+        Left out (and no `target_dtype`): ``'auto'``, as `mxamp.convert`'s.
+        contrib.amp's default, ``'float16'``, is not mxamp's: a contrib.amp
+        call that left ``target_dtype`` out needs ``target_dtype='float16'``
+        here.
     params : iterable of str, optional
         Names of the variables that are parameters.  Those consumed only by
         low-precision ops are declared in `dtype`, so their values must be stored
@@ -333,10 +212,6 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
         ``'avx512'``: CPUs without native bfloat16, where every op computes in
         FP32 and the parameters stay stored in bfloat16 (the same parameter
         files).  ``'auto'``: this machine's class.
-    return_conversion : bool
-        Deprecated (DeprecationWarning): also return the
-        `mxamp.graph.Conversion`, as ``(symbol, conversion)``.  Call
-        `convert_with_record` instead.
     target_dtype : str, optional
         contrib.amp's name for `dtype` (give one of the two).
     target_dtype_ops : list of str, optional
@@ -363,7 +238,7 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
     -------
     mx.sym.Symbol
         The converted graph: it accepts FP32 inputs and returns FP32 outputs.
-        With ``return_conversion=True`` (deprecated), ``(symbol, conversion)``.
+        `convert_with_record` also returns the record of the conversion.
 
     Raises
     ------
@@ -390,41 +265,29 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
 
     >>> f16 = mxamp.convert_symbol(sym, target_dtype='float16', fp32_ops=['FullyConnected'])
     """
-    result = _front('convert_symbol', sym, dtype, True, params=params, exclude=exclude,
-                    fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx, input_types=input_types,
-                    input_shapes=input_shapes, portable=portable, cpu_class=cpu_class,
-                    target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                    conditional_fp32_ops=conditional_fp32_ops,
-                    excluded_sym_names=excluded_sym_names, data_names=data_names,
-                    cast_optional_params=cast_optional_params)
-    if return_conversion:
-        _return_conversion_deprecated('convert_symbol', '(.symbol, .conversion)')
-        return result.symbol, result.conversion
-    return result.symbol
+    return _front('convert_symbol', sym, dtype, params=params, exclude=exclude,
+                  fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx, input_types=input_types,
+                  input_shapes=input_shapes, portable=portable, cpu_class=cpu_class,
+                  target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                  conditional_fp32_ops=conditional_fp32_ops,
+                  excluded_sym_names=excluded_sym_names, data_names=data_names,
+                  cast_optional_params=cast_optional_params).symbol
 
 
-@_options_by_keyword(('exclude', 'fp32_ops', 'lp_ops', 'ctx', 'input_types', 'input_shapes',
-                      'return_conversion', 'portable', 'cpu_class', 'allow_missing',
-                      'for_inference'),
-                     ('target_dtype_ops', 'fp32_ops', 'conditional_fp32_ops', 'excluded_sym_names',
-                      'cast_optional_params'))
 def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.NDArray],
                   aux_params: Optional[Dict[str, mx.nd.NDArray]],
                   dtype: Optional[DTypeLike] = None, *, exclude: Optional[Iterable[str]] = None,
                   fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
                   ctx: Optional[ContextLike] = None,
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
-                  input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                  return_conversion: bool = False, portable: bool = True,
+                  input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
                   cpu_class: Optional[str] = None, allow_missing: bool = False,
                   for_inference: bool = False, target_dtype: Optional[DTypeLike] = None,
                   target_dtype_ops: Optional[Iterable[str]] = None,
                   conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
                   excluded_sym_names: Optional[Iterable[str]] = None,
                   cast_optional_params: Optional[bool] = None
-                  ) -> Union[Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]],
-                             Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray],
-                                   Optional[Conversion]]]:
+                  ) -> Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
     Parameters consumed only by low-precision ops are cast to `dtype`;
@@ -436,8 +299,8 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     without them the dimensions that depend on an input's size (a dense layer
     reading a flattened image) go unchecked.  The parameters' shapes also
     choose the fast bfloat16 layout of each convolution.  The other arguments
-    are those of `convert_symbol` (contrib.amp's keywords and positional
-    order included, ``mxnet.contrib.amp.convert_model``'s), and:
+    are those of `convert_symbol` (contrib.amp's keywords included,
+    ``mxnet.contrib.amp.convert_model``'s), and:
 
     Parameters
     ----------
@@ -460,10 +323,6 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
         parameters that only low-precision ops read in `dtype`; False
         (contrib.amp's default) keeps every parameter FP32 and casts it in the
         graph, at every run.
-    return_conversion : bool
-        Deprecated (DeprecationWarning): also return the
-        `mxamp.graph.Conversion`, as a fourth item.  Call
-        `convert_with_record` instead.
 
     Returns
     -------
@@ -497,7 +356,7 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     >>> mxamp.inference.fused_nodes(fused_sym)
     Counter({'_sg_mkldnn_fully_connected': 1})
     """
-    result = _front('convert_model', sym, dtype, True, arg_params=arg_params,
+    result = _front('convert_model', sym, dtype, arg_params=arg_params,
                     aux_params=aux_params or {}, exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops,
                     ctx=ctx, input_types=input_types, input_shapes=input_shapes, portable=portable,
                     cpu_class=cpu_class, allow_missing=allow_missing, for_inference=for_inference,
@@ -508,10 +367,6 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     # Given arg_params, _front returns both parameter dicts.
     args = typing.cast(Dict[str, mx.nd.NDArray], result.arg_params)
     auxs = typing.cast(Dict[str, mx.nd.NDArray], result.aux_params)
-    if return_conversion:
-        _return_conversion_deprecated('convert_model',
-                                      '(.symbol, .arg_params, .aux_params, .conversion)')
-        return result.symbol, args, auxs, result.conversion
     return result.symbol, args, auxs
 
 
@@ -540,8 +395,7 @@ def convert_with_record(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLik
     sym : mx.sym.Symbol or str
         The FP32 graph, or its JSON text.
     dtype : str, optional
-        As `convert_symbol`'s, but left out it is ``'auto'`` (the Symbol
-        front's next default, `mxamp.convert`'s), or `target_dtype`.
+        As `convert_symbol`'s.
     arg_params, aux_params : dict of str to NDArray, optional
         The checkpoint's parameters: converted and checked as `convert_model`
         does.  Without them the graph is converted as `convert_symbol` does
@@ -592,7 +446,7 @@ def convert_with_record(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLik
                 raise TypeError('convert_with_record(): %s applies without arg_params (the '
                                 'parameters are their keys)' % option)
         aux_params = aux_params or {}
-    return _front('convert_with_record', sym, dtype, False, arg_params=arg_params,
+    return _front('convert_with_record', sym, dtype, arg_params=arg_params,
                   aux_params=aux_params, params=params, exclude=exclude, fp32_ops=fp32_ops,
                   lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
                   portable=portable, cpu_class=cpu_class, allow_missing=allow_missing,
@@ -602,7 +456,7 @@ def convert_with_record(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLik
                   cast_optional_params=cast_optional_params)
 
 
-def _front(function: str, sym: GraphLike, dtype: Optional[DTypeLike], deprecated_default: bool,
+def _front(function: str, sym: GraphLike, dtype: Optional[DTypeLike],
            arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
            aux_params: Optional[Dict[str, mx.nd.NDArray]] = None,
            params: Optional[Iterable[str]] = None, data_names: Optional[Iterable[str]] = None,
@@ -614,19 +468,15 @@ def _front(function: str, sym: GraphLike, dtype: Optional[DTypeLike], deprecated
            ctx: Optional[ContextLike] = None, **checked: Any) -> ConversionResult:
     """The public functions' common part: both spellings to mxamp's (`mxamp.migration`), then `_convert`.
 
-    Without `dtype` (in either spelling) the dtype is ``'auto'``, or
-    ``'bfloat16'`` with `_default_dtype`'s FutureWarning when
-    `deprecated_default`.  `checked` holds `_convert`'s other options.
+    Without `dtype` (in either spelling) the dtype is ``'auto'``.  `checked`
+    holds `_convert`'s other options.
     """
     options = from_contrib_amp(function, dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude,
                                target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
                                conditional_fp32_ops=conditional_fp32_ops,
                                excluded_sym_names=excluded_sym_names,
                                cast_optional_params=cast_optional_params)
-    if options.dtype is not None:
-        dtype = options.dtype
-    else:
-        dtype = _default_dtype(function, options.contrib_amp) if deprecated_default else 'auto'
+    dtype = 'auto' if options.dtype is None else options.dtype
     graph = load_graph(sym)
     if arg_params is None:
         params = _declared_params(function, graph, params, data_names, options.cast_params)

@@ -373,14 +373,6 @@ def test_onednn_reads_isa_at_first_primitive(when, capped):
     assert ('sse41' in probe[0]) is capped, probe
 
 
-def test_the_old_spelling_of_resolve_dtype_still_works_and_says_where_it_went():
-    with pytest.warns(DeprecationWarning, match='use mxamp.dtypes.resolve_dtype'):
-        old = hardware.resolve_dtype
-    assert old is dtypes.resolve_dtype
-    with pytest.raises(AttributeError):
-        hardware.no_such_name
-
-
 def test_openmp_runtime_is_the_one_libmxnet_links():
     ours = '/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0'
     vendored = '/venv/site-packages/scikit_learn.libs/libgomp-a34b3233.so.1.0.0'

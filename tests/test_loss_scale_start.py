@@ -91,16 +91,6 @@ def test_state_round_trip_after_the_first_applied_step_halves():
     assert scales_after(resumed, [True]) == [2.0 ** 11]
 
 
-def test_state_without_first_descent_key_loads_and_halves():
-    """State dicts written before the first descent existed: those scalers halved."""
-    old = LossScaler().state_dict()
-    del old['first_descent']
-    scaler = LossScaler()
-    scaler.load_state_dict(old)
-    assert scaler.state_dict()['first_descent'] is False
-    assert scales_after(scaler, [True, True]) == [2.0 ** 15, 2.0 ** 14]
-
-
 def test_explicit_init_scale_state_keeps_halving():
     scaler = LossScaler(init_scale=2.0 ** 10)
     assert scaler.state_dict()['first_descent'] is False

@@ -175,9 +175,12 @@ def test_state_dict_says_whether_the_scaler_is_enabled():
     with pytest.raises(ValueError, match=r'the state is from a disabled scaler \(enabled=False\)'):
         resumed.load_state_dict(off.state_dict())
     assert resumed.get_scale() == 2.0 ** 16
-    # States from before 'enabled' existed are from enabled scalers.
-    old = {k: v for k, v in on.state_dict().items() if k != 'enabled'}
-    resumed.load_state_dict(old)
+    # Every key is required, 'enabled' and 'first_descent' too.
+    partial = {k: v for k, v in on.state_dict().items() if k not in ('enabled', 'first_descent')}
+    with pytest.raises(KeyError, match='missing keys enabled, first_descent'):
+        resumed.load_state_dict(partial)
+    assert resumed.get_scale() == 2.0 ** 16
+    resumed.load_state_dict(on.state_dict())
     assert resumed.get_scale() == 16.0 and resumed.skipped_steps == 1
 
 

@@ -5,7 +5,7 @@ mxamp's result is compared with contrib.amp's, node by node; the calls are
 written as contrib.amp's documentation writes them.  Also here: the
 policy's lists (`mxamp.policy_lists`, contrib.amp's ``list_*_ops``), the
 policy options behind ``target_dtype_ops`` and ``conditional_fp32_ops``, and
-`mxamp.convert_with_record`, which replaces ``return_conversion=True``.
+`mxamp.convert_with_record`.
 """
 import json
 import warnings
@@ -198,61 +198,22 @@ def test_the_documented_convert_model_call():
                                         fp32_ops=['FullyConnected'], excluded_sym_names=['conv0'])
 
 
-def test_the_amp_tutorial_call_with_mxamps_default_said_and_float16_kept():
-    # MXNet's AMP tutorial leaves target_dtype out (contrib.amp: float16).
+def test_the_amp_tutorial_call_gets_mxamps_default_and_float16_when_named():
+    # MXNet's AMP tutorial leaves target_dtype out (contrib.amp: float16; mxamp: 'auto').
     symbol = small_cnn()
     arg_params, aux_params = params_of(symbol)
     tutorial = dict(target_dtype_ops=['Convolution'], fp32_ops=['SoftmaxOutput', 'FullyConnected'],
                     cast_optional_params=True)
-    with pytest.warns(FutureWarning, match=r"contrib.amp's default, target_dtype='float16', is not mxamp's"):
-        _, args, _ = mxamp.convert_model(symbol, arg_params, aux_params, **tutorial)
-    assert name_of_array(args['conv0_weight']) == 'bfloat16'
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')         # 'auto' may stay float32 here: said once
+        by_default, args, _ = mxamp.convert_model(symbol, arg_params, aux_params, **tutorial)
+        auto, auto_args, _ = mxamp.convert_model(symbol, arg_params, aux_params,
+                                                 target_dtype='auto', **tutorial)
+    assert by_default.tojson() == auto.tojson()
+    assert name_of_array(args['conv0_weight']) == name_of_array(auto_args['conv0_weight'])
     _, args, _ = mxamp.convert_model(symbol, arg_params, aux_params, target_dtype='float16', **tutorial)
     assert args['conv0_weight'].dtype == np.float16      # the tutorial's own checks
     assert args['fc_bias'].dtype == np.float32
-
-
-def test_contrib_amps_positional_order():
-    symbol = small_cnn()
-    args, auxs = params_of(symbol)
-    keywords = dict(target_dtype_ops=['Convolution'], fp32_ops=['FullyConnected'])
-    with pytest.warns(DeprecationWarning, match=r"convert_symbol\(\): options by position are deprecated; "
-                                                r"name them \(target_dtype_ops=\.\.\., fp32_ops=\.\.\.\)"):
-        by_position = mxamp.convert_symbol(symbol, 'float16', ['Convolution'], ['FullyConnected'])
-    assert by_position.tojson() == mxamp.convert_symbol(symbol, 'float16', **keywords).tojson()
-    with pytest.warns(DeprecationWarning, match=r"\(target_dtype_ops=\.\.\., fp32_ops=\.\.\., "
-                                                r"conditional_fp32_ops=\.\.\., excluded_sym_names=\.\.\., "
-                                                r"cast_optional_params=\.\.\.\)"):
-        sym, c_args, _ = mxamp.convert_model(symbol, args, auxs, 'float16', ['Convolution'],
-                                             ['FullyConnected'], None, ['conv0'], False)
-    expected = mxamp.convert_model(symbol, args, auxs, 'float16', excluded_sym_names=['conv0'],
-                                   cast_optional_params=False, **keywords)
-    assert sym.tojson() == expected[0].tojson()
-    assert {name_of_array(v) for v in c_args.values()} == {'float32'}
-
-
-def test_an_operator_list_never_lands_in_exclude():
-    symbol = small_cnn()
-    args, auxs = params_of(symbol)
-    with pytest.warns(DeprecationWarning, match=r'\(target_dtype_ops=\.\.\.\)'):
-        sym, _, _ = mxamp.convert_model(symbol, args, auxs, 'float16', ['Convolution'])
-    assert sym.tojson() == mxamp.convert_model(symbol, args, auxs, 'float16',
-                                               target_dtype_ops=['Convolution'])[0].tojson()
-    # 'softmax' is an operator and the name of a node here: one error, both readings named.
-    with pytest.raises(TypeError, match=r"^convert_model\(\): positional argument 5, \['softmax'\], names "
-                                        r"operators .* and nodes of the graph \(mxamp 0.1.0's exclude\): "
-                                        r"pass it by keyword, target_dtype_ops=\.\.\. or exclude=\.\.\.$"):
-        mxamp.convert_model(symbol, args, auxs, 'float16', ['softmax'])
-    # conditional_fp32_ops' place holding triples is contrib.amp's order too.
-    with pytest.warns(DeprecationWarning, match=r'\(target_dtype_ops=\.\.\., fp32_ops=\.\.\., '
-                                                r'conditional_fp32_ops=\.\.\.\)'):
-        sym, _, _ = mxamp.convert_model(symbol, args, auxs, 'float16', None, None,
-                                        [('Activation', 'act_type', ['relu'])])
-    assert sym.tojson() == mxamp.convert_model(
-        symbol, args, auxs, 'float16', conditional_fp32_ops=[('Activation', 'act_type', ['relu'])])[0].tojson()
-    # mxamp 0.1.0's order still reads node names as exclude (tests/test_vocabulary.py).
-    with pytest.warns(DeprecationWarning, match=r'\(exclude=\.\.\.\)'):
-        mxamp.convert_model(symbol, args, auxs, 'float16', ['conv0'])
 
 
 # --------------------------------------------------------------------------
@@ -311,11 +272,11 @@ def test_from_contrib_amp_returns_mxamps_options():
     assert options.fp32_ops == ('SoftmaxOutput',)           # aliases are canonical
     assert options.fp32_conditions == (('LeakyReLU', 'act_type', ('elu', 'selu')),)
     assert (options.exclude, options.exclude_option) == (('stage4_conv0',), 'excluded_sym_names')
-    assert options.cast_params is True and options.ctx == mx.cpu() and options.contrib_amp
+    assert options.cast_params is True and options.ctx == mx.cpu()
     plain = from_contrib_amp('convert', 'float16', exclude=['x'], lp_ops=['Pooling'])
     assert (plain.dtype, plain.exclude, plain.exclude_option, plain.lp_ops) == \
         ('float16', ['x'], 'exclude', ('Pooling',))
-    assert plain.lp_ops_only is None and plain.cast_params is None and not plain.contrib_amp
+    assert plain.lp_ops_only is None and plain.cast_params is None
 
 
 # --------------------------------------------------------------------------
@@ -411,25 +372,21 @@ def test_policy_lists_default_to_this_cpu_and_refuse_unknown_names():
 # --------------------------------------------------------------------------
 # One function, one return type: convert_with_record
 
-def test_return_conversion_is_deprecated_for_convert_with_record():
+def test_convert_with_record_returns_what_convert_model_and_convert_symbol_return_and_the_record():
     symbol = small_cnn()
     args, auxs = params_of(symbol)
     record = mxamp.convert_with_record(symbol, 'bfloat16', arg_params=args, aux_params=auxs)
     assert isinstance(record, mxamp.ConversionResult)
-    with pytest.warns(DeprecationWarning, match=r'^convert_model\(return_conversion=True\) is deprecated .*'
-                                                r'mxamp.convert_with_record\(sym, dtype, \.\.\.\)'):
-        old = mxamp.convert_model(symbol, args, auxs, 'bfloat16', return_conversion=True)
-    assert len(old) == 4 and old[0].tojson() == record.symbol.tojson()
-    assert old[3].node_precision == record.conversion.node_precision
-    assert sorted(old[1]) == sorted(record.arg_params) and sorted(old[2]) == sorted(record.aux_params)
+    model = mxamp.convert_model(symbol, args, auxs, 'bfloat16')
+    assert record.symbol.tojson() == model[0].tojson()
+    assert sorted(record.arg_params) == sorted(model[1]) and sorted(record.aux_params) == sorted(model[2])
+    assert 'conv0' in record.conversion.node_precision
     graph_only = mxamp.convert_with_record(symbol, 'bfloat16')
     assert graph_only.arg_params is None and graph_only.aux_params is None
-    with pytest.warns(DeprecationWarning, match=r'^convert_symbol\(return_conversion=True\) is deprecated'):
-        sym, conversion = mxamp.convert_symbol(symbol, 'bfloat16', return_conversion=True)
-    assert sym.tojson() == graph_only.symbol.tojson()
-    assert conversion.node_precision == graph_only.conversion.node_precision
+    assert graph_only.symbol.tojson() == mxamp.convert_symbol(symbol, 'bfloat16').tojson()
+    assert 'conv0' in graph_only.conversion.node_precision
     with warnings.catch_warnings():
-        warnings.simplefilter('error')      # the new call warns about nothing
+        warnings.simplefilter('error')      # the call warns about nothing
         assert mxamp.convert_with_record(symbol, 'float32').conversion is None
 
 

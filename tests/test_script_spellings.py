@@ -532,27 +532,8 @@ def test_default_save_dir_is_under_runs(digits_dir, tmp_path, monkeypatch):
     assert checkpoints.list_checkpoints(str(tmp_path / 'runs' / 'm'), 'm') == [1]
     if not os.path.isdir(os.path.join(ROOT, '.git')) or shutil.which('git') is None:
         pytest.skip('not a git checkout')
-    for path in ('runs/m/m-0001.params', 'scripts/runs/m/m-0001.params',
-                 'params/m-0001.params'):
+    for path in ('runs/m/m-0001.params', 'scripts/runs/m/m-0001.params'):
         assert subprocess.run(['git', 'check-ignore', '-q', path], cwd=ROOT).returncode == 0, path
-
-
-@pytest.mark.parametrize('resume', [['--resume'], ['--resume', 'auto']], ids=['newest', 'auto'])
-def test_a_resume_finds_the_checkpoints_of_the_old_default(digits_dir, tmp_path, monkeypatch,
-                                                           capsys, resume):
-    class Runner(object):
-        def save(self, params_file, states_file):
-            for path in (params_file, states_file):
-                open(path, 'w').close()
-    monkeypatch.chdir(tmp_path)
-    os.mkdir('params')
-    checkpoints.save_checkpoint(Runner(), 'params', 'm', 3, {})
-    argv = _digits(digits_dir, 'unused') + resume
-    del argv[argv.index('--save-dir'):argv.index('--save-dir') + 2]
-    assert train_imagenet.main(argv) == 2
-    assert _errors(capsys.readouterr().err) == [
-        '--resume: no checkpoint of m in %s, but params holds epoch(s) 3 of it (the default '
-        '--save-dir of mxamp 0.1.0): add --save-dir params' % os.path.join('runs', 'm')]
 
 
 def test_index_files_may_be_named(digits_dir, tmp_path):

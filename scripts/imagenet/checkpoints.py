@@ -14,7 +14,7 @@ import re
 
 from .distributed import common_epochs
 from .jsonio import dump_json
-from .options import OLD_SAVE_DIR, UsageError
+from .options import UsageError
 
 _LOG = logging.getLogger('train_imagenet')
 
@@ -197,15 +197,6 @@ def resume_point(args, save_dir, prefix, rank, dist_kvstore):
     if available:
         epoch = available[-1]
         return epoch, save_dir if epoch in own else args.save_dir
-    old = [e for e in (list_checkpoints(OLD_SAVE_DIR, prefix) if not args.save_dir_given
-                       else []) if args.resume_epoch in (None, e)]
-    if old:
-        # A run of mxamp 0.1.0, whose default --save-dir was params/: not started anew.
-        raise UsageError('%s: no checkpoint of %s, but %s holds epoch(s) %s of it (the default '
-                         '--save-dir of mxamp 0.1.0): add --save-dir %s'
-                         % ('--resume' if args.resume_epoch is None else
-                            '--resume-epoch %d' % args.resume_epoch, where, OLD_SAVE_DIR,
-                            ', '.join(map(str, old)), OLD_SAVE_DIR))
     if args.resume_epoch is not None:
         raise UsageError('--resume-epoch %d: no checkpoint of that epoch of %s'
                          % (args.resume_epoch, where))

@@ -18,7 +18,6 @@ OPTIMIZERS = ('sgd', 'nag')
 LR_MODES = ('cosine', 'step', 'linear', 'poly')
 MODES = ('train_val', 'train', 'val')
 RUNS_DIR = 'runs'        # the default --save-dir is runs/<prefix>, git-ignored in the checkout
-OLD_SAVE_DIR = 'params'  # mxamp 0.1.0's (and gluoncv's): a resume names it when it finds nothing
 
 
 class UsageError(Exception):
@@ -179,8 +178,7 @@ def build_parser(description=None, epilog=''):
     out = p.add_argument_group('output')
     out.add_argument('--save-dir', metavar='DIR',
                      help='checkpoints, metrics and train.log (default: runs/<prefix> in the '
-                          "current directory, git-ignored in mxamp's checkout; mxamp 0.1.0 "
-                          "wrote to params/, as gluoncv does)")
+                          "current directory, git-ignored in mxamp's checkout)")
     out.add_argument('--save-prefix', metavar='PREFIX',
                      help='file name prefix (default: the model name)')
     out.add_argument('--save-frequency', type=int, default=1, metavar='N',
@@ -258,7 +256,7 @@ def check_args(args):
     """Validate what argparse cannot; raise `UsageError` with one line.
 
     Also settles what depends on other options: the --mixup switch and its alpha,
-    and the default --save-dir (``args.save_dir_given`` says whether one was given).
+    and the default --save-dir.
     """
     if args.dtype.lower() != 'auto':
         try:
@@ -308,8 +306,7 @@ def check_args(args):
     if args.lr is not None and args.warmup_lr > args.lr:
         raise UsageError('--warmup-lr %g exceeds --lr %g: the warm-up rises to --lr'
                          % (args.warmup_lr, args.lr))
-    args.save_dir_given = args.save_dir is not None
-    if not args.save_dir_given:
+    if args.save_dir is None:
         args.save_dir = os.path.join(RUNS_DIR, run_prefix(args))
 
 
