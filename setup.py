@@ -12,13 +12,28 @@ Python 3.13.  On Python 3.12 (numpy 1.26) two things that MXNet 1.9.1 takes for
 granted are gone: distutils (setuptools provides it) and numpy's ``bool``/``int``/
 ``float`` aliases (the start-up hook ``_mxamp_numpy_aliases.py`` restores them).
 """
+import importlib.util
 import os
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
-# mxamp's own oneDNN 3 convolution, built when it can be (mxamp_build.py, csrc/).
-from mxamp_build import BinaryDistribution, BuildOwnConv, BuildWithOwnConv
+
+
+def _load_kernel_build():
+    """mxamp/kernels/build.py, loaded by path: the package itself imports MXNet, which
+    building does not need."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxamp', 'kernels', 'build.py')
+    spec = importlib.util.spec_from_file_location('mxamp_kernels_build', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# mxamp's own oneDNN 3 kernels, built when they can be.
+_kernel_build = _load_kernel_build()
+BinaryDistribution, BuildOwnConv, BuildWithOwnConv = (
+    _kernel_build.BinaryDistribution, _kernel_build.BuildOwnConv, _kernel_build.BuildWithOwnConv)
 
 # The start-up hook: a module and a .pth file that imports it at every interpreter start
 # (site.py runs the .pth files of site-packages), so numpy's aliases are back before
@@ -57,8 +72,8 @@ setup(
     long_description_content_type='text/x-rst',
     license='Apache-2.0',
     packages=find_packages(include=['mxamp', 'mxamp.*']),
-    # The measured choice of mxamp's own convolution (mxamp.own_conv_choice).
-    package_data={'mxamp': ['own_conv_table.json']},
+    # The measured choice of mxamp's own convolution (mxamp.kernels.choice).
+    package_data={'mxamp.kernels': ['choice_table.json']},
     python_requires='>=3.8,<3.13',
     install_requires=[
         _MXNET_BUILDS[_build],
@@ -72,7 +87,7 @@ setup(
         # wheels for glibc >= 2.27 only, so pip would build them from source on older systems.
         'ml-dtypes==0.2.0; python_version < "3.9"',
         'ml-dtypes==0.5.1; python_version >= "3.9"',
-        # oneDNN 3 for mxamp's own convolution (mxamp.own_conv); GNU OpenMP, like MXNet 1.9.1.
+        # oneDNN 3 for mxamp's own convolution (mxamp.kernels.operators); GNU OpenMP, like MXNet 1.9.1.
         'onednn-cpu-gomp==2023.2.0; platform_system == "Linux" and platform_machine == "x86_64"',
         'gluoncv==0.10.5.post0',
         'opencv-python<4.12',

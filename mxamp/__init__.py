@@ -12,6 +12,7 @@ shows the policy's operator lists, `profile` measures where a network's step
 time goes, layer by layer, and says what to change (`ProfileReport`), and `mxamp.migration` translates MXNet
 ``contrib.amp``'s keywords, which the Symbol front takes with their meaning.
 """
+import importlib
 import os
 
 from . import hardware
@@ -36,15 +37,25 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .graph import GraphError  # noqa: E402
     from .symbol import ConversionResult, convert_model, convert_symbol, convert_with_record  # noqa: E402
     from . import migration  # noqa: E402
-    from . import channels_last, own_conv, own_conv_choice, system_info  # noqa: E402
     from .policy import PolicyLists, policy_lists  # noqa: E402
     from .loss_scaler import LossScaler  # noqa: E402
     from .module import Float32Init, ModuleTrainer  # noqa: E402
     from .trainer import Trainer  # noqa: E402
-    from .profiling import ProfileReport, profile  # noqa: E402
+
+# Loaded when first used: the profiler, what `mxamp info` reports and the kernel wing
+# (which loads its library) cost an import that converting and training do not need.
+_LAZY = {'profile': ('profiling', 'profile'), 'ProfileReport': ('profiling', 'ProfileReport'),
+         'system_info': ('system_info', None), 'kernels': ('kernels', None)}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError('module %r has no attribute %r' % (__name__, name))
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module('.' + module_name, __name__)
+    return module if attribute is None else getattr(module, attribute)
 
 __all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'Float32Init', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer', 'convert_with_record', 'ConversionResult',
-           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'own_conv', 'own_conv_choice',
-           'channels_last', 'profile',
+           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'kernels', 'profile',
            'ProfileReport', '__version__']

@@ -22,7 +22,7 @@ layer by layer, and prints the report with its verdicts (`mxamp.profile`);
 measures, for each bfloat16 convolution of the converted graph, whether mxamp's
 own oneDNN 3 operator is faster than MXNet's here, and writes the table
 ``MXAMP_OWN_CONV_TABLE`` points converted Gluon networks at
-(`mxamp.own_conv_choice`).
+(`mxamp.kernels.choice`).
 """
 import argparse
 import os
@@ -220,7 +220,7 @@ def _input_shapes(args):
 
 def _measure_conv(args):
     from .graph import GraphError, load_graph
-    from .own_conv_choice import ChoiceTable, measure_symbol, notes_for_table
+    from .kernels.choice import ChoiceTable, measure_symbol, notes_for_table
 
     _check_file(args.symbol, 'symbol file')
     if args.repeats < 1:

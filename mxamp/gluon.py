@@ -105,7 +105,8 @@ from mxnet.gluon import Block, HybridBlock
 
 from . import dtypes
 from . import graph as graph_mod
-from . import channels_last, hardware, own_conv, own_conv_choice
+from . import hardware
+from . import passes, pipeline
 from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
 from .network_state import (NetworkState, Settings, Stage, Tree, attach, check_convertible,
@@ -244,7 +245,7 @@ class _Float32Checkpoints(object):
         leaves the previous file as it was.
         """
         # mxamp's own batch normalisation updates the moving statistics in its gradient,
-        # which MXNet's engine does not know writes them (mxamp.own_conv.batch_norm): a
+        # which MXNet's engine does not know writes them (mxamp.kernels.operators.batch_norm): a
         # read right after backward() could save the values before that update.
         mx.nd.waitall()
         # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
@@ -350,7 +351,7 @@ class _Converted(_Float32Checkpoints):
     # calls whose inputs take gradients (_use_cached_op_for).
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
-        if _own_conv_gradient_added(self):
+        if _kernel_gradient_added(self):
             self._clear_cached_op()
         _use_cached_op_for(self, _mode_name(autograd.is_training(), _inputs_take_gradients(args)))
         return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
@@ -623,10 +624,10 @@ def _conversion(block, fp32_symbol, device_type, shapes):
     shapes is exact: shapes only choose between exact layouts.
     """
     state = converted_state(block)
-    # A graph for inference alone, or one whose clips run on the own kernel, converts under
-    # another policy (Policy's inference and own_clip).
+    # A graph for inference alone, or one with operators on the later passes' kernels,
+    # converts under another policy (Policy's inference and kernel_ops).
     policy = _policy(block, device_type)
-    identity = _graph_identity(fp32_symbol), policy.inference, policy.own_clip
+    identity = _graph_identity(fp32_symbol), policy.inference, policy.kernel_ops
     cached = state.conversion_for(device_type)
     if cached is None or cached[0] != identity or any(
             cached[1].shapes.get(name) != tuple(shape) for name, shape in shapes.items()):
@@ -650,11 +651,13 @@ def _graph_identity(symbol):
 
 def _policy(block, device_type):
     """The policy `block`'s graph converts under for `device_type`: the tree's, for
-    inference alone after `mxamp.for_inference`, with its clips on mxamp's own kernel where
-    the runtime graph puts them there (`with_own_clips`: a CPU, not fused, library loaded)."""
+    inference alone after `mxamp.for_inference`, computing in bfloat16 the operators the
+    later passes put on fast kernels (on a CPU, not fused)."""
     state = converted_state(block)
-    own_clip = device_type == 'cpu' and not state.inference_only and own_conv.available()
-    return state.settings.policy(device_type, inference=state.inference_only, own_clip=own_clip)
+    kernel_ops = pipeline.low_precision_kernel_ops() \
+        if device_type == 'cpu' and not state.inference_only else ()
+    return state.settings.policy(device_type, inference=state.inference_only,
+                                 kernel_ops=kernel_ops)
 
 
 def _rewrite(block, fp32_symbol, policy, shapes):
@@ -679,23 +682,11 @@ def _rewrite(block, fp32_symbol, policy, shapes):
                                    portable=False, data_inputs=inputs)
 
 
-# What the training graph runs a channels-last region's ops on (mxamp.channels_last).
-_CHANNELS_LAST_OPS = {'Convolution': own_conv_choice.own_conv.OP_NAME,
-                      'BatchNorm': own_conv_choice.own_conv.BATCH_NORM_OP_NAME,
-                      'Pooling': own_conv_choice.own_conv.POOLING_OP_NAME}
-
-
-# The CachedOps of a block with channels-last regions: MXNet's graph for inference; the
-# regions for training, where the stem's data gradient is left out
-# (channels_last.without_input_data_gradients) unless the inputs take gradients.
-_INFERENCE, _TRAINING, _TRAINING_INPUT_GRADIENTS = (
-    'inference', 'training', 'training with input gradients')
-
-
 def _mode_name(training, input_gradients=False):
+    """The mode (`mxamp.passes`) a call runs in: the graphs of the modes may differ."""
     if not training:
-        return _INFERENCE
-    return _TRAINING_INPUT_GRADIENTS if input_gradients else _TRAINING
+        return passes.INFERENCE
+    return passes.TRAINING_INPUT_GRADIENTS if input_gradients else passes.TRAINING
 
 
 def _inputs_take_gradients(args):
@@ -734,30 +725,15 @@ def _use_cached_op_for(block, mode):
 
 def _runtime_graph(block, symbol, args, mode):
     """The graph `block`'s CachedOp runs in `mode` (`_mode_name`), and whether it differs
-    between modes.
-
-    `symbol` with its ``clip`` nodes (ReLU6) on mxamp's own clip operator
-    (`with_own_clips`), the convolutions `mxamp.own_conv_choice` chose for
-    mxamp's own operator and, for training, the channels-last regions
-    `mxamp.channels_last` chose (inference keeps MXNet's graph there: the
-    own batch normalisation always uses the batch statistics); in training
-    for calls whose inputs take no gradient, the region convolutions that
-    read the inputs alone compute no data gradient.  Only graphs
-    on a CPU in bfloat16: a graph fused for inference (``_backend``, set by
-    `mxamp.for_inference`) keeps MXNet's operators, which oneDNN fuses.
-    Records in the block's state the nodes on the own operators and the
-    parameters whose gradients they write (see `_own_conv_gradient_added`).
-    """
+    between modes: `symbol` after the later passes (`mxamp.pipeline`), whose record
+    the block's state keeps (see `_kernel_gradient_added`)."""
     state = converted_state(block)
-    state.own_conv_nodes = state.own_conv_params = state.channels_last_nodes = frozenset()
-    training = mode != _INFERENCE
     device = _device_type(args) or _params_device_type(block)
     cached = state.conversion_for(device)
-    if block._backend is not None or device != 'cpu' or cached is None or \
-            cached[1].dtype != 'bfloat16':
+    if cached is None:
+        state.ran(None)
         return symbol, False
-    conversion = cached[1]
-    cpu_class = state.settings.policy(device).cpu_class
+    conversion = cached[1]._replace(symbol=symbol)
     shapes = dict(conversion.shapes)
     inputs, _ = block._cached_graph
     shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
@@ -767,65 +743,22 @@ def _runtime_graph(block, symbol, args, mode):
     def writes_gradient(name):
         return name not in params or params[name].grad_req != 'add'
 
-    regions = channels_last.choose_regions(channels_last.find_regions(
-        symbol, shapes, [record.name for record in conversion.nodes
-                         if record.computes_in == 'bfloat16'], writes_gradient), cpu_class) \
-        if channels_last.may_choose(cpu_class) else []
-    in_regions = frozenset(name for region in regions for name in region.nodes)
-    threads = own_conv_choice.running_threads()
-    chosen = []
-    if own_conv_choice.may_choose(cpu_class, threads):
-        names = [name for name in own_conv_choice.bfloat16_convolutions(conversion)
-                 if not (training and name in in_regions)]
-        sites = own_conv_choice.conv_sites(symbol, shapes, names, 'bfloat16')
-        chosen = own_conv_choice.choose(sites, cpu_class, threads, writes_gradient)
-    state.own_conv_nodes = frozenset(site.name for site in chosen)
-    state.own_conv_params = frozenset(p for site in chosen for p in site.params)
-    # Both modes record the training graph's regions: summary shows them, and a parameter
-    # of theirs turning to grad_req='add' rebuilds either CachedOp.
-    state.channels_last_nodes = in_regions
-    state.own_conv_params |= frozenset(p for region in regions for p in region.params)
-    if training and regions:
-        symbol = channels_last.with_channels_last(symbol, regions, shapes)
-        if mode == _TRAINING:
-            symbol = channels_last.without_input_data_gradients(symbol, params.keys())
-    symbol = own_conv_choice.with_own_convolutions(symbol, state.own_conv_nodes)
-    symbol = with_own_clips(symbol)
-    return channels_last.with_fanned_out_inputs(symbol, state.own_conv_nodes), bool(regions)
+    runtime = pipeline.run(passes.PassContext(
+        conversion, mode, shapes, frozenset(params.keys()), writes_gradient,
+        state.settings.policy(device).cpu_class, device, block._backend is not None))
+    state.ran(runtime)
+    return runtime.symbol, any(record.training_only and record.nodes
+                               for record in runtime.passes)
 
 
-def with_own_clips(symbol: mx.sym.Symbol) -> mx.sym.Symbol:
-    """`symbol` with every ``clip`` node that reads an operator's output on mxamp's own clip
-    (`mxamp.own_conv.clip`: the same values, vectorised), when the library is loaded.
+def _kernel_gradient_added(block):
+    """Whether a parameter whose gradient a later pass's operator writes now adds its gradient.
 
-    What a converted network runs on a CPU (`_runtime_graph`), and `mxamp.profile`
-    measures; its policy computes those clips in bfloat16 (`Policy`'s ``own_clip``).
-
-    MXNet 1.9.1's clip and its gradient are scalar loops: 53% of MobileNetV2's
-    bfloat16 training step, in its 35 ReLU6 layers (docs/performance.rst).  A
-    clip reading a variable (an input or a parameter) keeps MXNet's: its
-    gradient may be one that adds (``grad_req='add'``), which an extension
-    operator cannot honour (see `mxamp.own_conv`).
+    ``grad_req`` may change after the CachedOp was made; the own operators
+    always write gradients, so the graph is then rebuilt without them there.
     """
-    if not own_conv.available():
-        return symbol
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
-    nodes = graph['nodes']
-    changed = False
-    for node in nodes:
-        if node['op'] == 'clip' and nodes[node['inputs'][0][0]]['op'] != 'null':
-            node['op'] = own_conv.CLIP_OP_NAME
-            changed = True
-    return mx.sym.load_json(json.dumps(graph)) if changed else symbol
-
-
-def _own_conv_gradient_added(block):
-    """Whether a parameter of an own-operator convolution of `block` now adds its gradient.
-
-    ``grad_req`` may change after the CachedOp was made; the own operator
-    always writes gradients, so the graph is then rebuilt without it there.
-    """
-    names = converted_state(block).own_conv_params
+    runtime = converted_state(block).runtime
+    names = runtime.gradients_written if runtime is not None else ()
     if not names:
         return False
     params = block.collect_params()
@@ -1212,6 +1145,18 @@ def conversion_of(net: HybridBlock) -> Tuple[graph_mod.Conversion, str]:
     return _conversion(net, _fp32_graph(net), device, _known_shapes(net)), device
 
 
+def _runtime_op(node, records):
+    """The operator the CachedOp runs `node` on, after the later passes' `records`."""
+    op = node.op
+    for record in records:
+        if node.name in record.operators and not record.training_only:
+            op = record.operators[node.name]
+    for record in records:
+        if node.name in record.operators and record.training_only:
+            op = '%s (training: %s)' % (node.op, record.operators[node.name])
+    return op
+
+
 def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) -> str:
     """Print, and return, which ops of a converted net run in which dtype and where casts sit.
 
@@ -1260,8 +1205,8 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     policy = settings.policy(device)
     rows = []
     counts: Counter[str] = collections.Counter()
-    own_nodes = converted_state(net).own_conv_nodes
-    channels_last_nodes = converted_state(net).channels_last_nodes
+    runtime = converted_state(net).runtime
+    records = runtime.passes if runtime is not None else ()
     for node in conversion.nodes:
         shown = node.computes_in
         if node.computes_in != node.precision:
@@ -1270,12 +1215,7 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
         reads = ['%s%s' % ('%s->%s' % (read.cast.source, read.cast.to_dtype) if read.cast else read.source,
                            ' +1 zero channel' if read.pad else '')
                  for read in node.inputs if read.cast or read.pad]
-        # The CachedOp may run it on mxamp's own operators (mxamp.own_conv_choice; in
-        # training, mxamp.channels_last).
-        op = own_conv_choice.own_conv.OP_NAME if node.name in own_nodes else node.op
-        if node.name in channels_last_nodes and node.op in _CHANNELS_LAST_OPS:
-            op = '%s (training: %s)' % (node.op, _CHANNELS_LAST_OPS[node.op])
-        rows.append((node.name, op, shown, ', '.join(reads)))
+        rows.append((node.name, _runtime_op(node, records), shown, ', '.join(reads)))
     heads = ['%s->%s' % (cast.source, cast.to_dtype) for cast in conversion.output_casts if cast]
     widths = [max([len(r[i]) for r in rows] + [len(h)])
               for i, h in enumerate(('node', 'op', 'computes in', 'casts on inputs'))]
@@ -1302,12 +1242,7 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     lines.append('casts: ' + (', '.join('%d %s->%s' % (n, a, b)
                                         for (a, b), n in sorted(conversion.casts.items()))
                               or 'none'))
-    if own_nodes:
-        lines.append("convolutions on mxamp's own oneDNN 3 operator: %d (mxamp.own_conv_choice)"
-                     % len(own_nodes))
-    if channels_last_nodes:
-        lines.append('computed channels last in training: %d ops (mxamp.channels_last; inference '
-                     "runs MXNet's)" % len(channels_last_nodes))
+    lines.extend(record.line for record in records if record.line)
     by_dtype: Dict[str, Tuple[int, int]] = {}
     for param in net.collect_params().values():
         key = name_of_array(param) or str(param.dtype)

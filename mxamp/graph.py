@@ -160,7 +160,8 @@ class Conversion(collections.namedtuple('Conversion', [
         'cast_nodes',    # tuple of CastRecord, every cast inserted, in graph order
         'output_casts',  # per graph output, the CastRecord casting it back to FP32, or None
         'shapes',        # {variable name: shape} known to the rewrite (given or inferred)
-])):
+        'passes',        # tuple of mxamp.passes.PassRecord, the later passes' (mxamp.pipeline)
+], defaults=((),))):
     """What `convert_graph` made and did: the graph and the record of every decision."""
     __slots__ = ()
 
@@ -173,6 +174,16 @@ class Conversion(collections.namedtuple('Conversion', [
     def casts(self) -> Counter[Tuple[str, str]]:
         """``Counter {(from, to): number of casts}``."""
         return collections.Counter((cast.from_dtype, cast.to_dtype) for cast in self.cast_nodes)
+
+    def nodes_of(self, pass_name: str) -> FrozenSet[str]:
+        """The nodes the later pass named `pass_name` changed; empty when it did not run."""
+        return frozenset().union(*(record.nodes for record in self.passes
+                                   if record.name == pass_name))
+
+    @property
+    def gradients_written(self) -> FrozenSet[str]:
+        """The parameters whose gradients the later passes' operators write (never add)."""
+        return frozenset().union(*(record.params for record in self.passes))
 
 
 class LoadedGraph(dict):

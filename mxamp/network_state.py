@@ -36,7 +36,7 @@ network, and have one writer each.
 """
 import collections
 import enum
-from typing import Any, Collection, Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Any, Collection, Dict, Iterable, Optional, Tuple
 
 from . import graph as graph_mod
 from . import hardware
@@ -102,15 +102,15 @@ class Settings(collections.namedtuple('Settings', [
         return self._replace(lp_params=frozenset(
             graph_mod.storable_params(fp32_graph, self._any_policy(), params)))
 
-    def policy(self, device_type: str, inference: bool = False, own_clip: bool = False) -> Policy:
+    def policy(self, device_type: str, inference: bool = False,
+               kernel_ops: Iterable[str] = ()) -> Policy:
         """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...); with
-        `inference`, of a graph `mxamp.for_inference` fuses, with `own_clip`, of one whose
-        ``clip`` nodes run on mxamp's own kernel (`Policy`'s `inference` and `own_clip`)."""
+        `inference`, of a graph `mxamp.for_inference` fuses; `kernel_ops` as `Policy`'s."""
         return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
                       exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
                       cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class(),
                       lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions,
-                      inference=inference, own_clip=own_clip)
+                      inference=inference, kernel_ops=kernel_ops)
 
     def same_policy(self, other: 'Settings') -> bool:
         """Whether a block converted with `self` may join a tree converted with `other`:
@@ -204,14 +204,10 @@ class NetworkState(object):
         For a net `mxamp.for_inference` converted from FP32: the FP32 values of
         the low-precision parameters its BatchNorm folds start from
         (`mxamp.fusion.fold_batchnorm`); empty otherwise.
-    own_conv_nodes, own_conv_params : frozenset of str
-        The convolutions the block's CachedOp runs on mxamp's own operator
-        (`mxamp.own_conv_choice`), and the parameters whose gradients mxamp's
-        own operators write (those and the channels-last regions'); empty
-        when none.
-    channels_last_nodes : frozenset of str
-        The nodes the training CachedOp computes channels last
-        (`mxamp.channels_last`); empty when none.
+    runtime : mxamp.graph.Conversion or None
+        The conversion of the graph the block's CachedOp runs, with the records
+        of the passes after the precision pass (`mxamp.pipeline`); None before
+        the first build.
     cached_ops : dict
         The CachedOps (with their argument lists) kept for the other modes
         while the block runs in one, by ``'training'`` / ``'training with
@@ -225,8 +221,7 @@ class NetworkState(object):
     __slots__ = ('stage', '_settings', 'float32_reason', 'parts', 'float32_blocks', '_tree',
                  '_conversions', 'built_for',
                  '_built_at', 'fused_for_inference', 'inference_only', 'float32_originals',
-                 'own_conv_nodes',
-                 'own_conv_params', 'channels_last_nodes', 'cached_ops', 'cached_for')
+                 'runtime', 'cached_ops', 'cached_for')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -244,9 +239,7 @@ class NetworkState(object):
         self.fused_for_inference: Optional[str] = None
         self.inference_only = False
         self.float32_originals: Dict[str, Any] = {}
-        self.own_conv_nodes: FrozenSet[str] = frozenset()
-        self.own_conv_params: FrozenSet[str] = frozenset()
-        self.channels_last_nodes: FrozenSet[str] = frozenset()
+        self.runtime: Optional[graph_mod.Conversion] = None
         self.cached_ops: Dict[str, Tuple[Any, Any]] = {}
         self.cached_for: Optional[str] = None
 
@@ -319,7 +312,7 @@ class NetworkState(object):
     def conversion_for(self, device_type: str
                        ) -> Optional[Tuple[Tuple[str, bool, bool], graph_mod.Conversion]]:
         """``(identity, Conversion)`` made last for `device_type`, or None; the identity is
-        the FP32 graph's and the policy's `inference` and `own_clip`."""
+        the FP32 graph's and the policy's `inference` and `kernel_ops`."""
         return self._conversions.get(device_type)
 
     def remember_conversion(self, device_type: str, identity: Tuple[str, bool, bool],
@@ -333,6 +326,10 @@ class NetworkState(object):
         if self.built_for is None or self.built_for not in self._conversions:
             return None
         return self._conversions[self.built_for][1], self.built_for
+
+    def ran(self, runtime: Optional[graph_mod.Conversion]) -> None:
+        """The block's CachedOp now runs `runtime` (`mxamp.pipeline.run`'s result)."""
+        self.runtime = runtime
 
     # -- inference --------------------------------------------------------
     def mark_fused_for_inference(self, line: str) -> None:

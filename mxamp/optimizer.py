@@ -33,7 +33,7 @@ How an update runs
   ``mp_lamb_update_phase1/2`` or ``contrib.mp_adamw_update``.  These run on CPU.
 * bfloat16 weights with MXNet's own ``SGD`` (with or without momentum) on a
   CPU where mxamp's native library runs: one native pass per weight
-  (`mxamp.own_conv.sgd_step_bfloat16`) that computes what the generic path
+  (`mxamp.kernels.operators.sgd_step_bfloat16`) that computes what the generic path
   below computes, bit for bit, reading and writing each value once instead
   of in four MXNet passes (on CPUs without AVX-512, whose generic narrowing
   keeps subnormals, the pass rounds as a bfloat16 CPU does: the two differ
@@ -287,7 +287,7 @@ class MultiPrecision(_MixedInto):
             cast_into(master, weight)
 
     def _mxamp_native_sgd(self, weight, grad):
-        """Whether `weight` takes the one-pass SGD step (`mxamp.own_conv.sgd_step_bfloat16`).
+        """Whether `weight` takes the one-pass SGD step (`mxamp.kernels.operators.sgd_step_bfloat16`).
 
         Only for MXNet's own ``SGD`` mixed in by :func:`mixed_class` (a
         subclass may change the update), on dense bfloat16 weights where the
@@ -310,14 +310,14 @@ class MultiPrecision(_MixedInto):
         own bookkeeping (``_update_count``, ``_get_lrs``, ``_get_wds``), as in
         ``SGD._update_impl``; asynchronous, no host sync.
         """
-        from . import own_conv
+        operators = _fast_step_kernels()
         self._update_count(indices)
         lrs, wds = self._get_lrs(indices), self._get_wds(indices)
         # SGD passes clip_gradient only when set (None and 0 mean none): -1 is its kernel's none.
         clip = self.clip_gradient if self.clip_gradient else -1.0
         follow = getattr(self, 'follow_weights', True)
         for weight, grad, (master, momentum), lr, wd in zip(weights, grads, states, lrs, wds):
-            stepped = own_conv.sgd_step_bfloat16(
+            stepped = operators.sgd_step_bfloat16(
                 weight, grad, master, momentum, lr=lr, wd=wd, momentum=self.momentum,
                 rescale_grad=self.rescale_grad, clip_gradient=clip, follow=follow)
             stepped.copyto(weight)   # whatever oneDNN layout the weight holds
@@ -349,7 +349,7 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     EPYC (9.2% of a batch-16 bfloat16 step) and 0.11 s on an AMX Xeon (11%
     of its 1.0 s step).  A bfloat16 weight on the CPU takes one vectorised
     pass of mxamp's native library instead, with the same result, where the
-    casts round to nearest even (`mxamp.own_conv.follow_bfloat16_weight`;
+    casts round to nearest even (`mxamp.kernels.operators.follow_bfloat16_weight`;
     29 ms, 3% of the step, on that Xeon; docs/training.rst, "Changing the
     weights during training").
 
@@ -363,8 +363,7 @@ def follow_weight(master: mx.ndarray.NDArray, weight: mx.ndarray.NDArray) -> Non
     if weight.stype != 'default':
         return   # mxamp stores no sparse weight in low precision
     if _follows_natively(master, weight):
-        from . import own_conv
-        own_conv.follow_bfloat16_weight(master, weight)
+        _fast_step_kernels().follow_bfloat16_weight(master, weight)
         return
     # Compared in FP32: MXNet's float16/bfloat16 comparisons convert element by
     # element, slower than the two widening casts (measured).  _equal is the
@@ -397,8 +396,18 @@ def _native_library_takes(weight):
     if weight.dtype != BFLOAT16 or weight.context.device_type != 'cpu' or \
             os.environ.get('DMLC_ROLE', 'worker') != 'worker':
         return False
-    from . import own_conv
-    return own_conv.available()
+    operators = _fast_step_kernels()
+    return operators is not None and operators.available()
+
+
+def _fast_step_kernels():
+    """The kernel wing's operators (`mxamp.kernels.operators`), None without the wing: the
+    optimizer's one door into it."""
+    try:
+        from .kernels import operators
+    except ImportError:
+        return None
+    return operators
 
 
 def _restore_mixed(base):

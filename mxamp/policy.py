@@ -88,7 +88,7 @@ def _names(text):
 
 # The GEMM-based ops: compute-bound, the ops low precision pays for.
 # (_mxamp_convolution: mxamp's own oneDNN 3 convolution, registered in MXNet once
-# mxamp.own_conv loads its library; it has bfloat16 kernels where Convolution does.)
+# mxamp.kernels.operators loads its library; it has bfloat16 kernels where Convolution does.)
 _GEMM = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm
     _linalg_gemm2
@@ -99,7 +99,7 @@ _GEMM = _names('''
 
 # Ops run in low precision: the GEMMs, and BatchNorm on their outputs (its
 # statistics stay FP32, see _FLOAT32_INPUTS); _mxamp_batch_norm is mxamp's own
-# (mxamp.own_conv), for channels-last data.
+# (mxamp.kernels.operators), for channels-last data.
 _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm '
                       '_mxamp_batch_norm')
 
@@ -107,7 +107,7 @@ _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNo
 # detection post-processing, coordinates, linear algebra, samplers, legacy ops
 # without low-precision kernels, custom Python ops, quantization; and
 # _mxamp_follow_weight and _mxamp_sgd_step, mxamp's master-weight kernels
-# (mxamp.own_conv), which update FP32 master copies in the optimizer and are
+# (mxamp.kernels.operators), which update FP32 master copies in the optimizer and are
 # never part of a graph.
 _FLOAT32 = _names('''
     _mxamp_follow_weight _mxamp_sgd_step
@@ -741,12 +741,11 @@ class Policy(object):
         a ReLU6 that oneDNN fuses into the bfloat16 convolution before it
         computes there (`fuses_into_convolution`) instead of in FP32 between
         two casts, which would keep the two apart.
-    own_clip : bool
-        Whether ``clip`` runs on mxamp's own kernel (`mxamp.own_conv.clip`,
-        which a converted Gluon network runs in place of MXNet's when the
-        library is loaded): then it computes in bfloat16 where the CPU class
-        computes bfloat16, instead of in FP32 between casts (MXNet's own
-        bfloat16 clip is a slow generic loop, `BFLOAT16_CPU_SLOW`).
+    kernel_ops : iterable of str
+        Operators a later pass puts on a kernel with fast bfloat16 loops
+        (`mxamp.pipeline.low_precision_kernel_ops`): they compute in bfloat16
+        where the CPU class computes bfloat16, though MXNet's own kernel for
+        them is a slow generic loop (`BFLOAT16_CPU_SLOW`).
 
     Examples
     --------
@@ -762,7 +761,7 @@ class Policy(object):
                  emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
                  lp_ops_only: Optional[Iterable[str]] = None,
                  fp32_conditions: Iterable[Tuple[str, str, Iterable[str]]] = (),
-                 inference: bool = False, own_clip: bool = False) -> None:
+                 inference: bool = False, kernel_ops: Iterable[str] = ()) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         fp32 = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
         low = frozenset(canonical_ops(lp_ops, 'lp_ops'))
@@ -788,7 +787,7 @@ class Policy(object):
             raise ValueError('cpu_class=%r: expected one of %s' % (cpu_class, ', '.join(CPU_CLASSES)))
         self.cpu_class = cpu_class
         self.inference = bool(inference)
-        self.own_clip = bool(own_clip)
+        self.kernel_ops = frozenset(kernel_ops)
 
     def __repr__(self) -> str:
         conditions = sorted((op, attribute, tuple(sorted(values)))
@@ -799,7 +798,7 @@ class Policy(object):
                    self.batchnorm_data, self.cpu_class,
                    ', fp32_conditions=%s' % conditions if conditions else '',
                    ', inference=True' if self.inference else '',
-                   ', own_clip=True' if self.own_clip else ''))
+                   ', kernel_ops=%s' % sorted(self.kernel_ops) if self.kernel_ops else ''))
 
     def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
@@ -823,7 +822,7 @@ class Policy(object):
         if op in _FLOAT32_INPUTS and self.batchnorm_data == FLOAT32:
             cls = FLOAT32
         if (self.dtype == 'bfloat16' and cls != FLOAT32
-                and not _runs_in_bfloat16_on_cpu(op, attrs) and not self._on_own_kernel(op)):
+                and not _runs_in_bfloat16_on_cpu(op, attrs) and op not in self.kernel_ops):
             # No bfloat16 kernel, or a slow one: under bfloat16 the op runs in FP32.
             cls = FLOAT32
         return cls
@@ -848,7 +847,7 @@ class Policy(object):
         if self.dtype != 'bfloat16':
             return True
         op = canonical(op)
-        if op in self.lp_ops or self._on_own_kernel(op):
+        if op in self.lp_ops or op in self.kernel_ops:
             return not self.bfloat16_storage_only
         return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
 
@@ -858,7 +857,7 @@ class Policy(object):
         node computes in FP32 wherever the net runs (`computes_low`)."""
         op = canonical(op)
         return self.dtype == 'bfloat16' and op not in BFLOAT16_CPU_OPS and \
-            op not in self.lp_ops and not self._on_own_kernel(op)
+            op not in self.lp_ops and op not in self.kernel_ops
 
     def _user_keeps_float32(self, op: str, attrs: Optional[Mapping[str, str]],
                             node_name: Optional[str]) -> bool:
@@ -868,9 +867,6 @@ class Policy(object):
             return True
         return op in self.fp32_ops or any((attrs or {}).get(attribute) in values
                                           for attribute, values in self.fp32_conditions.get(op, ()))
-
-    def _on_own_kernel(self, op: str) -> bool:
-        return self.own_clip and op == 'clip'
 
     def computes_in_float32(self, op: str) -> bool:
         """Whether a low-precision node must compute in FP32 between casts (float16 on CPU)."""

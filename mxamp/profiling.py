@@ -112,11 +112,11 @@ import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import HybridBlock
 
-from . import dtypes, hardware, own_conv
+from . import dtypes, hardware, passes, pipeline
 from . import graph as graph_mod
 from . import verdict_rules
 from .dtypes import LOW_PRECISION, DTypeLike, name_of_array
-from .gluon import check_traceable, conversion_of, is_converted, with_own_clips
+from .gluon import check_traceable, conversion_of, is_converted
 from .network_state import Stage, describe_block, state_of
 from .symbol import convert_with_record, graph_inputs, load_params
 from .trainer import Trainer
@@ -745,9 +745,9 @@ def _kernel_child_main(spec_path):
     """The kernel pass's child process: one warm-up and one marked step per side."""
     with open(spec_path) as handle:
         spec = json.load(handle)
-    # A converted Gluon net's graph may hold mxamp's own clip (gluon.with_own_clips): the
-    # library registers it before the graph loads (the parent's MXAMP_OWN_CONV holds here too).
-    own_conv.available()
+    # A converted Gluon net's graph may hold the wing's operators (_same_value_passes): the
+    # library registers them before the graph loads (the parent's MXAMP_OWN_CONV holds here too).
+    pipeline.low_precision_kernel_ops()
     ctx = mx.cpu()
     for entry in spec['sides']:
         prefix = entry['prefix']
@@ -1522,11 +1522,9 @@ def profile(net: HybridBlock, *inputs: mx.nd.NDArray, train: bool = False,
             raise ProfileError('dtype=%r: %s is converted to %s; profile it as it is (dtype=None) '
                                'or profile its FP32 original' % (dtype, describe_block(net), own))
         requested, reason = own, 'the net is converted to %s' % own
-        conversion, _ = conversion_of(net)
+        conversion = _same_value_passes(net, train)
         low_params = {p.name: p.data(ctx).copy() for p in net.collect_params().values()}
-        # Its clips on mxamp's own kernel, as the net runs them (its policy computes them
-        # there, in bfloat16: MXNet's bfloat16 clip would misreport them).
-        low = _Side(own, with_own_clips(conversion.symbol), low_params, conversion, feed, ctx,
+        low = _Side(own, conversion.symbol, low_params, conversion, feed, ctx,
                     train, optimizer, optimizer_params)
     else:
         requested, target, reason = _dtype_choice('auto' if dtype is None else dtype)
@@ -1539,6 +1537,22 @@ def profile(net: HybridBlock, *inputs: mx.nd.NDArray, train: bool = False,
     network = _Network(describe_block(net), _gluon_layer_names(net, fp32_symbol), feed,
                        requested, reason)
     return _measure(network, fp32, low, train, iterations, warmup, kernels, kernel_timeout)
+
+
+def _same_value_passes(net, train):
+    """`net`'s conversion after the later passes that compute the same values on other
+    kernels (`mxamp.passes.GraphPass.same_values`), as the net runs them: its policy may
+    compute those operators in bfloat16 there, which MXNet's kernels would misreport.
+    The passes that choose kernels by measurement are what the profile judges, so the
+    profile times MXNet's operators there."""
+    conversion, device = conversion_of(net)
+    params = net.collect_params()
+    context = passes.PassContext(
+        conversion, passes.TRAINING if train else passes.INFERENCE, conversion.shapes,
+        frozenset(params.keys()), lambda name: True,
+        state_of(net).settings.policy(device).cpu_class, device, False)
+    return pipeline.run(context, [graph_pass for graph_pass in pipeline.kernel_passes()
+                                  if graph_pass.same_values])
 
 
 def _finish_initialisation(net, inputs):

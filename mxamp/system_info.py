@@ -22,7 +22,8 @@ import importlib
 import platform
 from typing import Any, Dict, Optional
 
-from . import channels_last, dtypes, hardware, own_conv, own_conv_choice
+from . import dtypes, hardware
+from .kernels import channels_last, choice, operators
 from ._version import __version__
 
 __all__ = ['collect', 'format_info']
@@ -75,10 +76,10 @@ def collect() -> Dict[str, Any]:
         ``dtype='auto'`` picks on the CPU, and on a GPU when MXNet sees one, with
         why), ``gpus`` (count), ``openmp`` (`mxamp.hardware.mxnet_openmp_threads`),
         ``mxnet_features``, ``environment`` (the variables that change how
-        MXNet computes), ``own_conv`` (`mxamp.own_conv.describe`: built, on,
-        its oneDNN), ``own_conv_choice`` (`mxamp.own_conv_choice.describe`:
+        MXNet computes), ``operators`` (`mxamp.kernels.operators.describe`: built, on,
+        its oneDNN), ``choice`` (`mxamp.kernels.choice.describe`:
         which convolutions run on it here) and ``channels_last``
-        (`mxamp.channels_last.describe`: whether training graphs get
+        (`mxamp.kernels.channels_last.describe`: whether training graphs get
         channels-last regions here).
     """
     import mxnet as mx
@@ -93,8 +94,8 @@ def collect() -> Dict[str, Any]:
            'lowered_by': hardware.class_lowered_by(), 'amx_enabled': hardware.enable_amx()}
     return {'versions': versions, 'cpu': cpu, 'auto': _auto(), 'gpus': hardware.gpu_count(),
             'openmp': hardware.mxnet_openmp_threads(), 'mxnet_features': _features(),
-            'environment': hardware.performance_variables(), 'own_conv': own_conv.describe(),
-            'own_conv_choice': own_conv_choice.describe(),
+            'environment': hardware.performance_variables(), 'own_conv': operators.describe(),
+            'own_conv_choice': choice.describe(),
             'channels_last': channels_last.describe()}
 
 

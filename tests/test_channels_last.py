@@ -1,4 +1,4 @@
-"""Channels-last regions of training graphs (mxamp.channels_last) and the fan-out operator.
+"""Channels-last regions of training graphs (mxamp.kernels.channels_last) and the fan-out operator.
 
 Finding regions and the rule are tested on every machine.  The rewrite is
 tested in float32 wherever mxamp's own operators run: a rewritten ResNet must
@@ -17,18 +17,25 @@ from mxnet import autograd
 from mxnet.gluon.model_zoo import vision
 
 import mxamp
-from mxamp import channels_last, own_conv
-from mxamp.channels_last import Region
+from mxamp.kernels import channels_last, operators
+from mxamp.kernels.channels_last import Region
+from mxamp.kernels.passes import ChannelsLastRegions
+from mxamp.passes import parse, to_symbol
 from mxamp.network_state import converted_state
 
 from conftest import (first_gradients, loss_curve, median_error, needs_bfloat16_compute, pattern_task,
                       run_python)
 
-runs_own_ops = pytest.mark.skipif(not own_conv.available(),
-                                  reason='own operators off here: %s' % own_conv.status().reason)
+runs_own_ops = pytest.mark.skipif(not operators.available(),
+                                  reason='own operators off here: %s' % operators.status().reason)
 
 TOLERANCE = 1e-5
 
+
+
+def region_nodes(state):
+    """The nodes the block's training graph computes channels last."""
+    return state.runtime.nodes_of(ChannelsLastRegions.name)
 
 def normalised_error(got, want):
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
@@ -61,7 +68,7 @@ def op_counts(symbol):
 def test_resnet50s_bottlenecks_are_one_region_with_two_borders():
     net = vision.resnet50_v1()
     symbol, shapes = symbol_and_shapes(net, (2, 3, 224, 224))
-    regions = channels_last.find_regions(symbol, shapes, op_names(symbol))
+    regions = channels_last.find_regions(parse(symbol), shapes, op_names(symbol))
     # The 16 bottlenecks (52 convolutions) join through their residual sums, and the stem
     # through its max pooling (mxamp's own); the global pooling at the end joins too, so the
     # borders are the image and the pooled features.
@@ -93,22 +100,22 @@ def _graph_with_odd_nodes():
 def test_only_what_computes_the_same_channels_last_joins_a_region():
     symbol = _graph_with_odd_nodes()
     shapes = {'data': (2, 4, 6, 6)}
-    regions = channels_last.find_regions(symbol, shapes, op_names(symbol))
+    regions = channels_last.find_regions(parse(symbol), shapes, op_names(symbol))
     assert len(regions) == 1
     assert regions[0].nodes == {'c1', 'bn1', 'relu1', 'c2', 'c3'}
     # In: data.  Out: relu1 (to the transpose of c_nhwc), c2 (to bn_mean_var), c3 (to bn_axis2).
     assert regions[0].borders == 4
     # Only nodes computing in the region's precision, and only parameters whose gradients
     # are written.
-    assert channels_last.find_regions(symbol, shapes, ['c1', 'bn1'])[0].nodes == {'c1', 'bn1'}
-    regions = channels_last.find_regions(symbol, shapes, op_names(symbol),
+    assert channels_last.find_regions(parse(symbol), shapes, ['c1', 'bn1'])[0].nodes == {'c1', 'bn1'}
+    regions = channels_last.find_regions(parse(symbol), shapes, op_names(symbol),
                                          lambda name: name != 'bn1_gamma')
     assert [sorted(r.nodes) for r in regions] == [['c2', 'c3', 'relu1'], ['c1']]
 
 
 def test_without_known_shapes_nothing_is_eligible():
     symbol = _graph_with_odd_nodes()
-    assert channels_last.find_regions(symbol, {}, op_names(symbol)) == []
+    assert channels_last.find_regions(parse(symbol), {}, op_names(symbol)) == []
 
 
 @pytest.mark.parametrize('value, mode', [('0', 'off'), ('off', 'off'), ('1', 'measured'),
@@ -182,7 +189,7 @@ def test_fan_out_copies_forward_and_sums_gradients_backward(count):
     heads = [mx.nd.array(rng.normal(size=(3, 5, 7))) for _ in range(count)]
     data.attach_grad()
     with autograd.record():
-        copies = own_conv.fan_out(data, count)
+        copies = operators.fan_out(data, count)
     autograd.backward(copies, heads)
     for copy in copies:
         np.testing.assert_array_equal(copy.asnumpy(), data.asnumpy())
@@ -200,7 +207,7 @@ def test_fan_out_sums_bfloat16_gradients_in_float32_and_rounds_once(count):
     heads = [to_bfloat16(rng.normal(size=shape) * 10.0 ** k) for k in range(count)]
     data.attach_grad()
     with autograd.record():
-        copies = own_conv.fan_out(data, count)
+        copies = operators.fan_out(data, count)
     autograd.backward(copies, heads)
     as_float32 = lambda a: mx.nd.amp_cast(a, dtype='float32').asnumpy()
     total = sum(as_float32(h) for h in heads)   # exact in float32 for these magnitudes? not
@@ -213,7 +220,7 @@ def test_fan_out_sums_bfloat16_gradients_in_float32_and_rounds_once(count):
 @runs_own_ops
 def test_fan_out_refuses_fewer_than_two_outputs_in_one_line():
     with pytest.raises(mx.base.MXNetError, match='num_outputs must be 2 or more'):
-        own_conv.fan_out(mx.nd.ones((2, 2)), 1)[0].wait_to_read()
+        operators.fan_out(mx.nd.ones((2, 2)), 1)[0].wait_to_read()
 
 
 # --------------------------------------------------------------------------
@@ -223,22 +230,22 @@ def test_fan_out_refuses_fewer_than_two_outputs_in_one_line():
 def test_a_rewritten_resnet_computes_what_mxnet_computes_in_float32():
     net = vision.resnet18_v1()
     symbol, shapes = symbol_and_shapes(net, (4, 3, 64, 64))
-    regions = channels_last.find_regions(symbol, shapes, op_names(symbol))
-    rewritten = channels_last.with_channels_last(symbol, regions, shapes)
+    regions = channels_last.find_regions(parse(symbol), shapes, op_names(symbol))
+    rewritten = to_symbol(channels_last.with_channels_last(parse(symbol), regions, shapes))
     assert rewritten.list_arguments() == symbol.list_arguments()
     assert rewritten.list_auxiliary_states() == symbol.list_auxiliary_states()
     counts = op_counts(rewritten)
-    assert counts[own_conv.OP_NAME] == 20 and counts[own_conv.BATCH_NORM_OP_NAME] == 20
+    assert counts[operators.OP_NAME] == 20 and counts[operators.BATCH_NORM_OP_NAME] == 20
     assert 'Convolution' not in counts and 'BatchNorm' not in counts
     assert counts['transpose'] == 2            # one region (the stem joins by its pooling)
     # Each residual block's input has two readers: the first block's gets a fan-out after the
     # stem's max pooling, the other seven are copies written by the batch norm that computes
     # them.
-    assert counts[own_conv.FAN_OUT_OP_NAME] == 1
+    assert counts[operators.FAN_OUT_OP_NAME] == 1
     # Every ReLU and residual sum fused into a batch norm (17 ReLUs, 8 sums).
     assert 'Activation' not in counts and 'elemwise_add' not in counts
     graph = json.loads(rewritten.tojson())
-    fused = [node['attrs'] for node in graph['nodes'] if node['op'] == own_conv.BATCH_NORM_OP_NAME]
+    fused = [node['attrs'] for node in graph['nodes'] if node['op'] == operators.BATCH_NORM_OP_NAME]
     assert sum(attrs.get('act_type') == 'relu' for attrs in fused) == 17
     assert sum(attrs.get('residual') == 'True' for attrs in fused) == 8
     assert sorted(attrs.get('copies', '0') for attrs in fused) == ['0'] * 13 + ['1'] * 7
@@ -253,7 +260,7 @@ def assert_same_numbers(symbol, rewritten, shapes):
     results = []
     for graph in (symbol, rewritten):
         # Every shape given: MXNet 1.9.1's shape inference of extension operators overruns a
-        # buffer when inputs of unknown shape outnumber the data's dimensions (mxamp.own_conv).
+        # buffer when inputs of unknown shape outnumber the data's dimensions (mxamp.kernels.operators).
         executor = graph.simple_bind(mx.cpu(), **shapes)
         for name, array in list(executor.arg_dict.items()) + list(executor.aux_dict.items()):
             array[:] = values[name]
@@ -289,8 +296,9 @@ def test_a_sum_or_relu_with_other_readers_stays_apart():
     symbol = mx.sym.Group([relu, total * 2, tail, c * 3, head, d])
     shapes = dict(zip(symbol.list_arguments(), symbol.infer_shape(data=(2, 4, 6, 6))[0]))
     shapes.update(zip(symbol.list_auxiliary_states(), symbol.infer_shape(data=(2, 4, 6, 6))[2]))
-    rewritten = channels_last.with_channels_last(
-        symbol, channels_last.find_regions(symbol, shapes, op_names(symbol)), shapes)
+    graph = parse(symbol)
+    rewritten = to_symbol(channels_last.with_channels_last(
+        graph, channels_last.find_regions(graph, shapes, op_names(symbol)), shapes))
     nodes = {node['name']: node for node in json.loads(rewritten.tojson())['nodes']}
     assert nodes['bn1']['attrs'].get('residual') == 'True' and 'act_type' not in nodes['bn1']['attrs']
     assert 'sum' not in nodes and nodes['relu']['op'] == 'Activation'
@@ -308,13 +316,13 @@ def test_bfloat16_arrays_cross_a_border_in_one_move_of_their_channels():
     symbol, shapes = symbol_and_shapes(net, (2, 3, 64, 64))
     converted = mxamp.graph.convert_graph(symbol, mxamp.policy.Policy('bfloat16'), shapes=shapes)
     low = [record.name for record in converted.nodes if record.computes_in == 'bfloat16']
-    regions = channels_last.find_regions(converted.symbol, shapes, low)
-    rewritten = channels_last.with_channels_last(converted.symbol, regions, shapes)
+    regions = channels_last.find_regions(parse(converted.symbol), shapes, low)
+    rewritten = to_symbol(channels_last.with_channels_last(parse(converted.symbol), regions, shapes))
     counts = op_counts(rewritten)
-    assert counts[own_conv.MOVE_CHANNELS_OP_NAME] == 2 and 'transpose' not in counts
+    assert counts[operators.MOVE_CHANNELS_OP_NAME] == 2 and 'transpose' not in counts
     graph = json.loads(rewritten.tojson(remove_amp_cast=False))
     moves = {node['attrs']['to'] for node in graph['nodes']
-             if node['op'] == own_conv.MOVE_CHANNELS_OP_NAME}
+             if node['op'] == operators.MOVE_CHANNELS_OP_NAME}
     assert moves == {'last', 'first'}
 
 
@@ -333,15 +341,15 @@ def test_move_channels_copies_exactly_and_its_gradient_moves_back(shape, dtype):
         return np.ascontiguousarray(values).view(np.uint8)
     data.attach_grad()
     with autograd.record():
-        moved = own_conv.move_channels(data, to='last')
+        moved = operators.move_channels(data, to='last')
     assert moved.shape == tuple(shape[i] for i in last) and moved.dtype == data.dtype
     head = cast(mx.nd.array(rng.normal(size=moved.shape)), dtype)
     moved.backward(head)
     np.testing.assert_array_equal(bits(moved), bits(to_numpy(data).transpose(last)))
     np.testing.assert_array_equal(bits(data.grad), bits(to_numpy(head).transpose(back)))
-    np.testing.assert_array_equal(bits(own_conv.move_channels(moved, to='first')), bits(data))
+    np.testing.assert_array_equal(bits(operators.move_channels(moved, to='first')), bits(data))
     with pytest.raises(ValueError, match="expected 'last' or 'first'"):
-        own_conv.move_channels(data, to='middle')
+        operators.move_channels(data, to='middle')
 
 
 # --------------------------------------------------------------------------
@@ -389,7 +397,7 @@ def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monke
     x = images()
     backward_once(net, x)
     state = converted_state(net)
-    assert state.cached_for == 'training' and state.channels_last_nodes
+    assert state.cached_for == 'training' and region_nodes(state)
     assert 'computed channels last in training' in mxamp.summary(net, print_fn=None)
     # Inference: MXNet's graph, a second CachedOp, the same numbers as a net without regions.
     monkeypatch.setenv(channels_last.ENV, '0')
@@ -429,11 +437,11 @@ def test_a_gradient_added_to_takes_its_node_out_of_the_region(trained_once):
     weight = next(p for name, p in net.collect_params().items()
                   if name.endswith('stage2_conv0_weight'))
     node = weight.name[:-len('_weight')] + '_fwd'
-    assert node in converted_state(net).channels_last_nodes
+    assert node in region_nodes(converted_state(net))
     weight.grad_req = 'add'
     backward_once(net, x)
-    assert node not in converted_state(net).channels_last_nodes
-    assert converted_state(net).channels_last_nodes
+    assert node not in region_nodes(converted_state(net))
+    assert region_nodes(converted_state(net))
 
 
 def gradient_of_input(net, x, chain=None):
@@ -565,7 +573,7 @@ def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
         monkeypatch.setenv(channels_last.ENV, mode)
         net = converted_small_resnet()
         curves[mode] = loss_curve(net, batches, labels)
-        assert bool(converted_state(net).channels_last_nodes) == (mode == 'all')
+        assert bool(region_nodes(converted_state(net))) == (mode == 'all')
         # Inference with the moving statistics the training graph kept.  After 30 steps they
         # trail the weights (momentum 0.9), and by how much follows the trajectory, which
         # bfloat16's rounding makes chaotic: over 18 initialisations MXNet's own graph then
@@ -592,7 +600,8 @@ _ADDTO_SCRIPT = r'''
 import json, sys
 import mxnet as mx, numpy as np
 from mxnet.gluon.model_zoo import vision
-from mxamp import channels_last, own_conv
+from mxamp.kernels import channels_last, operators
+from mxamp.passes import parse, to_symbol
 
 def gradients(symbol, shapes, values):
     executor = symbol.simple_bind(mx.cpu(), **shapes)
@@ -611,8 +620,9 @@ rng = np.random.RandomState(0)
 data = mx.sym.var('data')
 conv = dict(kernel=(3, 3), pad=(1, 1), num_filter=4)
 mxnet_graph = mx.sym.Convolution(data, mx.sym.var('w'), name='c', no_bias=True, **conv) + data * 2
-own_graph = channels_last.with_fanned_out_inputs(
-    own_conv.convolution(data, mx.sym.var('w'), name='c', **conv) + data * 2, ['c'])
+own_graph = parse(operators.convolution(data, mx.sym.var('w'), name='c', **conv) + data * 2)
+channels_last.with_fanned_out_inputs(own_graph, ['c'])
+own_graph = to_symbol(own_graph)
 shapes = {'data': (2, 4, 5, 5), 'w': (4, 4, 3, 3)}
 values = {k: rng.uniform(-1, 1, v) for k, v in shapes.items()}
 single = worst(gradients(own_graph, shapes, values), gradients(mxnet_graph, shapes, values))
@@ -625,8 +635,9 @@ shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
 values = {k: rng.uniform(0.5, 2, v) if 'var' in k else rng.uniform(-1, 1, v)
           for k, v in shapes.items()}
 names = [n['name'] for n in json.loads(symbol.tojson())['nodes'] if n['op'] != 'null']
-rewritten = channels_last.with_channels_last(
-    symbol, channels_last.find_regions(symbol, shapes, names), shapes)
+graph = parse(symbol)
+rewritten = to_symbol(channels_last.with_channels_last(
+    graph, channels_last.find_regions(graph, shapes, names), shapes))
 region = worst(gradients(rewritten, shapes, values), gradients(symbol, shapes, values))
 print(json.dumps({'single': single, 'region': region}))
 '''

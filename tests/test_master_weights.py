@@ -18,7 +18,7 @@ from mxnet.gluon import nn
 
 import mxamp
 from mxamp import optimizer as mo
-from mxamp import own_conv
+from mxamp.kernels import operators
 from mxamp.dtypes import cast, to_float32_numpy
 
 DTYPES = ['float16', 'bfloat16']
@@ -235,8 +235,8 @@ def _follow_with_mxnet_ops(master, weight, monkeypatch):
         mo.follow_weight(master, weight)
 
 
-@pytest.mark.skipif(not own_conv.available(),
-                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+@pytest.mark.skipif(not operators.available(),
+                    reason="mxamp's native library off here: %s" % operators.status().reason)
 def test_the_native_follow_gives_what_the_elementwise_ops_give(monkeypatch):
     rng = np.random.RandomState(0)
     values = rng.normal(size=20000).astype(np.float32)
@@ -276,14 +276,14 @@ def test_the_native_follow_is_for_bfloat16_on_the_cpu_in_a_worker(monkeypatch):
     assert not mo._follows_natively(master, cast(master, 'bfloat16'))
 
 
-@pytest.mark.skipif(not own_conv.available(),
-                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+@pytest.mark.skipif(not operators.available(),
+                    reason="mxamp's native library off here: %s" % operators.status().reason)
 def test_the_native_follow_refuses_arrays_that_do_not_match():
     master = mx.nd.ones((4,))
     with pytest.raises(mx.base.MXNetError, match='weight has shape'):
-        own_conv.follow_bfloat16_weight(master, cast(mx.nd.ones((5,)), 'bfloat16'))
+        operators.follow_bfloat16_weight(master, cast(mx.nd.ones((5,)), 'bfloat16'))
     with pytest.raises(mx.base.MXNetError, match='float32 master and a bfloat16 weight'):
-        own_conv.follow_bfloat16_weight(master, cast(master, 'float16'))
+        operators.follow_bfloat16_weight(master, cast(master, 'float16'))
 
 
 def test_follow_weights_false_keeps_the_old_behaviour():
@@ -347,8 +347,8 @@ def _sgd_steps(native, monkeypatch, steps=5, follow_weights=True, **options):
     return arrays + [momentum.asnumpy() for _, momentum in states if momentum is not None]
 
 
-@pytest.mark.skipif(not own_conv.available(),
-                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+@pytest.mark.skipif(not operators.available(),
+                    reason="mxamp's native library off here: %s" % operators.status().reason)
 @pytest.mark.parametrize('options', [
     dict(momentum=0.9, wd=1e-4, rescale_grad=0.3),
     dict(momentum=0.0, wd=1e-4),
@@ -357,7 +357,7 @@ def _sgd_steps(native, monkeypatch, steps=5, follow_weights=True, **options):
     dict(momentum=0.0, clip_gradient=0.05, follow_weights=False),
 ], ids=['momentum', 'no_momentum', 'clipped', 'not_following', 'plain_clipped_not_following'])
 def test_the_native_sgd_step_gives_what_the_generic_path_gives(options, monkeypatch):
-    # One native pass per weight (mxamp.own_conv.sgd_step_bfloat16) against four MXNet passes:
+    # One native pass per weight (mxamp.kernels.operators.sgd_step_bfloat16) against four MXNet passes:
     # the same float32 expression, so the same bits, also with lr and wd multipliers, a clip
     # and a weight changed mid-way (followed, or with follow_weights=False overwritten).
     # Also where the generic path narrows with MXNet's generic kernels (an AVX2 CPU): its
@@ -373,8 +373,8 @@ def test_the_native_sgd_step_gives_what_the_generic_path_gives(options, monkeypa
         assert np.abs(native[1] - 1.0).max() < 0.5   # restarted from the changed weight
 
 
-@pytest.mark.skipif(not own_conv.available(),
-                    reason="mxamp's native library off here: %s" % own_conv.status().reason)
+@pytest.mark.skipif(not operators.available(),
+                    reason="mxamp's native library off here: %s" % operators.status().reason)
 def test_the_native_sgd_step_writes_weights_as_a_bfloat16_cpus_amp_cast_on_every_cpu():
     # Nearest, ties to even, NaN kept, subnormals flushed to a zero of their sign: also where
     # this process's own narrowing is MXNet's generic kernels, which keep subnormals.  (An
@@ -385,7 +385,7 @@ def test_the_native_sgd_step_writes_weights_as_a_bfloat16_cpus_amp_cast_on_every
                            np.nan, np.inf])
     master = mx.nd.array(masters)
     weight = cast(mx.nd.zeros(len(masters)), 'bfloat16')
-    stepped = own_conv.sgd_step_bfloat16(
+    stepped = operators.sgd_step_bfloat16(
         weight, cast(mx.nd.zeros(len(masters)), 'bfloat16'), master, None, lr=0.0, wd=0.0,
         momentum=0.0, rescale_grad=1.0, clip_gradient=-1.0, follow=False)
     got = to_float32_numpy(stepped)

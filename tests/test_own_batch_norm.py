@@ -1,4 +1,4 @@
-"""mxamp's own batch normalisation on oneDNN 3 (mxamp.own_conv.batch_norm).
+"""mxamp's own batch normalisation on oneDNN 3 (mxamp.kernels.operators.batch_norm).
 
 (bfloat16 channels-last data in training runs mxamp's AVX-512 loops instead of
 oneDNN's kernel: the LOOP_SHAPES tests below hold them to the float32 kernel.)
@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 from mxnet import autograd
 
-from mxamp import hardware, own_conv
+from mxamp import hardware
+from mxamp.kernels import operators
 
-pytestmark = pytest.mark.skipif(not own_conv.available(),
-                                reason='own operators off here: %s' % own_conv.status().reason)
+pytestmark = pytest.mark.skipif(not operators.available(),
+                                reason='own operators off here: %s' % operators.status().reason)
 
 TOLERANCE = 1e-5
 CHANNELS = 8
@@ -53,7 +54,7 @@ def run(data, head, params, own, **attributes):
         array.attach_grad()
     with autograd.record():
         if own:
-            out = own_conv.batch_norm(data, gamma, beta, moving_mean, moving_var,
+            out = operators.batch_norm(data, gamma, beta, moving_mean, moving_var,
                                       residual=None if residual is None else arrays[3],
                                       **attributes)[0]
         else:
@@ -119,7 +120,7 @@ def test_moving_statistics_follow_mxnets_update_over_steps():
         batch_data = mx.nd.array(batch)
         batch_data.attach_grad()
         with autograd.record():
-            out, batch_mean, batch_var = own_conv.batch_norm(
+            out, batch_mean, batch_var = operators.batch_norm(
                 batch_data, params[0], params[1], mean, var, momentum=0.9, axis=-1)
         out.backward()
         # The gradient's update is no declared write (as MXNet 1.9.1's BatchNorm's is not):
@@ -142,7 +143,7 @@ def run_with_copies(data, heads, params, residual=None, **attributes):
         array.attach_grad()
     copies = len(heads) - 1
     with autograd.record():
-        outputs = own_conv.batch_norm(*arrays[:3], moving_mean, moving_var, copies=copies,
+        outputs = operators.batch_norm(*arrays[:3], moving_mean, moving_var, copies=copies,
                                       residual=None if residual is None else arrays[3],
                                       **attributes)
     # (output, mean, variance, copies...[, the fused ReLU's workspace])
@@ -206,7 +207,7 @@ def test_a_forward_pass_without_its_backward_leaves_the_moving_statistics(own):
     mean, var = params[2].copy(), params[3].copy()
     with autograd.record():
         if own:
-            own_conv.batch_norm(data, params[0], params[1], mean, var)[0].wait_to_read()
+            operators.batch_norm(data, params[0], params[1], mean, var)[0].wait_to_read()
         else:
             mx.nd.BatchNorm(data, params[0], params[1], mean, var).wait_to_read()
     np.testing.assert_array_equal(mean.asnumpy(), params[2].asnumpy())
@@ -243,7 +244,7 @@ def test_bfloat16_fused_relu_is_the_batch_norm_then_mxnets_relu():
         for array in (x, gamma, beta):
             array.attach_grad()
         with autograd.record():
-            out = own_conv.batch_norm(x, gamma, beta, mean, var, fix_gamma=False, axis=-1,
+            out = operators.batch_norm(x, gamma, beta, mean, var, fix_gamma=False, axis=-1,
                                       act_type='relu' if fused else None)[0]
             if not fused:
                 out = mx.nd.Activation(out, act_type='relu')
@@ -288,7 +289,7 @@ def test_bfloat16_batch_statistics_are_those_of_the_rounded_data(shape, mean, st
     # precision, also where the mean is 125 standard deviations from 0 (where summing squares
     # and subtracting the squared mean would lose most digits of the variance).
     data, _, params, _ = bfloat16_case(shape, mean, std)
-    _, batch_mean, batch_var = own_conv.batch_norm(data, *params, axis=-1, fix_gamma=False)[:3]
+    _, batch_mean, batch_var = operators.batch_norm(data, *params, axis=-1, fix_gamma=False)[:3]
     values = mx.nd.amp_cast(data, dtype='float32').asnumpy().astype(np.float64)
     values = values.reshape(-1, shape[-1])
     np.testing.assert_allclose(batch_mean.asnumpy(), values.mean(axis=0), rtol=1e-6)
@@ -328,13 +329,13 @@ def test_bfloat16_channels_last_training_runs_no_onednn_batch_norm(tmp_path):
     script.write_text(textwrap.dedent("""
         import mxnet as mx
         from mxnet import autograd
-        from mxamp import own_conv
+        from mxamp.kernels import operators
         data = mx.nd.amp_cast(mx.nd.ones((2, 4, 4, 32)), dtype='bfloat16')
         params = [mx.nd.ones(32) for _ in range(4)]
         for use_global_stats in (False, True):
             data.attach_grad()
             with autograd.record():
-                out = own_conv.batch_norm(data, *params, axis=-1, act_type='relu',
+                out = operators.batch_norm(data, *params, axis=-1, act_type='relu',
                                           use_global_stats=use_global_stats)[0]
             out.backward()
             mx.nd.waitall()
@@ -350,12 +351,12 @@ def test_bfloat16_channels_last_training_runs_no_onednn_batch_norm(tmp_path):
 
 def test_in_a_symbol_graph_the_moving_statistics_are_auxiliary_states():
     c = CHANNELS
-    out = own_conv.batch_norm(mx.sym.var('data'), *[mx.sym.var(name, shape=(c,)) for name in
+    out = operators.batch_norm(mx.sym.var('data'), *[mx.sym.var(name, shape=(c,)) for name in
                                                     ('gamma', 'beta', 'mean', 'var')],
                               axis=-1, fix_gamma=False, name='bn')
     assert out.list_arguments() == ['data', 'gamma', 'beta']
     assert out.list_auxiliary_states() == ['mean', 'var']
-    assert json.loads(out.tojson())['nodes'][-1]['op'] == own_conv.BATCH_NORM_OP_NAME
+    assert json.loads(out.tojson())['nodes'][-1]['op'] == operators.BATCH_NORM_OP_NAME
     loss = mx.sym.MakeLoss(mx.sym.sum(out[0] * mx.sym.var('head')))
     executor = loss.simple_bind(mx.cpu(), data=(4, 3, 3, c), head=(4, 3, 3, c))
     data, head, params = random_case((4, 3, 3, c))
@@ -380,12 +381,12 @@ def test_in_a_symbol_graph_the_moving_statistics_are_auxiliary_states():
 def test_bad_attributes_get_one_clear_line(attributes, message):
     data, _, params = random_case((2, 3, 3, CHANNELS))
     with pytest.raises(mx.base.MXNetError, match=message):
-        own_conv.batch_norm(data, *params, **attributes)[0].wait_to_read()
+        operators.batch_norm(data, *params, **attributes)[0].wait_to_read()
 
 
 def test_symbols_need_known_statistics_shapes():
     # MXNet 1.9.1's shape inference for extension operators overruns its buffer when more
     # inputs than the data has dimensions come with unknown shapes: refused before that.
     with pytest.raises(ValueError, match="gamma.*shape"):
-        own_conv.batch_norm(*[mx.sym.var(name) for name in
+        operators.batch_norm(*[mx.sym.var(name) for name in
                               ('data', 'gamma', 'beta', 'mean', 'var')])

@@ -1,4 +1,4 @@
-"""mxamp's own clip (`mxamp.own_conv.clip`): MXNet's clip, vectorised, in converted Gluon nets.
+"""mxamp's own clip (`mxamp.kernels.operators.clip`): MXNet's clip, vectorised, in converted Gluon nets.
 
 MXNet 1.9.1's ``clip`` (a ReLU6) and its gradient are scalar loops on a CPU;
 a converted Gluon network runs ``_mxamp_clip`` in their place.  It must give
@@ -12,13 +12,16 @@ from mxnet import autograd
 
 import mxamp
 import mxamp.gluon as mg
-from mxamp import hardware, own_conv
+from mxamp import hardware
+from mxamp.kernels import operators
+from mxamp.kernels.passes import OwnClips
+from mxamp.passes import PassRecord
 from mxamp.dtypes import cast, to_float32_numpy, to_numpy
 from conftest import needs_bfloat16_compute
 from test_inference_policy import copy_of, mobile_block
 
-pytestmark = [pytest.mark.skipif(not own_conv.available(),
-                                 reason='own operators off here: %s' % own_conv.status().reason),
+pytestmark = [pytest.mark.skipif(not operators.available(),
+                                 reason='own operators off here: %s' % operators.status().reason),
               pytest.mark.usefixtures('quiet_precision_warnings')]
 
 SPECIAL = [-np.inf, -7.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, 6.0, 6.0000005, 7.0, np.inf, np.nan]
@@ -51,7 +54,7 @@ def _clip_and_gradient(clip, data, head, a_min, a_max):
 def test_clip_gives_mxnets_values_and_gradient_bit_for_bit(size, dtype):
     data, head = _values(size, dtype), _values(size, dtype, seed=1)
     for a_min, a_max in ((0.0, 6.0), (-1.0, 1.0)):
-        own, own_grad = _clip_and_gradient(own_conv.clip, data, head, a_min, a_max)
+        own, own_grad = _clip_and_gradient(operators.clip, data, head, a_min, a_max)
         theirs, their_grad = _clip_and_gradient(
             lambda x, low, high: mx.nd.clip(x, low, high), data, head, a_min, a_max)
         assert own.dtype == data.dtype and own.shape == data.shape
@@ -63,17 +66,17 @@ def test_bfloat16_bounds_round_to_nearest():
     # MXNet's bfloat16 kernel truncates a bound (6.3 -> 6.28125); the own one rounds it to
     # the nearest bfloat16 (6.3125), as oneDNN's fused clip does.
     data = cast(mx.nd.array([-1.0, 0.5, 7.0]), 'bfloat16')
-    out = to_float32_numpy(own_conv.clip(data, 0.1, 6.3))
+    out = to_float32_numpy(operators.clip(data, 0.1, 6.3))
     nearest = to_float32_numpy(cast(mx.nd.array([0.1, 6.3]), 'bfloat16'))
     np.testing.assert_array_equal(out, [nearest[0], 0.5, nearest[1]])
 
 
 def test_bad_input_is_refused_with_the_reason():
     with pytest.raises(mx.base.MXNetError, match='takes float32 or bfloat16'):
-        own_conv.clip(mx.nd.ones((2, 3), dtype='float16'), 0, 6).wait_to_read()
+        operators.clip(mx.nd.ones((2, 3), dtype='float16'), 0, 6).wait_to_read()
     with pytest.raises(mx.base.MXNetError, match='a_min and a_max'):
         mx.nd.waitall()
-        own_conv.clip(mx.nd.ones((2, 3)), 0, 'six').wait_to_read()
+        operators.clip(mx.nd.ones((2, 3)), 0, 'six').wait_to_read()
 
 
 def _ops(symbol):
@@ -89,7 +92,7 @@ def test_a_converted_net_runs_its_relu6_on_the_own_clip(mode):
     converted(x)
     runtime, _ = mg._runtime_graph(converted, converted._cached_graph[1], (x,), mode)
     ops = _ops(runtime)
-    assert ops.count(own_conv.CLIP_OP_NAME) == 3 and 'clip' not in ops
+    assert ops.count(operators.CLIP_OP_NAME) == 3 and 'clip' not in ops
 
 
 def test_a_clip_of_a_variable_keeps_mxnets():
@@ -109,7 +112,7 @@ def test_a_clip_of_a_variable_keeps_mxnets():
     x = mx.nd.random.uniform(shape=(2, 3, 8, 8))
     net(x)
     ops = _ops(mg._runtime_graph(net, net._cached_graph[1], (x,), 'training')[0])
-    assert ops.count('clip') == 1 and ops.count(own_conv.CLIP_OP_NAME) == 1
+    assert ops.count('clip') == 1 and ops.count(operators.CLIP_OP_NAME) == 1
 
 
 def _trained(net, x, steps=2):
@@ -132,7 +135,7 @@ def _mxnets_clips(monkeypatch):
         state = mg.converted_state(block)
         return state.settings.policy(device_type, inference=state.inference_only)
     monkeypatch.setattr(mg, '_policy', policy)
-    monkeypatch.setattr(mg, 'with_own_clips', lambda symbol: symbol)
+    monkeypatch.setattr(OwnClips, 'run', lambda self, graph, context, earlier: PassRecord(self.name))
 
 
 def test_the_own_clip_computes_in_bfloat16_where_the_cpu_does(monkeypatch, blocked_bfloat16_policy):
@@ -159,7 +162,7 @@ def test_a_converted_net_trains_to_the_same_bits_as_on_mxnets_clip(monkeypatch,
     own.hybridize()
     own_losses, own_params = _trained(own, x)
     # The same graph, its clips on MXNet's kernel (in bfloat16, its slow generic one).
-    monkeypatch.setattr(mg, 'with_own_clips', lambda symbol: symbol)
+    monkeypatch.setattr(OwnClips, 'run', lambda self, graph, context, earlier: PassRecord(self.name))
     mxnets = mg.convert(copy_of(net, x), 'bfloat16')
     mxnets.hybridize()
     their_losses, their_params = _trained(mxnets, x)
@@ -198,7 +201,7 @@ def test_profile_measures_the_clips_the_net_runs(monkeypatch, blocked_bfloat16_p
     converted = mg.convert(copy_of(net, x), 'bfloat16')
     report = mxamp.profile(converted, x, train=True, iterations=2, warmup=1, kernels=False)
     # The graph it times runs the own clip, as the net does (not MXNet's bfloat16 clip).
-    assert measured['bfloat16'].count(own_conv.CLIP_OP_NAME) == 3 and \
+    assert measured['bfloat16'].count(operators.CLIP_OP_NAME) == 3 and \
         'clip' not in measured['bfloat16']
     clips = [row for row in report.rows if row['op'] == 'clip']
     assert len(clips) == 3, [row['op'] for row in report.rows]

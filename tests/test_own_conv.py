@@ -1,4 +1,4 @@
-"""mxamp's own oneDNN 3 convolution (mxamp.own_conv), stage A: the plumbing, on any CPU.
+"""mxamp's own oneDNN 3 convolution (mxamp.kernels.operators), stage A: the plumbing, on any CPU.
 
 In float32 it must give MXNet's ``Convolution``: the output and both
 gradients (data, weight, bias), on every convolution shape of the gluoncv
@@ -21,12 +21,13 @@ import pytest
 from mxnet import autograd
 
 import mxamp
-from mxamp import hardware, own_conv
+from mxamp import hardware
+from mxamp.kernels import operators
 
 from conftest import run_python
 
-pytestmark = pytest.mark.skipif(not own_conv.available(),
-                                reason='own convolution off here: %s' % own_conv.status().reason)
+pytestmark = pytest.mark.skipif(not operators.available(),
+                                reason='own convolution off here: %s' % operators.status().reason)
 
 TOLERANCE = 1e-5
 
@@ -91,8 +92,8 @@ def compare(data_shape, keywords, with_bias, seed=0, channels_last=False):
     if with_bias:
         arrays.append(mx.nd.array(rng.uniform(-1, 1, (keywords['num_filter'],))))
     results, head = [], None
-    for convolution in (own_conv.convolution, mx.nd.Convolution):
-        transposed = channels_last and convolution is own_conv.convolution
+    for convolution in (operators.convolution, mx.nd.Convolution):
+        transposed = channels_last and convolution is operators.convolution
         inputs = [array.copy() for array in arrays]
         if transposed:
             inputs[0] = to_channels_last(inputs[0])
@@ -102,7 +103,7 @@ def compare(data_shape, keywords, with_bias, seed=0, channels_last=False):
             if convolution is mx.nd.Convolution:
                 out = mx.nd.Convolution(*inputs, no_bias=not with_bias, **keywords)
             else:
-                out = own_conv.convolution(*inputs, channels_last=channels_last, **keywords)
+                out = operators.convolution(*inputs, channels_last=channels_last, **keywords)
         if head is None:
             head = mx.nd.array(np.random.RandomState(seed + 1).uniform(
                 -1, 1, to_channels_first(out).shape if transposed else out.shape))
@@ -155,7 +156,7 @@ def test_channels_last_matches_mxnet_on_transposed_data(data_shape, keywords, wi
 
 
 def test_channels_last_shapes_in_a_symbol_graph():
-    out = own_conv.convolution(mx.sym.var('data'), mx.sym.var('weight'), kernel=(3, 3),
+    out = operators.convolution(mx.sym.var('data'), mx.sym.var('weight'), kernel=(3, 3),
                                stride=(2, 2), pad=(1, 1), num_filter=12, channels_last=True)
     arg_shapes, out_shapes, _ = out.infer_shape(data=(2, 9, 10, 5))
     assert dict(zip(out.list_arguments(), arg_shapes))['weight'] == (12, 5, 3, 3)
@@ -164,8 +165,8 @@ def test_channels_last_shapes_in_a_symbol_graph():
 
 def test_in_a_symbol_graph_and_a_hybridized_block():
     data, weight = mx.sym.var('data'), mx.sym.var('weight')
-    out = own_conv.convolution(data, weight, kernel=(3, 3), num_filter=4, pad=(1, 1), name='own')
-    assert json.loads(out.tojson())['nodes'][-1]['op'] == own_conv.OP_NAME
+    out = operators.convolution(data, weight, kernel=(3, 3), num_filter=4, pad=(1, 1), name='own')
+    assert json.loads(out.tojson())['nodes'][-1]['op'] == operators.OP_NAME
     x = mx.nd.random.uniform(shape=(2, 3, 8, 8))
     w = mx.nd.random.uniform(shape=(4, 3, 3, 3))
     executor = out.bind(mx.cpu(), {'data': x, 'weight': w},
@@ -182,7 +183,7 @@ def test_in_a_symbol_graph_and_a_hybridized_block():
                 self.weight = self.params.get('weight', shape=(4, 3, 3, 3))
 
         def hybrid_forward(self, F, x, weight):
-            return own_conv.convolution(x, weight, kernel=(3, 3), num_filter=4, pad=(1, 1))
+            return operators.convolution(x, weight, kernel=(3, 3), num_filter=4, pad=(1, 1))
     block = Own()
     block.initialize()
     block.weight.set_data(w)
@@ -201,36 +202,36 @@ def test_a_deferred_gluon_parameter_gets_its_shape_from_the_data():
                                               allow_deferred_init=True)
 
         def hybrid_forward(self, F, x, weight):
-            return own_conv.convolution(x, weight, kernel=(3, 3), num_filter=4, pad=(1, 1))
+            return operators.convolution(x, weight, kernel=(3, 3), num_filter=4, pad=(1, 1))
     block = Own()
     block.initialize()
     block.hybridize()
     assert block(mx.nd.ones((2, 3, 8, 8))).shape == (2, 4, 8, 8)
     assert block.weight.shape == (4, 3, 3, 3)
-    symbol = own_conv.convolution(mx.sym.var('data'), mx.sym.var('weight', shape=(4, 0, 3, 3)),
+    symbol = operators.convolution(mx.sym.var('data'), mx.sym.var('weight', shape=(4, 0, 3, 3)),
                                   kernel=(3, 3), num_filter=4)
     with pytest.raises(mx.base.MXNetError, match='weight has shape'):
         symbol.infer_shape(data=(2, 5, 8, 8), weight=(4, 6, 3, 3))
 
 
 def test_kernels_names_the_implementations_and_reorders():
-    text = own_conv.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, pad=(1, 1))
+    text = operators.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, pad=(1, 1))
     assert text.startswith('forward=') and ' backward_data=' in text and ' backward_weights=' in text
     with pytest.raises(ValueError, match="dtype='int8'"):
-        own_conv.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, dtype='int8')
+        operators.kernels((2, 16, 8, 8), kernel=(3, 3), num_filter=16, dtype='int8')
 
 
 def test_info_says_it_is_on_with_its_onednn():
-    state = own_conv.status()
+    state = operators.status()
     assert state.built and state.enabled and state.loaded and state.onednn_version.startswith('3.')
-    line = own_conv.describe()
+    line = operators.describe()
     assert line == 'own convolution: on (oneDNN %s, %s)' % (state.onednn_version, state.cpu_isa)
     assert line in mxamp.system_info.format_info(mxamp.system_info.collect())
 
 
 def test_mxamp_own_conv_0_switches_it_off():
     out = run_python(
-        'import mxamp.own_conv as oc, mxnet as mx\n'
+        'import mxamp.kernels.operators as oc, mxnet as mx\n'
         'print(oc.available(), oc.describe())\n'
         'try:\n'
         '    oc.convolution(mx.nd.ones((1, 1, 3, 3)), mx.nd.ones((1, 1, 1, 1)), kernel=(1, 1),'
@@ -245,7 +246,7 @@ def test_mxamp_own_conv_0_switches_it_off():
 def test_without_a_build_it_says_why_once(tmp_path):
     (tmp_path / 'own_conv_not_built.txt').write_text('no C++ compiler (g++, or $CXX)\n')
     result = subprocess.run([sys.executable, '-c',
-                             'import logging, mxamp.own_conv as oc\n'
+                             'import logging, mxamp.kernels.operators as oc\n'
                              'logging.basicConfig(format="%%(message)s")\n'
                              'oc._NATIVE_DIR = %r\n'
                              'print(oc.available(), oc.available())\n'
@@ -267,7 +268,7 @@ def bfloat16_errors(data_shape, keywords, seed=0):
     arrays = [mx.nd.array(rng.uniform(-1, 1, data_shape)),
               mx.nd.array(rng.uniform(-0.5, 0.5, (keywords['num_filter'], data_shape[1]) + kernel))]
     results, head = [], None
-    for convolution, dtype in ((mx.nd.Convolution, 'float32'), (own_conv.convolution, 'bfloat16'),
+    for convolution, dtype in ((mx.nd.Convolution, 'float32'), (operators.convolution, 'bfloat16'),
                                (mx.nd.Convolution, 'bfloat16')):
         inputs = [cast(array, dtype) for array in arrays]
         for array in inputs:
@@ -323,7 +324,7 @@ def channels_last_bfloat16(data_shape, keywords, bias):
         # Not zeros: every value of a gradient must be written, zeros included.
         array.grad[:] = cast(mx.nd.full(array.shape, 3.0), 'bfloat16')
     with autograd.record():
-        out = own_conv.convolution(*inputs, channels_last=True, **keywords)
+        out = operators.convolution(*inputs, channels_last=True, **keywords)
     # (MXNet 1.9.1's transpose of bfloat16 arrays crashes: shapes and transposes in float32.)
     head = np.random.RandomState(1).uniform(-1, 1, (out.shape[0], out.shape[-1]) + out.shape[1:-1])
     out.backward(cast(to_channels_last(mx.nd.array(head)), 'bfloat16'))
@@ -363,7 +364,7 @@ def test_a_1x1_convolution_runs_its_gradients_as_matmuls_and_matches_float32(
     # over the data with zeros between.
     last_shape = (data_shape[0],) + data_shape[2:] + (data_shape[1],)
     for no_bias in (True, False):
-        kernels = own_conv.kernels(last_shape, no_bias=no_bias, dtype='bfloat16',
+        kernels = operators.kernels(last_shape, no_bias=no_bias, dtype='bfloat16',
                                    channels_last=True, **keywords)
         assert ('backward_weights=matmul ' in kernels) == matmul, kernels
         assert ('backward_bias=mxamp channel sums' in kernels) == (matmul and not no_bias), kernels
@@ -418,7 +419,7 @@ def test_a_small_1x1_weight_gradient_sums_row_blocks_within_bfloat16_rounding(
     # as close to the exact sum of the bfloat16 operands' products as one rounding to bfloat16.
     from mxamp.dtypes import cast, to_float32_numpy
     last_shape = (data_shape[0],) + data_shape[2:] + (data_shape[1],)
-    kernels = own_conv.kernels(last_shape, no_bias=True, dtype='bfloat16', channels_last=True,
+    kernels = operators.kernels(last_shape, no_bias=True, dtype='bfloat16', channels_last=True,
                                **keywords)
     assert ('over %d row blocks' % blocks in kernels) == (blocks > 1), kernels
     assert 'backward_weights=matmul ' in kernels, kernels
@@ -450,7 +451,7 @@ def test_bfloat16_channels_last_kernels_take_the_activations_as_they_are():
     # blocked kernels for channels-last data and reorder both activations: only the weights
     # are reordered.  Float32 keeps oneDNN's choice of layout.
     out = run_python(
-        'import mxamp.own_conv as oc\n'
+        'import mxamp.kernels.operators as oc\n'
         'for dtype in ("bfloat16", "float32"):\n'
         '    print(oc.kernels((2, 14, 14, 32), kernel=(3, 3), pad=(1, 1), num_filter=32,'
         ' no_bias=True, dtype=dtype, channels_last=True))\n',
@@ -463,13 +464,12 @@ def test_bfloat16_channels_last_kernels_take_the_activations_as_they_are():
 
 def test_the_extension_compiles_against_mxnets_own_lib_api_header():
     # mxnet_extension.cc implements MXNet's extension ABI from its own declarations
-    # (csrc/mxnet_lib_api_v11.h); against the lib_api.h MXNet's wheel ships, a definition that
-    # strays from the ABI fails to compile.
-    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'csrc',
-                          'mxnet_extension.cc')
+    # (mxamp/kernels/csrc/mxnet_lib_api_v11.h); against the lib_api.h MXNet's wheel ships, a
+    # definition that strays from the ABI fails to compile.
+    source = os.path.join(os.path.dirname(operators.__file__), 'csrc', 'mxnet_extension.cc')
     compiler = shutil.which('g++') or shutil.which('c++')
     if compiler is None or not os.path.exists(source):
-        pytest.skip('needs a C++ compiler and the source checkout (csrc/)')
+        pytest.skip('needs a C++ compiler and the source checkout (mxamp/kernels/csrc/)')
     include = os.path.join(os.path.dirname(mx.__file__), 'include')
     result = subprocess.run([compiler, '-std=c++17', '-fsyntax-only', '-DMXAMP_WITH_MXNET_LIB_API',
                              '-I', include, source], stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Which convolutions run on mxamp's own operator (mxamp.own_conv_choice), stage B of #24.
+"""Which convolutions run on mxamp's own operator (mxamp.kernels.choice), stage B of #24.
 
 The table and its rule are tested on every machine.  What runs graphs needs
 the operator and a CPU that computes bfloat16 (its decisions are about
@@ -16,17 +16,19 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxamp
-from mxamp import cli, own_conv, own_conv_choice
+from mxamp import cli
+from mxamp.kernels import choice, operators
 from mxamp.network_state import converted_state
-from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
+from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement
+from mxamp.passes import parse, to_symbol
 
 from conftest import first_gradients, loss_curve, median_error, needs_bfloat16_compute, pattern_task
 
 CASE = ConvCase((16, 64, 56, 56), (3, 3), (1, 1), (1, 1), (1, 1), 64, 1, True, 'bfloat16',
                 'batchnorm')
 
-runs_own_conv = pytest.mark.skipif(not own_conv.available(),
-                                   reason='own convolution off here: %s' % own_conv.status().reason)
+runs_own_conv = pytest.mark.skipif(not operators.available(),
+                                   reason='own convolution off here: %s' % operators.status().reason)
 
 
 # --------------------------------------------------------------------------
@@ -82,33 +84,33 @@ def test_a_bad_table_file_is_refused_in_one_line_naming_it(tmp_path, text, says)
 
 
 def test_the_users_table_goes_over_the_shipped_one(tmp_path, monkeypatch):
-    shipped = ChoiceTable.read(own_conv_choice.shipped_table_path())
+    shipped = ChoiceTable.read(choice.shipped_table_path())
     assert len(shipped) > 0 and shipped.notes
     measured = next(iter(shipped))
     mine = Measurement(measured.cpu_class, measured.threads, measured.case, 10.0, 1.0)
     path = ChoiceTable([mine]).write(str(tmp_path / 'mine.json'))
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV, path)
-    assert own_conv_choice.table().lookup(*measured.key) == mine
-    assert len(own_conv_choice.table()) == len(shipped)
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV, str(tmp_path / 'missing.json'))
+    monkeypatch.setenv(choice.TABLE_ENV, path)
+    assert choice.table().lookup(*measured.key) == mine
+    assert len(choice.table()) == len(shipped)
+    monkeypatch.setenv(choice.TABLE_ENV, str(tmp_path / 'missing.json'))
     with pytest.raises(ValueError, match='MXAMP_OWN_CONV_TABLE=.*missing.json: no such file'):
-        own_conv_choice.table()
+        choice.table()
 
 
 def test_nothing_is_read_where_nothing_measured_faster(tmp_path, monkeypatch):
     faster, slower = (Measurement('amx', 3, CASE, 10.0, own) for own in (5.0, 20.0))
     monkeypatch.setenv('MXAMP_OWN_CONV', '1')
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV,
+    monkeypatch.setenv(choice.TABLE_ENV,
                        ChoiceTable([faster]).write(str(tmp_path / 'faster.json')))
-    assert own_conv_choice.may_choose('amx', 3)
-    assert not own_conv_choice.may_choose('amx', 4) and not own_conv_choice.may_choose('avx2', 3)
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV,
+    assert choice.may_choose('amx', 3)
+    assert not choice.may_choose('amx', 4) and not choice.may_choose('avx2', 3)
+    monkeypatch.setenv(choice.TABLE_ENV,
                        ChoiceTable([slower]).write(str(tmp_path / 'slower.json')))
-    assert not own_conv_choice.may_choose('amx', 3)
+    assert not choice.may_choose('amx', 3)
     monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
-    assert own_conv_choice.may_choose('amx', 4)
+    assert choice.may_choose('amx', 4)
     monkeypatch.setenv('MXAMP_OWN_CONV', '0')
-    assert not own_conv_choice.may_choose('amx', 3)
+    assert not choice.may_choose('amx', 3)
 
 
 @pytest.mark.parametrize('value, mode', [('0', 'off'), ('off', 'off'), ('1', 'measured'),
@@ -118,13 +120,13 @@ def test_the_switch_has_three_positions(monkeypatch, value, mode):
         monkeypatch.delenv('MXAMP_OWN_CONV', raising=False)
     else:
         monkeypatch.setenv('MXAMP_OWN_CONV', value)
-    assert own_conv.mode() == mode
+    assert operators.mode() == mode
 
 
 def test_a_bad_switch_value_is_refused_naming_the_values(monkeypatch):
     monkeypatch.setenv('MXAMP_OWN_CONV', 'sometimes')
     with pytest.raises(ValueError, match=r'MXAMP_OWN_CONV=sometimes: expected 0 .* or all'):
-        own_conv.mode()
+        operators.mode()
 
 
 def _small_graph():
@@ -141,7 +143,7 @@ def _small_graph():
 
 
 def test_conv_sites_read_shape_context_and_parameters_from_the_graph():
-    sites = own_conv_choice.conv_sites(_small_graph(), {'data': (2, 3, 8, 8)},
+    sites = choice.conv_sites(parse(_small_graph()), {'data': (2, 3, 8, 8)},
                                        ['conv_bn', 'conv_relu', 'conv_nhwc'], 'bfloat16')
     by_name = {site.name: site for site in sites}
     assert sorted(by_name) == ['conv_bn', 'conv_relu']   # NHWC: not the operator's layout
@@ -151,10 +153,10 @@ def test_conv_sites_read_shape_context_and_parameters_from_the_graph():
                                                  1, False, 'bfloat16', 'other')
     assert by_name['conv_relu'].params == ('conv_relu_weight', 'conv_relu_bias')
     # Without a data shape nothing is measured, so nothing is eligible.
-    assert own_conv_choice.conv_sites(_small_graph(), {}, ['conv_bn'], 'bfloat16') == []
+    assert choice.conv_sites(parse(_small_graph()), {}, ['conv_bn'], 'bfloat16') == []
     # Only the named ones (those the conversion computes in bfloat16).
-    assert [s.name for s in own_conv_choice.conv_sites(
-        _small_graph(), {'data': (2, 3, 8, 8)}, ['conv_relu'], 'bfloat16')] == ['conv_relu']
+    assert [s.name for s in choice.conv_sites(
+        parse(_small_graph()), {'data': (2, 3, 8, 8)}, ['conv_relu'], 'bfloat16')] == ['conv_relu']
 
 
 @runs_own_conv
@@ -165,14 +167,17 @@ def test_the_rewrite_changes_the_chosen_convolutions_and_nothing_else():
     x = mx.sym.amp_cast(x, dtype='float32', name='cast')
     symbol = mx.sym.Convolution(mx.sym.relu(x), kernel=(1, 1), num_filter=4, name='conv_relu')
     before = json.loads(symbol.tojson(remove_amp_cast=False))['nodes']
-    after = json.loads(own_conv_choice.with_own_convolutions(symbol, ['conv_relu'])
-                       .tojson(remove_amp_cast=False))['nodes']
+    graph = parse(symbol)
+    choice.with_own_convolutions(graph, ['conv_relu'])
+    after = json.loads(to_symbol(graph).tojson(remove_amp_cast=False))['nodes']
     assert len(before) == len(after) and 'amp_cast' in [node['op'] for node in after]
     for old, new in zip(before, after):
-        expected = own_conv.OP_NAME if old['name'] == 'conv_relu' else old['op']
+        expected = operators.OP_NAME if old['name'] == 'conv_relu' else old['op']
         assert (new['op'], new['name'], new['inputs'], new.get('attrs')) == \
             (expected, old['name'], old['inputs'], old.get('attrs'))
-    assert own_conv_choice.with_own_convolutions(symbol, []) is symbol
+    graph = parse(symbol)
+    choice.with_own_convolutions(graph, [])
+    assert graph == parse(symbol)
 
 
 # --------------------------------------------------------------------------
@@ -201,7 +206,7 @@ def _step(net, x, label):
 
 
 def _own_weights(net):
-    return sorted(name for name in converted_state(net).own_conv_params if name.endswith('weight'))
+    return sorted(name for name in converted_state(net).runtime.gradients_written if name.endswith('weight'))
 
 
 DATA = mx.nd.random.uniform(-1, 1, shape=(4, 32, 12, 12))
@@ -219,9 +224,9 @@ def test_everywhere_a_gluon_network_computes_what_it_computes_on_mxnets_kernels(
     own_loss, own_grads = _step(net, DATA, LABEL)
     assert len(_own_weights(net)) == 2 and not _own_weights(reference)
     text = mxamp.summary(net, print_fn=None)
-    assert text.count(own_conv.OP_NAME) == 2
+    assert text.count(operators.OP_NAME) == 2
     assert "convolutions on mxamp's own oneDNN 3 operator: 2" in text
-    assert own_conv.OP_NAME not in mxamp.summary(reference, print_fn=None)
+    assert operators.OP_NAME not in mxamp.summary(reference, print_fn=None)
     assert abs(own_loss - loss) <= 2 ** -7 * abs(loss)
     for mine, theirs in zip(own_grads, grads):
         # Both sum bfloat16 products in FP32, in different orders, and round to bfloat16.
@@ -237,7 +242,7 @@ def test_exported_files_keep_mxnets_convolution(monkeypatch, tmp_path):
     assert _own_weights(net)
     net.export(str(tmp_path / 'net'))
     ops = [node['op'] for node in json.load(open(str(tmp_path / 'net-symbol.json')))['nodes']]
-    assert own_conv.OP_NAME not in ops and ops.count('Convolution') == 2
+    assert operators.OP_NAME not in ops and ops.count('Convolution') == 2
 
 
 @runs_own_conv
@@ -246,14 +251,14 @@ def test_a_measurement_saying_faster_puts_that_convolution_on_it(monkeypatch, tm
     monkeypatch.setenv('MXAMP_OWN_CONV', '1')
     net = _net()
     _step(net, DATA, LABEL)
-    sites = own_conv_choice.conv_sites(*_graph_of(net))
+    sites = choice.conv_sites(*_graph_of(net))
     assert len(sites) == 2
     second = [s for s in sites if s.case.context == 'other'][0]
     klass = converted_state(net).settings.policy('cpu').cpu_class
-    threads = own_conv_choice.running_threads()
+    threads = choice.running_threads()
     table = ChoiceTable([Measurement(klass, threads, second.case, 10.0, 5.0),
                          Measurement(klass, threads + 1, sites[0].case, 10.0, 5.0)])
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV, table.write(str(tmp_path / 't.json')))
+    monkeypatch.setenv(choice.TABLE_ENV, table.write(str(tmp_path / 't.json')))
     net = _net()
     _step(net, DATA, LABEL)
     # The first convolution was measured at another thread count only: MXNet's.
@@ -264,8 +269,8 @@ def test_a_measurement_saying_faster_puts_that_convolution_on_it(monkeypatch, tm
 def _graph_of(net):
     """conv_sites' arguments for `net`'s last graph (built for the CPU)."""
     conversion, _ = converted_state(net).last_conversion()
-    return (conversion.symbol, dict(conversion.shapes, data=DATA.shape),
-            own_conv_choice.bfloat16_convolutions(conversion), 'bfloat16')
+    return (parse(conversion.symbol), dict(conversion.shapes, data=DATA.shape),
+            choice.bfloat16_convolutions(conversion), 'bfloat16')
 
 
 @runs_own_conv
@@ -355,9 +360,9 @@ def test_a_resnet_trains_on_the_own_operator_as_on_mxnets(monkeypatch):
 @needs_bfloat16_compute
 def test_measure_times_both_sides_of_a_case():
     case = CASE._replace(data_shape=(2, 32, 8, 8), num_filter=32)
-    measured, = own_conv_choice.measure([case], repeats=2, warmup=1, progress=False)
+    measured, = choice.measure([case], repeats=2, warmup=1, progress=False)
     assert measured.case == case
-    assert measured.threads == own_conv_choice.running_threads() > 0
+    assert measured.threads == choice.running_threads() > 0
     assert measured.cpu_class == mxamp.hardware.cpu_class()
     assert 0 < measured.mxnet_ms < 10000 and 0 < measured.own_ms < 10000
 

@@ -1,6 +1,6 @@
-"""mxamp's own pooling on oneDNN 3 (mxamp.own_conv.pooling).
+"""mxamp's own pooling on oneDNN 3 (mxamp.kernels.operators.pooling).
 
-What lets a channels-last region take a network's stem in (`mxamp.channels_last`):
+What lets a channels-last region take a network's stem in (`mxamp.kernels.channels_last`):
 MXNet 1.9.1 has no CPU pooling on channels-last data.  In float32 it must give
 MXNet's ``Pooling`` (pooling_convention 'valid'), output and data gradient, for
 max and average pooling (padding counted or not), global pooling, 1 to 3
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from mxnet import autograd
 
-from mxamp import hardware, own_conv
+from mxamp import hardware
+from mxamp.kernels import operators
 
-pytestmark = pytest.mark.skipif(not own_conv.available(),
-                                reason='own operators off here: %s' % own_conv.status().reason)
+pytestmark = pytest.mark.skipif(not operators.available(),
+                                reason='own operators off here: %s' % operators.status().reason)
 
 
 # Transposes run in numpy: MXNet 1.9.1's transpose corrupts memory on bfloat16 arrays.
@@ -53,7 +54,7 @@ def own_pooling(data, head, dtype, last, **attributes):
     data = to_mxnet(channels_last(data) if last else data, dtype)
     data.attach_grad()
     with autograd.record():
-        outputs = own_conv.pooling(data, channels_last=last, **attributes)
+        outputs = operators.pooling(data, channels_last=last, **attributes)
         out = outputs[0] if isinstance(outputs, list) else outputs
     out.backward(to_mxnet(channels_last(head) if last else head, dtype))
     out, grad = to_numpy(out), to_numpy(data.grad)
@@ -119,14 +120,14 @@ def test_bfloat16_matches_mxnets_bfloat16_pooling(pool_type):
 
 
 def test_in_a_symbol_graph_max_pooling_has_two_outputs():
-    out = own_conv.pooling(mx.sym.var('data'), kernel=(2, 2), stride=(2, 2), channels_last=True,
+    out = operators.pooling(mx.sym.var('data'), kernel=(2, 2), stride=(2, 2), channels_last=True,
                            name='pool')
     assert out.list_outputs() == ['pool_output0', 'pool_output1']
     _, out_shapes, _ = out.infer_shape(data=(2, 8, 8, 3))
     assert out_shapes[0] == (2, 4, 4, 3)
     _, out_types, _ = out.infer_type(data=np.float32)
     assert out_types == [np.float32, np.uint8]
-    average = own_conv.pooling(mx.sym.var('data'), pool_type='avg', global_pool=True)
+    average = operators.pooling(mx.sym.var('data'), pool_type='avg', global_pool=True)
     assert len(average.list_outputs()) == 1
 
 
@@ -137,10 +138,10 @@ def test_in_a_symbol_graph_max_pooling_has_two_outputs():
 ])
 def test_bad_attributes_get_one_clear_line(attributes, message):
     with pytest.raises(mx.base.MXNetError, match=message):
-        outputs = own_conv.pooling(mx.nd.ones((2, 3, 6, 6)), **attributes)
+        outputs = operators.pooling(mx.nd.ones((2, 3, 6, 6)), **attributes)
         outputs[0].wait_to_read()
 
 
 def test_other_pool_types_are_refused_by_name():
     with pytest.raises(ValueError, match="pool_type='lp'"):
-        own_conv.pooling(mx.nd.ones((2, 3, 6, 6)), kernel=(2, 2), pool_type='lp')
+        operators.pooling(mx.nd.ones((2, 3, 6, 6)), kernel=(2, 2), pool_type='lp')

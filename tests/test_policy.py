@@ -10,7 +10,8 @@ import pytest
 import mxnet as mx
 
 from conftest import REAL_CPU_FLAGS, needs_bfloat16_compute
-from mxamp import hardware, own_conv
+from mxamp import hardware
+from mxamp.kernels import operators
 from mxamp import policy as policy_mod
 from mxamp.policy import CLASSES, FLOAT32, LOW, NEUTRAL, WIDEST, Policy
 
@@ -36,11 +37,11 @@ def test_every_operator_has_exactly_one_base_class():
             assert policy_mod.base_class(op) == NEUTRAL
         else:
             assert len(owners) == 1, '%s is in %s' % (op, owners or 'no class')
-    # mxamp's own operators are registered only once its library is loaded (mxamp.own_conv).
-    known = set(CANONICAL) | {own_conv.OP_NAME, own_conv.FOLLOW_OP_NAME,
-                              own_conv.BATCH_NORM_OP_NAME, own_conv.FAN_OUT_OP_NAME,
-                              own_conv.MOVE_CHANNELS_OP_NAME, own_conv.POOLING_OP_NAME,
-                              own_conv.SGD_STEP_OP_NAME, own_conv.CLIP_OP_NAME}
+    # mxamp's own operators are registered only once its library is loaded (mxamp.kernels.operators).
+    known = set(CANONICAL) | {operators.OP_NAME, operators.FOLLOW_OP_NAME,
+                              operators.BATCH_NORM_OP_NAME, operators.FAN_OUT_OP_NAME,
+                              operators.MOVE_CHANNELS_OP_NAME, operators.POOLING_OP_NAME,
+                              operators.SGD_STEP_OP_NAME, operators.CLIP_OP_NAME}
     for members in sets.values():
         assert set(members) <= known, set(members) - known
 
@@ -499,9 +500,9 @@ def test_clip_computes_in_bfloat16_on_the_own_kernel_only():
         options.setdefault('cpu_class', 'avx512_bf16')
         policy = Policy('bfloat16', **options)
         return plan_node(node, policy, ['bfloat16'], [None], [True]).precision
-    assert precision(own_clip=True) == precision(own_clip=True, cpu_class='amx') == 'bfloat16'
+    assert precision(kernel_ops=['clip']) == precision(kernel_ops=['clip'], cpu_class='amx') == 'bfloat16'
     assert precision() == 'float32'
-    assert precision(own_clip=True, cpu_class='avx2') == 'float32'     # bfloat16 storage only
-    assert precision(own_clip=True, fp32_ops=['clip']) == 'float32'
-    assert precision(own_clip=True, exclude=['relu6']) == 'float32'
-    assert 'own_clip=True' in repr(Policy('bfloat16', own_clip=True))
+    assert precision(kernel_ops=['clip'], cpu_class='avx2') == 'float32'     # bfloat16 storage only
+    assert precision(kernel_ops=['clip'], fp32_ops=['clip']) == 'float32'
+    assert precision(kernel_ops=['clip'], exclude=['relu6']) == 'float32'
+    assert "kernel_ops=['clip']" in repr(Policy('bfloat16', kernel_ops=['clip']))

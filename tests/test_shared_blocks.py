@@ -16,7 +16,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 import mxamp
-from mxamp import channels_last, own_conv
+from mxamp.kernels import channels_last, operators
 from mxamp.dtypes import dtype_name, to_float32_numpy
 from mxamp.network_state import state_of
 
@@ -239,8 +239,8 @@ class _SiameseResNet(gluon.HybridBlock):
         return self.head(F.concat(self.tower(x), self.tower(y), dim=1))
 
 
-@pytest.mark.skipif(not own_conv.available(),
-                    reason='own operators off here: %s' % own_conv.status().reason)
+@pytest.mark.skipif(not operators.available(),
+                    reason='own operators off here: %s' % operators.status().reason)
 @needs_bfloat16_compute
 def test_a_tower_called_twice_trains_on_the_own_operators(monkeypatch):
     """The own convolution and channels-last regions forced on: the tower's convolutions run
@@ -266,7 +266,8 @@ def test_a_tower_called_twice_trains_on_the_own_operators(monkeypatch):
     converted = convert_quietly(net(), 'bfloat16')
     error = median_error(gradients(converted), reference)
     state = state_of(converted)
-    assert state.own_conv_nodes and not state.channels_last_nodes
+    assert state.runtime.nodes_of('own convolutions') and \
+        not state.runtime.nodes_of('channels-last regions')
     monkeypatch.setenv('MXAMP_OWN_CONV', '0')
     mxnets = median_error(gradients(convert_quietly(net(), 'bfloat16')), reference)
     # Measured on an AMD EPYC with avx512_bf16: 0.404 against MXNet's operators' 0.408.

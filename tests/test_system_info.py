@@ -99,24 +99,24 @@ def test_launch_environment_ignores_what_packages_set_after_start(monkeypatch):
 
 
 def test_the_own_convolution_choice_is_one_line_whatever_the_switch(monkeypatch, tmp_path):
-    from mxamp import own_conv_choice
-    from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
+    from mxamp.kernels import choice
+    from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement
     monkeypatch.setenv('MXAMP_OWN_CONV', '0')
     lines = system_info.format_info(system_info.collect()).splitlines()
     assert 'none' in next(line for line in lines if line.startswith('own convolution choice'))
     assert lines[-2].startswith('channels-last regions in training: off')
     monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
-    assert own_conv_choice.describe().endswith('(MXAMP_OWN_CONV=all)')
+    assert choice.describe().endswith('(MXAMP_OWN_CONV=all)')
     monkeypatch.setenv('MXAMP_OWN_CONV', '1')
     case = ConvCase((1, 32, 8, 8), (1, 1), (1, 1), (1, 1), (0, 0), 32, 1, True, 'bfloat16', 'other')
-    here = mxamp.hardware.cpu_class(), own_conv_choice.running_threads()
+    here = mxamp.hardware.cpu_class(), choice.running_threads()
     table = ChoiceTable([Measurement(*here, case, 10.0, 5.0)]).write(str(tmp_path / 't.json'))
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV, table)
-    shipped = ChoiceTable.read(own_conv_choice.shipped_table_path())
+    monkeypatch.setenv(choice.TABLE_ENV, table)
+    shipped = ChoiceTable.read(choice.shipped_table_path())
     measured = 1 + sum((m.cpu_class, m.threads) == here for m in shipped)
     faster = 1 + sum((m.cpu_class, m.threads) == here and m.own_is_faster for m in shipped)
     assert ('%d of %d cases measured on this CPU class (%s) at %d OpenMP threads run on it'
-            % ((faster, measured) + here) in own_conv_choice.describe())
-    monkeypatch.setenv(own_conv_choice.TABLE_ENV, str(tmp_path / 'gone.json'))
-    assert own_conv_choice.describe() == ('own convolution choice: unknown, MXAMP_OWN_CONV_TABLE=%s: '
+            % ((faster, measured) + here) in choice.describe())
+    monkeypatch.setenv(choice.TABLE_ENV, str(tmp_path / 'gone.json'))
+    assert choice.describe() == ('own convolution choice: unknown, MXAMP_OWN_CONV_TABLE=%s: '
                                           'no such file' % (tmp_path / 'gone.json'))

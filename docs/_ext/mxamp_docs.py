@@ -53,11 +53,16 @@ class ModulePlan(NamedTuple):
     elsewhere: Dict[str, str]       # name -> the full name under which it is documented
 
 
+# Modules that are no API: the kernel wing's build, which setup.py runs.
+NOT_API = ('mxamp.kernels.build',)
+
+
 def package_modules(package: str = PACKAGE) -> List[str]:
-    """The package's modules, by full name, alphabetical (``__main__`` and private ones left out)."""
+    """The package's modules and subpackages' modules, by full name, alphabetical
+    (``__main__``, private ones and `NOT_API` left out)."""
     root = importlib.import_module(package)
-    return ['%s.%s' % (package, info.name) for info in pkgutil.iter_modules(root.__path__)
-            if not info.name.startswith('_')]
+    return sorted(info.name for info in pkgutil.walk_packages(root.__path__, package + '.')
+                  if not info.name.rsplit('.', 1)[1].startswith('_') and info.name not in NOT_API)
 
 
 def _defined_in(obj: object) -> Optional[str]:

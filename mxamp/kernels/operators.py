@@ -53,7 +53,7 @@ MXAMP_OWN_CONV
     :func:`available` answers False and :func:`convolution` raises.  ``all``
     puts every eligible bfloat16 convolution of a converted Gluon network on
     it, whatever was measured (to measure whole networks both ways); unset
-    (or ``1``), the measured choice of `mxamp.own_conv_choice` applies.
+    (or ``1``), the measured choice of `mxamp.kernels.choice` applies.
 
 MXNet internals relied on
 -------------------------
@@ -105,7 +105,7 @@ CLIP_OP_NAME = '_mxamp_clip'
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
-# Written by the build (mxamp_build.py) when it could not build the library: the reason.
+# Written by the build (mxamp/kernels/build.py) when it could not build the library: the reason.
 _NOT_BUILT_NOTE = 'own_conv_not_built.txt'
 _ONEDNN_DISTRIBUTION = 'onednn-cpu-gomp'
 _ONEDNN_SONAME = 'libdnnl.so.3'
@@ -327,7 +327,7 @@ def describe() -> str:
 
     Example
     -------
-    >>> mxamp.own_conv.describe()  # doctest: +ELLIPSIS
+    >>> mxamp.kernels.operators.describe()  # doctest: +ELLIPSIS
     'own convolution: ...'
     """
     state = status()
@@ -500,7 +500,7 @@ def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
     Where an array has several readers, MXNet sums their gradients with
     ``add_n``, whose bfloat16 kernel on MXNet's plain layout is a scalar loop
     (81 ms against 2.5 ms for ``elemwise_add`` on 51 million values, 2
-    threads, Xeon with AMX): `mxamp.channels_last` gives each reader of such
+    threads, Xeon with AMX): `mxamp.kernels.channels_last` gives each reader of such
     an array in its regions its own copy instead.
 
     Parameters
@@ -528,7 +528,7 @@ def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) ->
     (N, spatial..., C)) or back (``to='first'``), in one pass of exact copies.
 
     MXNet 1.9.1's ``transpose`` corrupts memory on bfloat16 arrays with oneDNN
-    (see `mxamp.policy`): `mxamp.channels_last` moves a bfloat16 array across a
+    (see `mxamp.policy`): `mxamp.kernels.channels_last` moves a bfloat16 array across a
     region's border with this instead of a cast to float32, a transpose and a
     cast back.  The gradient is the output gradient moved the other way.
 
@@ -547,7 +547,7 @@ def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) ->
     Examples
     --------
     >>> x = mx.nd.arange(24).reshape((1, 2, 3, 4))
-    >>> last = mxamp.own_conv.move_channels(x, to='last')
+    >>> last = mxamp.kernels.operators.move_channels(x, to='last')
     >>> last.shape
     (1, 3, 4, 2)
     >>> last[0, 0, 1].asnumpy()
@@ -586,7 +586,7 @@ def clip(data: Any, a_min: float, a_max: float, *, name: Optional[str] = None) -
 
     Examples
     --------
-    >>> mxamp.own_conv.clip(mx.nd.array([-1, 3, 7]), 0, 6).asnumpy()
+    >>> mxamp.kernels.operators.clip(mx.nd.array([-1, 3, 7]), 0, 6).asnumpy()
     array([0., 3., 6.], dtype=float32)
     """
     loaded = _require()
@@ -604,7 +604,7 @@ def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
     MXNet ``Pooling``'s arithmetic and attributes (``pooling_convention``
     'valid'), for data whose channels are the second dimension or, with
     `channels_last`, the last: the layout a channels-last region passes on
-    (`mxamp.channels_last` takes a network's stem pooling into its region
+    (`mxamp.kernels.channels_last` takes a network's stem pooling into its region
     with it), where MXNet 1.9.1 has no CPU pooling.
 
     Parameters

@@ -1,6 +1,6 @@
 """Which convolutions run on mxamp's own operator: decided by measurement, never by hope.
 
-mxamp's own oneDNN 3 convolution (`mxamp.own_conv`) has faster kernels than
+mxamp's own oneDNN 3 convolution (`mxamp.kernels.operators`) has faster kernels than
 MXNet's on some CPUs and shapes, but it takes and returns MXNet's plain
 layouts, so inside a network it pays for reorders MXNet's own convolution does
 not, and its neighbours (a BatchNorm reading a plain bfloat16 array) may run
@@ -14,7 +14,7 @@ this module owns that decision:
   its *context*, whether a BatchNorm reads its output), MXNet's time and the
   own operator's for the forward and backward pass of a small chain around
   the convolution (its producer, itself, its consumer).  mxamp ships the
-  table measured by its developers (``own_conv_table.json`` beside this
+  table measured by its developers (``choice_table.json`` beside this
   module); ``MXAMP_OWN_CONV_TABLE=FILE`` adds a user's own measurements
   (``mxamp measure-conv``), which take precedence;
 * the **rule** (:func:`choose`): a convolution runs on the own operator only
@@ -34,7 +34,7 @@ this module owns that decision:
 Eligible convolutions compute in bfloat16 (the Gluon front's graph decided
 that, `mxamp.graph`), have 1 to 3 spatial dimensions in MXNet's default
 layout, and write their parameters' gradients (``grad_req='add'`` is not
-honoured by the own operator, see `mxamp.own_conv`).
+honoured by the own operator, see `mxamp.kernels.operators`).
 """
 import datetime
 import json
@@ -46,10 +46,12 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Name
 
 import mxnet as mx
 
-from . import graph as graph_mod
-from . import hardware, own_conv
-from .atomic_files import replaced_on_success
-from .policy import CHANNELS_FIRST_LAYOUTS, int_tuple
+from .. import graph as graph_mod
+from .. import hardware
+from . import operators
+from ..atomic_files import replaced_on_success
+from ..passes import Graph, parse
+from ..policy import CHANNELS_FIRST_LAYOUTS, Policy, int_tuple
 
 __all__ = ['CONTEXTS', 'FASTER_BY', 'TABLE_ENV', 'ConvCase', 'ConvSite', 'Measurement',
            'ChoiceTable', 'shipped_table_path', 'table', 'running_threads',
@@ -67,7 +69,7 @@ FASTER_BY = 0.95
 TABLE_ENV = 'MXAMP_OWN_CONV_TABLE'
 
 _TABLE_FORMAT = 1
-_SHIPPED_NAME = 'own_conv_table.json'
+_SHIPPED_NAME = 'choice_table.json'
 
 
 class ConvCase(NamedTuple):
@@ -104,7 +106,7 @@ class ConvCase(NamedTuple):
         return (self.num_filter, self.data_shape[1] // self.num_group) + self.kernel
 
     def attributes(self) -> Dict[str, Any]:
-        """Keyword arguments of ``Convolution`` (and of `mxamp.own_conv.convolution`)."""
+        """Keyword arguments of ``Convolution`` (and of `mxamp.kernels.operators.convolution`)."""
         return {'kernel': self.kernel, 'stride': self.stride, 'dilate': self.dilate,
                 'pad': self.pad, 'num_filter': self.num_filter, 'num_group': self.num_group}
 
@@ -156,7 +158,7 @@ class ChoiceTable(object):
 
     Example
     -------
-    >>> from mxamp.own_conv_choice import ChoiceTable, ConvCase, Measurement
+    >>> from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement
     >>> case = ConvCase((16, 64, 56, 56), (1, 1), (1, 1), (1, 1), (0, 0), 64, 1, True,
     ...                 'bfloat16', 'batchnorm')
     >>> table = ChoiceTable([Measurement('amx', 2, case, 24.9, 35.6)])
@@ -298,14 +300,14 @@ def bfloat16_convolutions(conversion: graph_mod.Conversion) -> List[str]:
             if record.op == 'Convolution' and record.computes_in == 'bfloat16']
 
 
-def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
+def conv_sites(graph: Graph, shapes: Mapping[str, Sequence[int]],
                names: Iterable[str], dtype: str) -> List[ConvSite]:
-    """The eligible ``Convolution`` nodes among `names` in `symbol`, with their cases.
+    """The eligible ``Convolution`` nodes among `names` in `graph`, with their cases.
 
     Parameters
     ----------
-    symbol : mx.sym.Symbol
-        A converted graph (the runtime graph of a Gluon block).
+    graph : dict
+        A converted graph, parsed (`mxamp.passes.parse`).
     shapes : dict
         Known shapes of its variables, by name (a conversion's ``shapes`` and
         the inputs'): the data shapes of the convolutions are inferred from
@@ -315,7 +317,6 @@ def conv_sites(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
     dtype : str
         Their data type.
     """
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     wanted = set(names)
     entry_shapes = graph_mod.infer_entry_shapes(graph, shapes)
@@ -350,7 +351,7 @@ def may_choose(cpu_class: str, threads: int) -> bool:
     ``MXAMP_OWN_CONV`` is ``0``, or when it is the measured choice and no
     measurement of this class and thread count found the operator faster.
     """
-    mode = own_conv.mode()
+    mode = operators.mode()
     if mode == 'off':
         return False
     return mode == 'all' or any(m.own_is_faster and m.cpu_class == cpu_class and
@@ -365,8 +366,8 @@ def choose(sites: Iterable[ConvSite], cpu_class: str, threads: int,
     added to (``grad_req='add'``), which the own operator cannot honour.
     Empty when the operator cannot run in this process.
     """
-    mode = own_conv.mode()
-    if mode == 'off' or not own_conv.available():
+    mode = operators.mode()
+    if mode == 'off' or not operators.available():
         return []
     chosen = []
     for site in sites:
@@ -381,21 +382,19 @@ def choose(sites: Iterable[ConvSite], cpu_class: str, threads: int,
     return chosen
 
 
-def with_own_convolutions(symbol: mx.sym.Symbol, names: Iterable[str]) -> mx.sym.Symbol:
-    """`symbol` with the ``Convolution`` nodes named `names` on the own operator.
+def with_own_convolutions(graph: Graph, names: Iterable[str]) -> None:
+    """Put the ``Convolution`` nodes of `graph` named `names` on the own operator.
 
     Same inputs in the same order, same attributes (``workspace`` and the
     cuDNN ones are accepted and ignored by it).
     """
     names = set(names)
     if not names:
-        return symbol
-    own_conv.require_loaded()
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+        return
+    operators.require_loaded()
     for node in graph['nodes']:
         if node['name'] in names and node['op'] == 'Convolution':
-            node['op'] = own_conv.OP_NAME
-    return mx.sym.load_json(json.dumps(graph))
+            node['op'] = operators.OP_NAME
 
 
 def _chain(case: ConvCase, own: bool) -> mx.sym.Symbol:
@@ -414,7 +413,7 @@ def _chain(case: ConvCase, own: bool) -> mx.sym.Symbol:
     x = mx.sym.Activation(x, act_type='relu')
     inputs = [x, weight] + ([] if bias is None else [bias])
     if own:
-        y = own_conv.convolution(*inputs, **case.attributes(), name='conv')
+        y = operators.convolution(*inputs, **case.attributes(), name='conv')
     else:
         y = mx.sym.Convolution(*inputs, no_bias=case.no_bias, name='conv', **case.attributes())
     if case.context == 'batchnorm':
@@ -468,14 +467,14 @@ def measure(cases: Sequence[ConvCase], *, repeats: int = 7, warmup: int = 2,
 
     Raises
     ------
-    mxamp.own_conv.OwnConvUnavailable
+    mxamp.kernels.operators.OwnConvUnavailable
         When the own operator cannot run here.
     ValueError
         For an empty `cases` or fewer than 1 repeat.
     """
     if repeats < 1:
         raise ValueError('repeats=%d: expected 1 or more' % repeats)
-    own_conv.require_loaded()
+    operators.require_loaded()
     cpu_class, threads = hardware.cpu_class(), running_threads()
     results = []
     for case in _progress(cases, progress, 'measuring convolutions'):
@@ -520,7 +519,6 @@ def measure_symbol(symbol: mx.sym.Symbol, input_shapes: Mapping[str, Sequence[in
         When this CPU computes no bfloat16 convolution (nothing to measure), or
         the graph has no eligible one.
     """
-    from .policy import Policy
     cpu_class = hardware.cpu_class()
     if cpu_class not in (hardware.AMX, hardware.AVX512_BF16):
         raise ValueError('this CPU (class %s) computes no bfloat16 convolution: mxamp runs them '
@@ -529,7 +527,7 @@ def measure_symbol(symbol: mx.sym.Symbol, input_shapes: Mapping[str, Sequence[in
     params = [name for name in symbol.list_inputs() if name not in input_shapes]
     conversion = graph_mod.convert_graph(symbol, policy, params=params, shapes=input_shapes,
                                          portable=False)
-    sites = conv_sites(conversion.symbol, dict(conversion.shapes, **input_shapes),
+    sites = conv_sites(parse(conversion.symbol), dict(conversion.shapes, **input_shapes),
                        bfloat16_convolutions(conversion), 'bfloat16')
     if not sites:
         raise ValueError('the graph has no convolution mxamp computes in bfloat16 on this CPU '
@@ -545,11 +543,11 @@ def describe() -> str:
 
     Example
     -------
-    >>> print(mxamp.own_conv_choice.describe())  # doctest: +ELLIPSIS
+    >>> print(mxamp.kernels.choice.describe())  # doctest: +ELLIPSIS
     own convolution choice: ...
     """
     try:
-        mode = own_conv.mode()
+        mode = operators.mode()
         if mode == 'off':
             return "own convolution choice: none, MXNet's everywhere (MXAMP_OWN_CONV=0)"
         if mode == 'all':
@@ -575,4 +573,4 @@ def notes_for_table(measurements: Sequence[Measurement]) -> Dict[str, str]:
     where = '%s, %d thread%s' % (first.cpu_class, first.threads, '' if first.threads == 1 else 's')
     return {where: '%s; measured %s; MXNet %s; %s' % (
         hardware.cpu_model(), datetime.date.today().isoformat(), mx.__version__,
-        own_conv.describe())}
+        operators.describe())}

@@ -1,7 +1,7 @@
 """Channels-last regions of a training graph: activations kept channels last across a chain.
 
 mxamp's own convolution wins nothing one convolution at a time inside
-MXNet's graphs (`mxamp.own_conv_choice`): MXNet reorders every array in
+MXNet's graphs (`mxamp.kernels.choice`): MXNet reorders every array in
 oneDNN 2.4's layout to its plain one before an extension operator reads it,
 and its next operator reorders it back.  A whole chain on mxamp's own
 operators with the activations channels last (``(N, spatial..., C)``, the
@@ -13,7 +13,7 @@ Xeon (docs/own-convolution.rst).  This module owns those chains:
 * **finding** them (:func:`find_regions`): the connected runs of eligible
   nodes of a converted graph, joined by their data edges.  Eligible are
   ``Convolution`` (computing in the region's dtype, MXNet's default layout,
-  known data shape, gradients written, see `mxamp.own_conv`), ``BatchNorm``
+  known data shape, gradients written, see `mxamp.kernels.operators`), ``BatchNorm``
   over the channels (``axis=1``, without ``output_mean_var``), max and
   average ``Pooling`` (MXNet's default layout, 'valid' convention or global:
   a network's stem pooling, so the stem joins the region) and the
@@ -35,12 +35,12 @@ Xeon (docs/own-convolution.rst).  This module owns those chains:
   (one per array, however many readers it has).  MXNet 1.9.1's
   ``transpose`` corrupts memory on bfloat16 arrays with oneDNN (see
   `mxamp.policy`), so a bfloat16 array crosses in one ``_mxamp_move_channels``
-  (`mxamp.own_conv.move_channels`: exact copies, one pass where a cast to FP32,
+  (`mxamp.kernels.operators.move_channels`: exact copies, one pass where a cast to FP32,
   its transpose and a cast back took three).  An array of the region with
   several readers (a residual block's input) is given one copy per reader,
   written by the batch normalisation that computes it (``copies``) or by a
   ``_mxamp_fan_out``
-  (`mxamp.own_conv.fan_out`) after whatever computes it: MXNet would
+  (`mxamp.kernels.operators.fan_out`) after whatever computes it: MXNet would
   otherwise sum its gradients with ``add_n``, a scalar loop on plain
   bfloat16 arrays, or, under ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``, add them
   into the own operators' gradient outputs, which MXNet's extension ABI
@@ -70,16 +70,15 @@ MXAMP_CHANNELS_LAST
     off: they run on mxamp's own operators.
 """
 import collections
-import json
 import os
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
                     Set, Tuple)
 
-import mxnet as mx
-
-from . import graph as graph_mod
-from . import hardware, own_conv
-from .policy import CHANNELS_FIRST_LAYOUTS, int_tuple
+from .. import graph as graph_mod
+from .. import hardware
+from . import operators
+from ..passes import Graph
+from ..policy import CHANNELS_FIRST_LAYOUTS, int_tuple
 
 __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
            'describe', 'find_regions', 'may_choose', 'choose_regions', 'with_channels_last',
@@ -129,7 +128,7 @@ def mode() -> str:
     ValueError
         For a value of neither variable's, naming the variable and the values it takes.
     """
-    if own_conv.mode() == 'off':
+    if operators.mode() == 'off':
         return 'off'
     value = os.environ.get(ENV, '1').strip().lower()
     if value in _OFF_VALUES:
@@ -147,7 +146,7 @@ def describe(cpu_class: Optional[str] = None) -> str:
 
     Example
     -------
-    >>> print(mxamp.channels_last.describe('avx2'))  # doctest: +ELLIPSIS
+    >>> print(mxamp.kernels.channels_last.describe('avx2'))  # doctest: +ELLIPSIS
     channels-last regions in training: ...
     """
     if cpu_class is None:
@@ -158,12 +157,12 @@ def describe(cpu_class: Optional[str] = None) -> str:
         return 'channels-last regions in training: unknown, %s' % error
     if current == 'off':
         return 'channels-last regions in training: off (%s)' % (
-            'MXAMP_OWN_CONV=0' if own_conv.mode() == 'off' else '%s=0' % ENV)
-    if not own_conv.available():
+            'MXAMP_OWN_CONV=0' if operators.mode() == 'off' else '%s=0' % ENV)
+    if not operators.available():
         return "channels-last regions in training: off (mxamp's own operators cannot run here)"
     if not _own_operators_compute_bfloat16():
         return ('channels-last regions in training: off (oneDNN 3 has no bfloat16 kernels for '
-                '%s)' % own_conv.status().cpu_isa)
+                '%s)' % operators.status().cpu_isa)
     if current == 'all':
         return ('channels-last regions in training: on wherever bfloat16 computes (%s=all)'
                 % ENV)
@@ -246,15 +245,15 @@ def _own_pooling_computes(attrs: Mapping[str, Any]) -> bool:
     return bool(kernel) and len(pad) == len(kernel) and all(p < k for p, k in zip(pad, kernel))
 
 
-def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
+def find_regions(graph: Graph, shapes: Mapping[str, Sequence[int]],
                  low_precision: Iterable[str],
                  writes_gradient: Callable[[str], bool] = lambda name: True) -> List[Region]:
-    """The channels-last regions of `symbol` that hold a convolution, largest first.
+    """The channels-last regions of `graph` that hold a convolution, largest first.
 
     Parameters
     ----------
-    symbol : mx.sym.Symbol
-        A converted graph (the runtime graph of a Gluon block).
+    graph : dict
+        A converted graph, parsed (`mxamp.passes.parse`).
     shapes : dict
         Shapes of its variables by name; nodes whose shapes do not infer from
         them are not eligible.
@@ -266,7 +265,6 @@ def find_regions(symbol: mx.sym.Symbol, shapes: Mapping[str, Sequence[int]],
         gradient is added to (``grad_req='add'``), which the own operators
         cannot honour: its node is not eligible.
     """
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     entry_shapes = _entry_shapes(graph, shapes)
     # A block the graph calls twice (a shared tower) makes operator nodes of one name; the
@@ -341,7 +339,7 @@ def _own_operators_compute_bfloat16() -> bool:
     test run may simulate: oneDNN 3 reports the real CPU (under
     ``DNNL_MAX_CPU_ISA``), and an ``avx2`` or plain ``avx512_core`` has none.
     """
-    isa = own_conv.status().cpu_isa or ''
+    isa = operators.status().cpu_isa or ''
     return 'bf16' in isa or 'amx' in isa
 
 
@@ -353,7 +351,7 @@ def may_choose(cpu_class: str) -> bool:
     """
     current = mode()
     return current != 'off' and (current == 'all' or cpu_class in MEASURED_FASTER) and \
-        own_conv.available() and _own_operators_compute_bfloat16()
+        operators.available() and _own_operators_compute_bfloat16()
 
 
 def choose_regions(regions: Iterable[Region], cpu_class: str) -> List[Region]:
@@ -363,9 +361,9 @@ def choose_regions(regions: Iterable[Region], cpu_class: str) -> List[Region]:
     return [region for region in regions if region.convolutions >= MIN_CONVOLUTIONS]
 
 
-def with_channels_last(symbol: mx.sym.Symbol, regions: Iterable[Region],
-                       shapes: Mapping[str, Sequence[int]]) -> mx.sym.Symbol:
-    """`symbol` with `regions` computing channels last (see the module's rewrite).
+def with_channels_last(graph: Graph, regions: Iterable[Region],
+                       shapes: Mapping[str, Sequence[int]]) -> Graph:
+    """`graph` with `regions` computing channels last (see the module's rewrite), a new graph.
 
     `shapes` are the variables' shapes, as given to :func:`find_regions`.  The
     graph keeps its variables, in the same order, and its outputs; the nodes
@@ -375,9 +373,8 @@ def with_channels_last(symbol: mx.sym.Symbol, regions: Iterable[Region],
     for region in regions:
         names |= region.nodes
     if not names:
-        return symbol
-    own_conv.require_loaded()
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+        return graph
+    operators.require_loaded()
     nodes = graph['nodes']
     inside = {nid for nid, node in enumerate(nodes) if node['name'] in names}
     entry_shapes = _entry_shapes(graph, shapes)
@@ -385,10 +382,10 @@ def with_channels_last(symbol: mx.sym.Symbol, regions: Iterable[Region],
     return _Rewrite(graph, inside, entry_shapes, types).run()
 
 
-def without_input_data_gradients(symbol: mx.sym.Symbol,
-                                  parameters: Iterable[str]) -> mx.sym.Symbol:
-    """`symbol` with ``data_gradient=False`` on each own convolution whose data depends on
+def without_input_data_gradients(graph: Graph, parameters: Iterable[str]) -> List[str]:
+    """Set ``data_gradient=False`` on each own convolution of `graph` whose data depends on
     no parameter: on the graph's inputs alone, through operators without parameters.
+    Returns their names.
 
     For a graph whose inputs take no gradient: nothing then reads those data
     gradients (MXNet drops their consumers from the backward graph), and a
@@ -396,7 +393,6 @@ def without_input_data_gradients(symbol: mx.sym.Symbol,
     AMX, 2 threads, batch 16).  `parameters`: the names of the
     variables that are parameters (auxiliary states included).
     """
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     names = frozenset(parameters)
     # MXNet's JSON lists every node after its inputs.
@@ -404,13 +400,11 @@ def without_input_data_gradients(symbol: mx.sym.Symbol,
     for node in nodes:
         reads_parameter.append(node['name'] in names if node['op'] == 'null' else
                                any(reads_parameter[src] for src, _, _ in node['inputs']))
-    marked = [node for node in nodes if node['op'] == own_conv.OP_NAME and
+    marked = [node for node in nodes if node['op'] == operators.OP_NAME and
               not reads_parameter[node['inputs'][0][0]]]
-    if not marked:
-        return symbol
     for node in marked:
         node.setdefault('attrs', {})['data_gradient'] = 'False'
-    return mx.sym.load_json(json.dumps(graph))
+    return [node['name'] for node in marked]
 
 
 def _fusable_relus(nodes: Sequence[Mapping[str, Any]],
@@ -522,11 +516,10 @@ class _Rewrite(object):
         heads = [self.plain_entry(src, k) for src, k, _ in graph['heads']]
         nodes, heads = _with_fan_outs(self.out, heads,
                                       self.channels_last | _own_operator_inputs(self.out))
-        result = {'nodes': nodes,
-                  'arg_nodes': [i for i, n in enumerate(nodes) if n['op'] == 'null'],
-                  'heads': heads,
-                  'attrs': graph.get('attrs', {'mxnet_version': ['int', 10901]})}
-        return mx.sym.load_json(json.dumps(result))
+        return {'nodes': nodes,
+                'arg_nodes': [i for i, n in enumerate(nodes) if n['op'] == 'null'],
+                'heads': heads,
+                'attrs': graph.get('attrs', {'mxnet_version': ['int', 10901]})}
 
     def _emit(self, nid):
         node = self.nodes[nid]
@@ -558,15 +551,15 @@ class _Rewrite(object):
         if node['op'] == _CONVOLUTION:
             attrs.pop('layout', None)
             attrs['channels_last'] = 'True'
-            return dict(node, op=own_conv.OP_NAME, attrs=attrs, inputs=inputs)
+            return dict(node, op=operators.OP_NAME, attrs=attrs, inputs=inputs)
         if node['op'] == _BATCH_NORM:
             attrs = {key: value for key, value in attrs.items() if key in _BATCH_NORM_ATTRIBUTES}
             attrs['axis'] = '-1'
-            return dict(node, op=own_conv.BATCH_NORM_OP_NAME, attrs=attrs, inputs=inputs)
+            return dict(node, op=operators.BATCH_NORM_OP_NAME, attrs=attrs, inputs=inputs)
         if node['op'] == _POOLING:
             attrs = {key: value for key, value in attrs.items() if key in _POOLING_ATTRIBUTES}
             attrs['channels_last'] = 'True'
-            return dict(node, op=own_conv.POOLING_OP_NAME, attrs=attrs, inputs=inputs)
+            return dict(node, op=operators.POOLING_OP_NAME, attrs=attrs, inputs=inputs)
         return dict(node, inputs=inputs)
 
     def _transpose(self, entry, old, to_last):
@@ -576,7 +569,7 @@ class _Rewrite(object):
         name = '%s%s_mxamp_%s' % (self.nodes[src]['name'], '_%d' % k if k else '',
                                   'channels_last' if to_last else 'channels_first')
         if self.types.get(old) == 'bfloat16':
-            node = {'op': own_conv.MOVE_CHANNELS_OP_NAME, 'name': name,
+            node = {'op': operators.MOVE_CHANNELS_OP_NAME, 'name': name,
                     'attrs': {'to': 'last' if to_last else 'first'}, 'inputs': [entry]}
         else:
             ndim = len(self.shapes[old])
@@ -604,7 +597,7 @@ class _Rewrite(object):
         return self.last[(src, k)]
 
 
-_OWN_OPERATORS = (own_conv.OP_NAME, own_conv.BATCH_NORM_OP_NAME, own_conv.POOLING_OP_NAME)
+_OWN_OPERATORS = (operators.OP_NAME, operators.BATCH_NORM_OP_NAME, operators.POOLING_OP_NAME)
 
 
 def _own_operator_inputs(nodes: Sequence[Mapping[str, Any]],
@@ -614,25 +607,27 @@ def _own_operator_inputs(nodes: Sequence[Mapping[str, Any]],
             (names is None or node['name'] in names) for src, k, _ in node['inputs']}
 
 
-def with_fanned_out_inputs(symbol: mx.sym.Symbol, names: Iterable[str]) -> mx.sym.Symbol:
-    """`symbol` with a fan-out on each array that an own operator named in `names` shares.
+def with_fanned_out_inputs(graph: Graph, names: Iterable[str]) -> List[str]:
+    """Put a fan-out in `graph` on each array that an own operator named in `names` shares;
+    returns the fan-outs' names.
 
-    For mxamp's own convolutions outside regions (`mxamp.own_conv_choice`):
+    For mxamp's own convolutions outside regions (`mxamp.kernels.choice`):
     MXNet must never sum gradients into an own operator's output (see the
     module's rewrite), so no array they read may have another reader.
     """
     wanted = set(names)
     if not wanted:
-        return symbol
-    graph = json.loads(symbol.tojson(remove_amp_cast=False))
+        return []
     entries = _own_operator_inputs(graph['nodes'], wanted)
     nodes, heads = _with_fan_outs(graph['nodes'], [list(head) for head in graph['heads']], entries)
     if nodes is graph['nodes']:
-        return symbol
+        return []
+    before = {node['name'] for node in graph['nodes']}
+    added = [node['name'] for node in nodes if node['name'] not in before]
     graph.update(nodes=nodes, heads=heads,
                  arg_nodes=[i for i, node in enumerate(nodes) if node['op'] == 'null'])
     graph.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(graph))
+    return added
 
 
 def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
@@ -667,7 +662,7 @@ def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
         for (src, k), places in sorted(shared.items()):
             if src != nid:
                 continue
-            if node['op'] == own_conv.BATCH_NORM_OP_NAME and k == 0:
+            if node['op'] == operators.BATCH_NORM_OP_NAME and k == 0:
                 # The batch norm writes the copies itself (outputs 3...): no pass over its
                 # output, and one array fewer kept for the backward pass.
                 producer = out[index[nid]]
@@ -676,7 +671,7 @@ def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
                 for output, place in zip(outputs, places):
                     redirect[place] = [index[nid], output, 0]
                 continue
-            out.append({'op': own_conv.FAN_OUT_OP_NAME,
+            out.append({'op': operators.FAN_OUT_OP_NAME,
                         'name': '%s%s_mxamp_fan_out' % (node['name'], '_%d' % k if k else ''),
                         'attrs': {'num_outputs': str(len(places))},
                         'inputs': [[index[nid], k, 0]]})

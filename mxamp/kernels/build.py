@@ -1,20 +1,20 @@
 """Building mxamp's own oneDNN 3 convolution when mxamp is installed (used by setup.py).
 
-Owns the build of ``mxamp/_native/libmxamp_own_conv.so`` from ``csrc/``
+Owns the build of ``_native/libmxamp_own_conv.so`` from ``csrc/`` (beside this file)
 against oneDNN 3.2 from the package registry: headers from
 ``onednn-devel-cpu-gomp``, the library from ``onednn-cpu-gomp`` (GNU OpenMP,
 the runtime MXNet 1.9.1 uses), both build requirements in pyproject.toml and
 found through their installed files.  The build is optional: without a C++
 compiler, or on a platform without those wheels, it writes why into
-``mxamp/_native/own_conv_not_built.txt`` and mxamp installs without it
-(:mod:`mxamp.own_conv` then says so and MXNet's convolution runs).
+``_native/own_conv_not_built.txt`` and mxamp installs without it
+(:mod:`mxamp.kernels.operators` then says so and MXNet's convolution runs).
 
 In setup.py, ``build_own_conv`` runs as a sub-command of ``build`` (``pip
 install .``) and of setuptools' editable wheel (``pip install -e .``), which
 sets ``editable_mode``: the library then goes into the source tree.
 :class:`BinaryDistribution` marks the wheel as platform-specific, since it
 carries a shared library.  After editing ``csrc/`` in a checkout installed with
-``pip install -e .``, ``python mxamp_build.py`` rebuilds in place.
+``pip install -e .``, ``python mxamp/kernels/build.py`` rebuilds in place.
 """
 import importlib.metadata
 import os
@@ -28,18 +28,20 @@ import time
 from setuptools import Command, Distribution
 from setuptools.command.build import build
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ('csrc/onednn_runtime.cc', 'csrc/onednn_conv.cc', 'csrc/onednn_batch_norm.cc',
-           'csrc/onednn_pooling.cc', 'csrc/master_weights.cc', 'csrc/fan_out.cc',
-           'csrc/move_channels.cc', 'csrc/clip.cc',
-           'csrc/bfloat16_batch_norm.cc', 'csrc/mxnet_extension.cc')
-HEADERS = ('csrc/onednn_runtime.h', 'csrc/onednn_conv.h', 'csrc/onednn_batch_norm.h',
-           'csrc/onednn_pooling.h', 'csrc/master_weights.h', 'csrc/fan_out.h',
-           'csrc/move_channels.h', 'csrc/clip.h',
-           'csrc/bfloat16_batch_norm.h', 'csrc/vector_isa.h', 'csrc/mxnet_lib_api_v11.h')
+# The project's root: setup.py loads this file from mxamp/kernels/ before mxamp is installed.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_CSRC = os.path.join('mxamp', 'kernels', 'csrc')
+SOURCES = tuple(os.path.join(_CSRC, name) for name in (
+    'onednn_runtime.cc', 'onednn_conv.cc', 'onednn_batch_norm.cc', 'onednn_pooling.cc',
+    'master_weights.cc', 'fan_out.cc', 'move_channels.cc', 'clip.cc', 'bfloat16_batch_norm.cc',
+    'mxnet_extension.cc'))
+HEADERS = tuple(os.path.join(_CSRC, name) for name in (
+    'onednn_runtime.h', 'onednn_conv.h', 'onednn_batch_norm.h', 'onednn_pooling.h',
+    'master_weights.h', 'fan_out.h', 'move_channels.h', 'clip.h', 'bfloat16_batch_norm.h',
+    'vector_isa.h', 'mxnet_lib_api_v11.h'))
 LIBRARY = 'libmxamp_own_conv.so'
-NOT_BUILT_NOTE = 'own_conv_not_built.txt'  # read by mxamp/own_conv.py
-NATIVE_PACKAGE_DIR = os.path.join('mxamp', '_native')
+NOT_BUILT_NOTE = 'own_conv_not_built.txt'  # read by mxamp/kernels/operators.py
+NATIVE_PACKAGE_DIR = os.path.join('mxamp', 'kernels', '_native')
 HEADERS_DISTRIBUTION = 'onednn-devel-cpu-gomp'
 LIBRARY_DISTRIBUTION = 'onednn-cpu-gomp'
 ONEDNN_SONAME = 'libdnnl.so.3'
@@ -48,7 +50,7 @@ ONEDNN_SONAME = 'libdnnl.so.3'
 COMPILE_FLAGS = ('-std=c++14', '-O2', '-fPIC', '-fvisibility=hidden', '-DNDEBUG', '-Wall',
                  '-fopenmp')
 # -z defs: every symbol resolved at link time (against oneDNN's real library), not at the
-# first call.  No rpath: mxamp.own_conv loads libdnnl.so.3 by path before this library.
+# first call.  No rpath: mxamp.kernels.operators loads libdnnl.so.3 by path before this library.
 LINK_FLAGS = ('-shared', '-fopenmp', '-Wl,-z,defs', '-Wl,--as-needed')
 
 
@@ -149,7 +151,7 @@ class BuildOwnConv(Command):
     """``build_own_conv``: the library, into build_lib (or the source tree when editable)."""
 
     description = "build mxamp's own oneDNN 3 convolution library, when it can be built"
-    user_options = []
+    user_options: list = []
 
     def initialize_options(self):
         self.build_lib = None
@@ -193,7 +195,7 @@ class BinaryDistribution(Distribution):
 
 
 def main():
-    """``python mxamp_build.py``: rebuild the library in this checkout (after editing csrc/)."""
+    """``python mxamp/kernels/build.py``: rebuild the library in this checkout (after editing csrc/)."""
     with tempfile.TemporaryDirectory() as temp_dir:
         built = build_into(os.path.join(ROOT, NATIVE_PACKAGE_DIR), temp_dir, print)
     return 0 if built else 1

@@ -1,0 +1,132 @@
+"""The kernel wing's passes over a converted graph, in the order `mxamp.pipeline` runs them.
+
+Each puts nodes on mxamp's own operators (`mxamp.kernels.operators`) where they
+pay or are needed, and records what it did (`mxamp.passes.PassRecord`).  They
+change only the graph of a converted Gluon block's CachedOp on a CPU in
+bfloat16, not fused for inference: export, symbol files and fused graphs keep
+MXNet's operators, which any MXNet loads.
+
+1. `ChannelsLastRegions`: chains of convolutions, batch normalisations and
+   poolings computed channels last (`mxamp.kernels.channels_last`), in training
+   graphs; the inference graph records them and keeps MXNet's operators (the
+   own batch normalisation always uses the batch statistics).
+2. `StemWithoutDataGradient`: a region convolution reading only the inputs
+   computes no data gradient, when the inputs take none.
+3. `OwnConvolutions`: the convolutions the measured table chooses
+   (`mxamp.kernels.choice`), outside regions.
+4. `OwnClips`: every ``clip`` reading an operator's output on the own clip,
+   which computes the same values vectorised (MXNet 1.9.1's clip and its
+   gradient are scalar loops); a clip reading a variable keeps MXNet's, since
+   its gradient may add.
+5. `FanOuts`: a fan-out on each array an own convolution shares, since MXNet
+   must never sum gradients into an own operator's output.
+"""
+from typing import Sequence
+
+from ..passes import TRAINING, GraphPass, PassContext, PassRecord
+from . import channels_last, choice, operators
+
+# What the training graph runs a channels-last region's ops on.
+_REGION_OPERATORS = {'Convolution': operators.OP_NAME,
+                     'BatchNorm': operators.BATCH_NORM_OP_NAME,
+                     'Pooling': operators.POOLING_OP_NAME}
+
+
+def _applies(context: PassContext) -> bool:
+    """Whether the wing changes this graph: on a CPU, in bfloat16, not fused."""
+    return (not context.fused and context.device_type == 'cpu'
+            and context.conversion.dtype == 'bfloat16')
+
+
+def _record(earlier: Sequence[PassRecord], name: str) -> PassRecord:
+    return next((record for record in earlier if record.name == name), PassRecord(name))
+
+
+class ChannelsLastRegions(GraphPass):
+    name = 'channels-last regions'
+
+    def run(self, graph, context, earlier):
+        if not (_applies(context) and channels_last.may_choose(context.cpu_class)):
+            return PassRecord(self.name)
+        source = context.source
+        low = [record.name for record in context.conversion.nodes
+               if record.computes_in == 'bfloat16']
+        regions = channels_last.choose_regions(channels_last.find_regions(
+            source, context.shapes, low, context.writes_gradient), context.cpu_class)
+        if not regions:
+            return PassRecord(self.name)
+        nodes = frozenset(name for region in regions for name in region.nodes)
+        if context.training:
+            graph.update(channels_last.with_channels_last(graph, regions, context.shapes))
+        return PassRecord(
+            self.name, nodes,
+            {node['name']: _REGION_OPERATORS[node['op']] for node in source['nodes']
+             if node['name'] in nodes and node['op'] in _REGION_OPERATORS},
+            frozenset(p for region in regions for p in region.params), training_only=True,
+            line="computed channels last in training: %d ops (mxamp.kernels.channels_last; "
+                 "inference runs MXNet's)" % len(nodes))
+
+
+class StemWithoutDataGradient(GraphPass):
+    name = 'stem without data gradient'
+
+    def run(self, graph, context, earlier):
+        if context.mode != TRAINING or not _record(earlier, ChannelsLastRegions.name).nodes:
+            return PassRecord(self.name)
+        return PassRecord(self.name, frozenset(
+            channels_last.without_input_data_gradients(graph, context.parameters)),
+            training_only=True)
+
+
+class OwnConvolutions(GraphPass):
+    name = 'own convolutions'
+
+    def run(self, graph, context, earlier):
+        threads = choice.running_threads()
+        if not (_applies(context) and choice.may_choose(context.cpu_class, threads)):
+            return PassRecord(self.name)
+        in_regions = _record(earlier, ChannelsLastRegions.name).nodes if context.training \
+            else frozenset()
+        names = [name for name in choice.bfloat16_convolutions(context.conversion)
+                 if name not in in_regions]
+        sites = choice.conv_sites(context.source, context.shapes, names, 'bfloat16')
+        chosen = choice.choose(sites, context.cpu_class, threads, context.writes_gradient)
+        if not chosen:
+            return PassRecord(self.name)
+        nodes = frozenset(site.name for site in chosen)
+        choice.with_own_convolutions(graph, nodes)
+        return PassRecord(self.name, nodes, {name: operators.OP_NAME for name in nodes},
+                          frozenset(p for site in chosen for p in site.params),
+                          line="convolutions on mxamp's own oneDNN 3 operator: %d "
+                               "(mxamp.kernels.choice)" % len(nodes))
+
+
+class OwnClips(GraphPass):
+    name = 'own clips'
+    same_values = True
+
+    def computes_low(self):
+        return frozenset(['clip']) if operators.available() else frozenset()
+
+    def run(self, graph, context, earlier):
+        if not (_applies(context) and operators.available()):
+            return PassRecord(self.name)
+        nodes = graph['nodes']
+        clips = [node for node in nodes
+                 if node['op'] == 'clip' and nodes[node['inputs'][0][0]]['op'] != 'null']
+        for node in clips:
+            node['op'] = operators.CLIP_OP_NAME
+        return PassRecord(self.name, frozenset(node['name'] for node in clips))
+
+
+class FanOuts(GraphPass):
+    name = 'fan-outs'
+
+    def run(self, graph, context, earlier):
+        own = _record(earlier, OwnConvolutions.name).nodes
+        return PassRecord(self.name, frozenset(channels_last.with_fanned_out_inputs(graph, own)))
+
+
+#: The wing's passes, in order (`mxamp.pipeline`).
+PASSES = (ChannelsLastRegions(), StemWithoutDataGradient(), OwnConvolutions(), OwnClips(),
+          FanOuts())
