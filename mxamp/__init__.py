@@ -31,7 +31,8 @@ from .optimizer import MultiPrecision  # noqa: E402
 # modules below would fail on mxnet.gluon and leave the server without optimizer.
 if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from . import diagnose  # noqa: E402
-    from .gluon import convert, summary  # noqa: E402
+    from .gluon import convert  # noqa: E402
+    from .gluon_report import summary  # noqa: E402
     from . import inference  # noqa: E402
     from .inference import for_inference  # noqa: E402
     from .graph import GraphError  # noqa: E402

@@ -1,103 +1,33 @@
-"""Mixed precision for Gluon: converting HybridBlocks in place, and their summary.
+"""Mixed precision for Gluon: converting HybridBlocks in place (:func:`convert`).
 
-This module owns :func:`convert` (the main entry point of mxamp) and
-:func:`summary`.  It has no precision rules of its own: every graph a converted
-block runs is the FP32 graph its ``hybrid_forward`` code builds, rewritten by
-:func:`mxamp.graph.convert_graph` under one :class:`mxamp.policy.Policy`, the
-same rewrite the Symbol path uses.
-
-How a block is converted
-------------------------
-``convert(net)`` keeps the Block object.  Every HybridBlock of the tree (the net
-and all its descendants) gets its class swapped for a generated subclass of
-its own class (same name, so ``isinstance`` and ``repr`` are unchanged) that
-adds mxamp's hooks; children, attribute paths and parameter names stay as
-they were, and a block the tree holds in two places is one block, converted
-once.  A network that cannot become a graph is converted in part: each of
-its largest subtrees that can is converted so, as a network of its own,
-and the network itself keeps its class but for FP32 checkpoints
-(`_ConvertedInPart`).  The hooks:
-
-* graph building: the FP32 graph of ``hybrid_forward`` is built as usual, then
-  replaced by its mixed-precision rewrite before MXNet makes the CachedOp, so
-  the policy applies inside every block, users' own ``hybrid_forward`` code
-  included (a ``softmax`` or a ``sum`` runs in FP32).  ``convert`` itself
-  rewrites no graph; a block's graph is rewritten when MXNet builds it, once
-  per device type and shape knowledge (rebuilds after ``hybridize()`` and
-  `summary` reuse it), and the `mxamp.graph.Conversion` kept with it is what
-  `summary` and `mxamp.diagnose` report;
-* imperative calls: a converted block always runs through its converted graph,
-  also when it is not hybridized or after ``hybridize(active=False)`` (the
-  policy only exists in graph form; running ``hybrid_forward`` on NDArrays
-  would silently compute everything in the parameters' dtype).  Python code in
-  ``hybrid_forward`` therefore runs once per graph build, as in hybridized
-  mode;
-* parameters: those consumed only by low-precision ops (decided once, by
-  ``convert``, from operator classes: `mxamp.graph.storable_params`) are
-  stored in the target dtype, data and gradient; all others
-  (BatchNorm, LayerNorm, ... parameters and running statistics, anything
-  feeding an FP32 op or an excluded block) stay FP32.  Parameters whose shape
-  is still unknown (deferred initialisation) are initialised in FP32 by MXNet
-  at the first forward pass and cast right after, as are those initialised
-  after ``convert``.  A low-precision parameter's class is swapped too (same
-  name): its initializer always draws in FP32, and a re-initialised parameter
-  (``initialize(..., force_reinit=True)`` of the net, a child, the
-  ``ParameterDict`` or the parameter) is cast back at once; MXNet's random
-  initializers cannot write bfloat16, and Orthogonal or Bilinear would leave
-  zeros;
-* editing: a child registered after ``convert`` (``net.output =
-  nn.Dense(10)``, ``add``, ``register_child``, at any depth) is converted with
-  the net's settings when it joins (its parameters decided on its own graph),
-  or, converted already, must have the net's dtype and operator lists
-  (ValueError otherwise).  Replacing a child by an FP32 block of its class is
-  allowed, as for FP32 nets.  The graphs of the block's ancestors, which MXNet
-  keeps, are rebuilt at their next call;
-* ``optimize_for`` raises: it would fuse the net for inference without
-  refusing to train it; `mxamp.for_inference` does that;
-* checkpoints: ``save_parameters`` writes every parameter in FP32 (low
-  precision to FP32 is exact), so checkpoints are interchangeable with FP32
-  nets in both directions; ``load_parameters`` accepts FP32 checkpoints (FP32
-  parameters load bit-exactly, low-precision ones are rounded to nearest);
-* export: ``export`` writes the converted graph (its ``Cast`` nodes included)
-  with low-precision parameters in their dtype, loadable by
-  ``SymbolBlock.imports``;
-* ``cast()`` of a converted block raises (it would undo the conversion).
-
-float16 on a CPU
-----------------
-MXNet 1.9.1 has no float16 GEMM, convolution or fully-connected kernel on the
-CPU.  When a graph is built for a CPU context, those ops compute in FP32 between
-float16 casts (float16 storage, FP32 accumulation); mxamp warns once.  The
-decision is taken per graph build from the context of the inputs
-(`mxamp.policy.emulates_float16`, the rule of the Symbol front too), and the
-graph is rebuilt when the block later runs on another device type.
+This module has no precision rules of its own: every graph a converted block
+runs is the FP32 graph its ``hybrid_forward`` builds, put through the pass
+pipeline (`mxamp.pipeline`: the precision pass `mxamp.graph.convert_graph`, the
+Symbol front's rewrite, then the kernel wing's passes, per mode).  ``convert``
+gives every HybridBlock of the tree a generated subclass of its own class
+(`mxamp.gluon_parameters.mixed_class`) whose hooks rewrite the graph when MXNet
+builds it, run the converted graph also when not hybridized, convert children
+added later and refuse what would undo or silently break the conversion
+(``cast``, ``optimize_for``).  A network that cannot become a graph is
+converted in part: its largest subtrees that can.  docs/gluon.rst says what a
+user sees; docs/architecture.rst where this sits.
 
 MXNet internals relied on (MXNet 1.9.1), each used in one place below:
 ``HybridBlock._get_graph`` / ``_cached_graph`` (the hook that builds the graph),
 ``_build_cache`` (deferred initialisation, then CachedOp), ``_call_cached_op``,
-``_cached_op``, ``_clear_cached_op``, ``_active``, ``_reg_params``,
-``_children``, ``Block._collect_params_with_prefix``, ``register_child`` (the
-one way children are registered, clearing only that block's graph), the type
-check of ``Block.__setattr__``, ``Parameter._data`` / ``_grad`` / ``_dtype`` /
-``_var`` / ``_deferred_init`` / ``_finish_deferred_init`` (where a
-parameter is drawn from its initializer), and the names ``HybridBlock`` gives its graph
-inputs (``data``, or ``data0``, ``data1``, ...): the symbolic build in
-:func:`convert` names its inputs the same, so that its graph is the one MXNet
-builds later.  mxamp adds one attribute of its own to each ``Parameter`` of a
-converted tree, ``_mxamp_precision`` (the dtype it gets, decided once:
-`mxamp.dtypes.param_precision` reads it); each converted block carries its
-`mxamp.network_state.NetworkState` (settings, tree, what its graph was built
-for), which this module drives through that module's moves.
+``_cached_op``, ``_cached_op_args``, ``_clear_cached_op``, ``_active``,
+``_backend``, ``_reg_params``, ``_children``, ``register_child`` (the one way
+children are registered, clearing only that block's graph), the type check of
+``Block.__setattr__``, and the names ``HybridBlock`` gives its graph inputs
+(``data``, or ``data0``, ``data1``, ...): the symbolic build in :func:`convert`
+names its inputs the same, so that its graph is the one MXNet builds later.
+Each converted block carries its `mxamp.network_state.NetworkState`, which this
+module drives through that module's moves.
 """
-import collections
 import inspect
 import json
-import threading
 import warnings
-from typing import (Any, Callable, Counter, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Type,
-                    Union)
-
-import numpy as np
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Type, Union
 
 import mxnet as mx
 from mxnet import autograd
@@ -107,191 +37,24 @@ from . import dtypes
 from . import graph as graph_mod
 from . import hardware
 from . import passes, pipeline
-from .atomic_files import replaced_on_success
-from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array, numpy_dtype
-from .network_state import (NetworkState, Settings, Stage, Tree, attach, check_convertible,
+from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array
+from .gluon_parameters import Float32Checkpoints, ensure_fp32_var, mixed_class, sync_params
+from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
                             converted_state, describe_block, state_of)
 from .migration import from_contrib_amp
 from .policy import exclude_matches
 
-__all__ = ['convert', 'summary', 'is_converted']
+__all__ = ['convert', 'is_converted']
 
-_FLOAT32 = np.dtype(np.float32)
 _warned_float16_cpu = False
 _warned_bfloat16_storage_only = False
 _warned_bfloat16_without_amx = False
-_lock = threading.Lock()
-
-
-# --------------------------------------------------------------------------
-# Parameters
-
-def _set_param_dtype(param, name):
-    """Store `param` (data and gradient, every context) in precision `name`.
-
-    MXNet's ``Parameter.cast`` goes through ``astype``; this goes through
-    ``mxamp.dtypes.cast`` (bfloat16-safe) and re-marks the arrays for autograd.
-    Relies on ``Parameter._dtype``, ``_data``, ``_grad`` (MXNet 1.9.1).
-    """
-    param._dtype = numpy_dtype(name)
-    if param._data is None:
-        return
-    with autograd.pause():
-        param._data = [_cast_plain(arr, name) for arr in param._data]
-        if param._grad is not None:
-            param._grad = [_cast_plain(arr, name) for arr in param._grad]
-            autograd.mark_variables(param._data, param._grad, param.grad_req)
-
-
-def _cast_plain(array, name):
-    """``cast`` that also works on arrays holding a oneDNN blocked layout.
-
-    MXNet 1.9.1 (oneDNN 2.4): after an FP32 inference pass, a grouped or
-    depthwise convolution weight keeps a blocked oneDNN layout, and ``amp_cast``
-    of it to bfloat16 fails later with "could not create a primitive descriptor
-    for a reorder primitive".  ``copy()`` returns the values in the default
-    layout first.
-    """
-    if array.dtype == numpy_dtype(name):
-        return array
-    return cast(array.copy(), name)
-
-
-def _ensure_fp32_var(param):
-    """Create (and cache) the parameter's graph variable as FP32.
-
-    ``Parameter.var()`` caches its Symbol on first use and declares the
-    parameter's *current* dtype in it.  Graph building must see the FP32 graph
-    (the rewrite declares the low-precision parameters itself), so the variable
-    is created while the parameter reads as FP32.  Relies on ``Parameter._var``
-    and ``_dtype``.
-    """
-    if param._var is None and name_of_array(param) in LOW_PRECISION:
-        current = param._dtype
-        param._dtype = _FLOAT32
-        try:
-            param.var()
-        finally:
-            param._dtype = current
-
-
-def _sync_params(block):
-    """Give every initialised parameter of `block`'s tree its mxamp dtype.
-
-    A parameter's precision is decided once, when it first meets a converted
-    tree (`block`'s settings: ``lp_params``), and kept in
-    ``_mxamp_precision``, which `mxamp.dtypes.param_precision` reads while
-    the parameter is not initialised yet.  A child converted on its own and
-    added later (see `_adopt`) thus keeps the decisions of its own settings.
-    """
-    settings = converted_state(block).settings
-    for param in block.collect_params().values():
-        want = getattr(param, '_mxamp_precision', None)
-        if want is None:
-            if name_of_array(param) not in ('float32',) + LOW_PRECISION:
-                continue  # integer or otherwise special parameters are left alone
-            want = settings.dtype if param.name in settings.lp_params else 'float32'
-            param._mxamp_precision = want
-            if want in LOW_PRECISION:
-                param.__class__ = _mixed_class(_LowPrecisionParameter, type(param))
-        if param._data is not None and name_of_array(param) != want:
-            _set_param_dtype(param, want)
-
-
-class _LowPrecisionParameter(object):
-    """Mixin placed first in the MRO of a parameter that mxamp stores in low precision."""
-
-    # MXNet 1.9.1: _finish_deferred_init creates the array in the parameter's
-    # dtype (Parameter._dtype) and fills it with the initializer.
-    # Parameter.initialize calls it at once when the shape is known (also for
-    # force_reinit=True, from Block and ParameterDict.initialize too),
-    # HybridBlock._build_cache after inferring deferred shapes.  MXNet's random
-    # initializers cannot write bfloat16 ("Output type must be float16,
-    # float32, float64") and Orthogonal or Bilinear leave zeros in it: every
-    # initializer draws in FP32 here, and the result is cast to the dtype the
-    # parameter had (FP32 while convert's cast is still to come: the first
-    # forward pass makes it, see _build_cache).
-    def _finish_deferred_init(self):
-        if not self._deferred_init:
-            return
-        stored = name_of_array(self)
-        self._dtype = _FLOAT32
-        try:
-            super(_LowPrecisionParameter, self)._finish_deferred_init()
-        finally:
-            _set_param_dtype(self, stored)
-
-    # Parameters pickle (blocks do not): the generated class has no importable
-    # name, so a pickle names the class it was generated from.
-    def __reduce_ex__(self, protocol):
-        return _restore_low_precision, (type(self)._mxamp_base,), self.__dict__
-
-
-def _restore_low_precision(base):
-    """Unpickling helper: an empty parameter of ``_mixed_class(_LowPrecisionParameter, base)``."""
-    return object.__new__(_mixed_class(_LowPrecisionParameter, base))
 
 
 # --------------------------------------------------------------------------
 # The subclass every converted block gets
 
-class _Float32Checkpoints(object):
-    """Checkpoints of a converted net: every parameter in FP32, as FP32 nets write them."""
-
-    def save_parameters(self, filename, deduplicate=False):
-        """Save parameters in FP32 (exact), loadable by converted and FP32 nets alike.
-
-        Written whole or not at all (`mxamp.atomic_files`): an interrupted save
-        leaves the previous file as it was.
-        """
-        # mxamp's own batch normalisation updates the moving statistics in its gradient,
-        # which MXNet's engine does not know writes them (mxamp.kernels.operators.batch_norm): a
-        # read right after backward() could save the values before that update.
-        mx.nd.waitall()
-        # MXNet 1.9.1: _collect_params_with_prefix gives the structural names
-        # ('features.0.weight') that save_parameters/load_parameters use.
-        named = self._collect_params_with_prefix()
-        if deduplicate:
-            first = {}
-            for key in sorted(named):
-                first.setdefault(id(named[key]), key)
-            named = {key: named[key] for key in first.values()}
-        arrays = {}
-        for key, param in named.items():
-            value = param._reduce()
-            if name_of_array(value) in LOW_PRECISION:
-                value = cast(value, 'float32')
-            arrays[key] = value
-        with replaced_on_success(filename) as temporary:
-            mx.nd.save(temporary, arrays)
-
-    def load_parameters(self, filename, ctx=None, allow_missing=False,
-                        ignore_extra=False, cast_dtype=False, dtype_source='current'):
-        """Load a checkpoint (FP32, as written by FP32 nets and by converted nets).
-
-        FP32 parameters load bit-exactly; low-precision ones are loaded in FP32
-        and rounded to the target dtype (round to nearest even).
-        """
-        low = [(p, name_of_array(p)) for p in self.collect_params().values()
-               if name_of_array(p) in LOW_PRECISION]
-        for param, _ in low:
-            _set_param_dtype(param, 'float32')
-        try:
-            super(_Float32Checkpoints, self).load_parameters(
-                filename, ctx=ctx, allow_missing=allow_missing, ignore_extra=ignore_extra,
-                cast_dtype=cast_dtype, dtype_source=dtype_source)
-        finally:
-            for param, precision in low:
-                _set_param_dtype(param, precision)
-        for part in self._converted_parts():
-            _sync_params(part)
-
-    def _converted_parts(self):
-        """The converted trees whose parameters a load gives their dtypes again."""
-        raise NotImplementedError
-
-
-class _Converted(_Float32Checkpoints):
+class _Converted(Float32Checkpoints):
     """Mixin placed first in the MRO of a converted block's class."""
 
     def _converted_parts(self):
@@ -304,7 +67,7 @@ class _Converted(_Float32Checkpoints):
         _drop_stale_graph(self)
         if not self._cached_graph:
             for param in self.collect_params().values():
-                _ensure_fp32_var(param)
+                ensure_fp32_var(param)
             inputs, fp32 = super(_Converted, self)._get_graph(*args)
             device = _device_type(args) or _params_device_type(self)
             shapes = _known_shapes(self)
@@ -341,14 +104,12 @@ class _Converted(_Float32Checkpoints):
                 self._cached_graph = inputs, symbol
         state = converted_state(self)
         state.cached_for = mode if modes_differ else 'both'
-        _sync_params(self)
+        sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
-    # None, then runs it.  A graph built for another device type (float16
-    # emulation on CPU vs GPU kernels), or before a child was added to the
-    # tree, is rebuilt.  A block whose training graph has channels-last
-    # regions keeps a second CachedOp for inference, and a third for training
-    # calls whose inputs take gradients (_use_cached_op_for).
+    # None, then runs it.  A graph built for another device type, or before a child
+    # was added, is rebuilt; a block whose graphs differ by mode keeps one CachedOp
+    # per mode (_use_cached_op_for).
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
         if _kernel_gradient_added(self):
@@ -364,13 +125,9 @@ class _Converted(_Float32Checkpoints):
         state.cached_ops = {}
         state.cached_for = None
 
-    # MXNet 1.9.1: Block.__setattr__ refuses to replace a Block attribute with a
-    # value that is not an instance of the attribute's class, here the
-    # generated class: an FP32 block of the class it was generated from (what a
-    # user writes: net.output = nn.Dense(10)) raised "Changing attribute type
-    # for output from Dense to Dense".  Such a replacement is let through once
-    # _adopt accepted it (the net is unchanged when it refuses); other types
-    # still meet MXNet's check.
+    # MXNet 1.9.1: Block.__setattr__ refuses a Block attribute that is not an instance
+    # of the attribute's class, here the generated one, so net.output = nn.Dense(10)
+    # would fail; such a replacement is let through once _adopt accepted it.
     def __setattr__(self, name, value):
         existing = self.__dict__.get(name)
         if isinstance(value, Block) and isinstance(existing, Block) and \
@@ -438,7 +195,7 @@ class _Converted(_Float32Checkpoints):
         return super(_Converted, self).export(path, epoch, remove_amp_cast=False)
 
 
-class _ConvertedInPart(_Float32Checkpoints):
+class _ConvertedInPart(Float32Checkpoints):
     """Mixin placed first in the MRO of a net `convert` converted in part.
 
     The net itself runs as it did (its code calls the converted parts, which
@@ -453,29 +210,6 @@ class _ConvertedInPart(_Float32Checkpoints):
         raise TypeError('%s was converted in part by mxamp to %s; cast() would override the '
                         'precision policy of its parts (convert an FP32 copy of the net instead)'
                         % (describe_block(self), state_of(self).precision))
-
-
-_CLASSES: Dict[Tuple[type, type], type] = {}
-
-
-def _mixed_class(mixin: type, cls: type) -> type:
-    """The generated subclass of `cls` with `mixin` first in its MRO (same name and module).
-
-    Created once per (mixin, class); `cls` already holding `mixin` is returned
-    as it is.  Its ``_mxamp_base`` is the class before any mixin.
-    """
-    if issubclass(cls, mixin):
-        return cls
-    with _lock:
-        klass = _CLASSES.get((mixin, cls))
-        if klass is None:
-            klass = type(cls.__name__, (mixin, cls),
-                         {'__module__': cls.__module__,
-                          '__qualname__': getattr(cls, '__qualname__', cls.__name__),
-                          '__doc__': cls.__doc__,
-                          '_mxamp_base': getattr(cls, '_mxamp_base', cls)})
-            _CLASSES[(mixin, cls)] = klass
-    return klass
 
 
 def is_converted(block: Block) -> bool:
@@ -493,13 +227,10 @@ def _drop_stale_graph(block, device=None):
 def _adopt(parent, block):
     """Give `block`, about to be registered as a child of the converted `parent`, its precision.
 
-    An FP32 HybridBlock is converted with `parent`'s settings (dtype,
-    operator lists, exclude patterns), its parameters decided on its own
-    graph; one converted already keeps its conversion if it has the same
-    dtype and operator lists and no exclude beyond the net's (the net's policy
-    rewrites its ops inside the net's graph).  Either way it joins `parent`'s
-    `mxamp.network_state.Tree`.  A non-hybrid block is left to MXNet's refusal; a SymbolBlock,
-    which `convert` never converts, keeps FP32 parameters (`_sync_params`).
+    An FP32 HybridBlock is converted with `parent`'s settings, its parameters
+    decided on its own graph; one converted already must have the same settings.
+    Either way it joins `parent`'s `mxamp.network_state.Tree`.  A SymbolBlock,
+    which `convert` never converts, keeps FP32 parameters.
 
     Raises
     ------
@@ -564,10 +295,8 @@ def _device_type(args):
 def _float32_inputs(args):
     """`args` with float16 and bfloat16 NDArrays cast to FP32 (nested lists kept).
 
-    A converted graph reads FP32 inputs, as the FP32 net does, and casts them
-    where its policy says; data from a low-precision input pipeline is exact
-    in FP32, and MXNet would otherwise stop at the first op with "expected
-    float32, got float16".
+    A converted graph reads FP32 inputs, as the FP32 net does (low-precision
+    data is exact in FP32); MXNet would otherwise stop at the first operator.
     """
     def to_float32(arg):
         if isinstance(arg, (list, tuple)):
@@ -613,15 +342,9 @@ def _conversion(block, fp32_symbol, device_type, shapes):
     """The `Conversion` of `block`'s FP32 graph for `device_type`, rewritten only when needed.
 
     MXNet builds a block's graph again after ``hybridize()`` and for another
-    device type, and `summary` may need one before the first call; each reuses
-    the conversion last made for the device type when the FP32 graph is the
-    same and it knew every shape in `shapes` (parameters and inputs, by name)
-    with those values.  The rewrite reads shapes for its layout decisions, so
-    a graph is converted once per device type and distinct shape knowledge:
-    under deferred initialisation typically once, at the first call (whose
-    input shapes settle the parameters'), or twice when `summary` runs before
-    that call (shapes not known yet).  Reusing a conversion that knew more
-    shapes is exact: shapes only choose between exact layouts.
+    device type; the conversion last made for the device type is reused when
+    the FP32 graph is the same and it knew every shape in `shapes` with those
+    values (shapes only choose between exact layouts, so knowing more is exact).
     """
     state = converted_state(block)
     # A graph for inference alone, or one with operators on the later passes' kernels,
@@ -694,8 +417,8 @@ def _inputs_take_gradients(args):
     attached, or was computed from an array that has.
 
     MXNet 1.9.1: ``autograd.get_symbol`` fails on an array outside any recorded graph
-    (``NDArray::get_autograd_symbol``'s check, 11 microseconds), and MXNet records no
-    operator whose inputs are all outside one.
+    (``NDArray::get_autograd_symbol``'s check), and MXNet records no operator whose
+    inputs are all outside one.
     """
     if not autograd.is_recording():
         return False
@@ -792,8 +515,8 @@ def _warn_bfloat16_without_amx():
     global _warned_bfloat16_without_amx
     if not _warned_bfloat16_without_amx:
         _warned_bfloat16_without_amx = True
-        warnings.warn("mxamp: bfloat16 on this %s (ResNet-50 training: 0.77x FP32). Enable "
-                      "AMX for the fast path, or keep float32 (dtype='auto' does)"
+        warnings.warn("mxamp: bfloat16 on this %s trains slower than FP32 (docs/hardware.rst). "
+                      "Enable AMX for the fast path, or keep float32 (dtype='auto' does)"
                       % hardware.describe_cpu_class(),
                       RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
@@ -827,7 +550,7 @@ def _fp32_graph(block):
 
     Raises `_Untraceable` (a TypeError) when its ``hybrid_forward`` fails on symbols."""
     for param in block.collect_params().values():
-        _ensure_fp32_var(param)
+        ensure_fp32_var(param)
     inputs = [mx.sym.var(name) for name in _input_names(block)]
     # Symbol inputs make HybridBlock.forward (ours too) call hybrid_forward
     # with F=mx.sym, without touching any cached graph.
@@ -1083,7 +806,7 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
     if float32_blocks:
         attach(net, NetworkState.converted_in_part(
             settings, [(path, part) for path, part, _ in parts], float32_blocks))
-        net.__class__ = _mixed_class(_ConvertedInPart, type(net))
+        net.__class__ = mixed_class(_ConvertedInPart, type(net))
     if options.ctx is not None:
         # contrib.amp's convert_hybrid_block(ctx=...): where the parameters live.
         net.collect_params().reset_ctx(options.ctx)
@@ -1106,20 +829,9 @@ def _convert_tree(net, settings, tree):
             converted_state(block).join(joined)
         elif isinstance(block, HybridBlock) and not isinstance(block, mx.gluon.SymbolBlock):
             attach(block, NetworkState.converted(settings, tree))
-            block.__class__ = _mixed_class(_Converted, type(block))
+            block.__class__ = mixed_class(_Converted, type(block))
         block._clear_cached_op()
-    _sync_params(net)
-
-
-def _in_part_lines(net, state):
-    """The head of the summary of a net converted in part: what stays FP32 and why."""
-    lines = ['mxamp summary: %s converted to %s in part: it cannot become one graph, so its '
-             'largest parts that can were converted (%s); the rest computes in float32:'
-             % (describe_block(net), state.precision,
-                ', '.join(path for path, _ in state.parts))]
-    lines.extend('  %s (%s): %s' % (path or '(the net itself)', describe_block(block), why)
-                 for path, block, why in state.float32_blocks)
-    return '\n'.join(lines)
+    sync_params(net)
 
 
 def conversion_of(net: HybridBlock) -> Tuple[graph_mod.Conversion, str]:
@@ -1143,117 +855,3 @@ def conversion_of(net: HybridBlock) -> Tuple[graph_mod.Conversion, str]:
     if cached is not None:
         return cached[1], device
     return _conversion(net, _fp32_graph(net), device, _known_shapes(net)), device
-
-
-def _runtime_op(node, records):
-    """The operator the CachedOp runs `node` on, after the later passes' `records`."""
-    op = node.op
-    for record in records:
-        if node.name in record.operators and not record.training_only:
-            op = record.operators[node.name]
-    for record in records:
-        if node.name in record.operators and record.training_only:
-            op = '%s (training: %s)' % (node.op, record.operators[node.name])
-    return op
-
-
-def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) -> str:
-    """Print, and return, which ops of a converted net run in which dtype and where casts sit.
-
-    One row per operator of the converted graph (the graph the net last ran,
-    or a symbolic build of it): node name, operator, precision it computes in,
-    and the casts on its inputs.  Totals follow: ops per precision, casts per
-    direction, parameters per storage dtype.  A net made by
-    `mxamp.for_inference` gets a line saying what was fused and that it is for
-    inference only (the rows are the converted graph's, before fusion).
-
-    This is the static view: what the rewrite decided.  The measured one,
-    what ran and what it cost per layer (oneDNN's kernel and its ISA, time
-    against FP32, verdicts on what to change), is ``mxamp.profile(net, x)``
-    (`mxamp.profiling`).
-
-    Parameters
-    ----------
-    net : HybridBlock
-        A net returned by :func:`convert` or `mxamp.for_inference`.
-    print_fn : callable or None
-        Called with the text; None prints nothing.
-
-    Returns
-    -------
-    str
-    """
-    state = state_of(net)
-    if state is not None and state.stage is Stage.CONVERTED_IN_PART:
-        text = '\n\n'.join([_in_part_lines(net, state)] +
-                           ['part %s:\n%s' % (path, summary(part, print_fn=None))
-                            for path, part in state.parts])
-        if print_fn is not None:
-            print_fn(text)
-        return text
-    # Set by mxamp.for_inference: what it fused, and that the net cannot train.
-    inference = state.fused_for_inference if state is not None else None
-    if state is not None and state.stage is Stage.KEPT_FLOAT32:
-        text = 'mxamp summary: %s runs in float32: %s' % (describe_block(net), state.float32_reason)
-        if inference is not None:
-            text += '\n' + inference
-        if print_fn is not None:
-            print_fn(text)
-        return text
-    conversion, device = conversion_of(net)
-    settings = converted_state(net).settings
-    policy = settings.policy(device)
-    rows = []
-    counts: Counter[str] = collections.Counter()
-    runtime = converted_state(net).runtime
-    records = runtime.passes if runtime is not None else ()
-    for node in conversion.nodes:
-        shown = node.computes_in
-        if node.computes_in != node.precision:
-            shown = 'float32 (%s storage)' % node.precision
-        counts[shown] += 1
-        reads = ['%s%s' % ('%s->%s' % (read.cast.source, read.cast.to_dtype) if read.cast else read.source,
-                           ' +1 zero channel' if read.pad else '')
-                 for read in node.inputs if read.cast or read.pad]
-        rows.append((node.name, _runtime_op(node, records), shown, ', '.join(reads)))
-    heads = ['%s->%s' % (cast.source, cast.to_dtype) for cast in conversion.output_casts if cast]
-    widths = [max([len(r[i]) for r in rows] + [len(h)])
-              for i, h in enumerate(('node', 'op', 'computes in', 'casts on inputs'))]
-    widths[3] = 0
-    fmt = '  '.join('%%-%ds' % w for w in widths[:3]) + '  %s'
-    if policy.emulate_float16:
-        how = ', float16 GEMMs emulated in FP32'
-    elif policy.bfloat16_storage_only:
-        how = ', %s: bfloat16 storage, FP32 compute' % hardware.describe_cpu_class(policy.cpu_class)
-    elif settings.dtype == 'bfloat16':
-        how = ', %s' % hardware.describe_cpu_class(policy.cpu_class)
-    else:
-        how = ''
-    lines = ['mxamp summary: %s converted to %s (graph built for %s%s)'
-             % (describe_block(net), settings.dtype, device or 'cpu', how)]
-    if inference is not None:
-        lines.append(inference)
-    lines += [fmt % ('node', 'op', 'computes in', 'casts on inputs'),
-              fmt % (tuple('-' * w for w in widths[:3]) + ('-' * 15,))]
-    lines.extend((fmt % row).rstrip() for row in rows)
-    if heads:
-        lines.append('outputs cast back: %s' % ', '.join(heads))
-    lines.append('ops: ' + ', '.join('%d %s' % (n, k) for k, n in sorted(counts.items())))
-    lines.append('casts: ' + (', '.join('%d %s->%s' % (n, a, b)
-                                        for (a, b), n in sorted(conversion.casts.items()))
-                              or 'none'))
-    lines.extend(record.line for record in records if record.line)
-    by_dtype: Dict[str, Tuple[int, int]] = {}
-    for param in net.collect_params().values():
-        key = name_of_array(param) or str(param.dtype)
-        count, size = by_dtype.get(key, (0, 0))
-        shape = param.shape or ()
-        known = all(d > 0 for d in shape)
-        elems = int(np.prod(shape)) if known else 0
-        by_dtype[key] = (count + 1, size + elems)
-    lines.append('parameters: ' + ', '.join(
-        '%d in %s (%s values)' % (n, k, format(v, ',')) for k, (n, v) in sorted(by_dtype.items())))
-    text = '\n'.join(lines)
-    if print_fn is not None:
-        print_fn(text)
-    return text

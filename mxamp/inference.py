@@ -59,6 +59,7 @@ from mxnet.gluon import HybridBlock
 
 from . import dtypes
 from . import gluon as gluon_mod
+from .gluon_parameters import mixed_class
 from .dtypes import DTypeLike
 from .fusion import (BACKEND, FIX, REFUSAL, check_trainable_params, check_trainable_symbol,
                      describe_fusion, fold_batchnorm, format_fusions, fuse_symbol, fused_nodes,
@@ -267,7 +268,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     base = type(net)
     state = seen_state(net)
     # The inference class first: its _build_cache builds unfused, folds, then fuses.
-    net.__class__ = gluon_mod._mixed_class(_InferenceOnly, base)
+    net.__class__ = mixed_class(_InferenceOnly, base)
     try:
         # The graph converts under the inference policy (Policy's inference) from now on.
         state.inference_only = True

@@ -1,12 +1,9 @@
 """What a pass over a converted graph is given, what it does to the graph and what it records.
 
-Conversion is an ordered list of passes over one graph (`mxamp.pipeline`).  The
-first, the precision pass (`mxamp.graph.convert_graph`), decides every node's
-precision and places the casts; its record is the `mxamp.graph.Conversion`.  Every
-later pass implements `GraphPass`: it changes the parsed JSON graph in place and
-returns one `PassRecord`, which `mxamp.pipeline` appends to that same
-`Conversion` (its ``passes``), so that `mxamp.summary` and `mxamp.profile` read
-one record.  The kernel wing (`mxamp.kernels.passes`) implements its passes
+Every pass after the precision pass (`mxamp.pipeline`) implements `GraphPass`: it
+changes the parsed JSON graph in place and returns one `PassRecord`, which the
+pipeline appends to the graph's `mxamp.graph.Conversion`, the one record
+`mxamp.summary` and `mxamp.profile` read.  The kernel wing implements its passes
 against this module alone.
 
 Example
@@ -36,23 +33,11 @@ Graph = Dict[str, Any]   # MXNet's JSON graph, parsed: nodes, arg_nodes, heads, 
 class PassRecord(NamedTuple):
     """What one pass did to a graph.
 
-    Attributes
-    ----------
-    name : str
-        The pass's name.
-    nodes : frozenset of str
-        The nodes it changed (or, with `training_only`, changes in training).
-    operators : dict of str to str
-        Node name to the operator that now computes it, for the nodes whose
-        operator changed.
-    params : frozenset of str
-        Parameters whose gradients the new operators write: they cannot add to a
-        gradient (``grad_req='add'``), so such a change rebuilds the graph.
-    training_only : bool
-        Whether the change is made to training graphs alone (recorded on the
-        inference graph too, which keeps MXNet's operators there).
-    line : str
-        What `mxamp.summary` prints for it; empty for nothing.
+    `nodes` it changed (with `training_only`, in training graphs alone: the
+    inference graph records them and keeps MXNet's operators); `operators`, node
+    name to the operator that now computes it; `params` whose gradients the new
+    operators write, which cannot add (``grad_req='add'`` rebuilds the graph);
+    `line`, what `mxamp.summary` prints for it.
     """
     name: str
     nodes: FrozenSet[str] = frozenset()
@@ -65,27 +50,12 @@ class PassRecord(NamedTuple):
 class PassContext(NamedTuple):
     """What a pass knows of the graph it changes.
 
-    Attributes
-    ----------
-    conversion : mxamp.graph.Conversion
-        The precision pass's record of the graph.
-    mode : str
-        `INFERENCE`, `TRAINING` or `TRAINING_INPUT_GRADIENTS`.
-    shapes : dict of str to tuple
-        Shapes of the graph's variables (parameters and inputs) by name.
-    parameters : frozenset of str
-        The variables that are parameters (auxiliary states included).
-    writes_gradient : callable
-        ``writes_gradient(name)``: False for a parameter whose gradient adds.
-    cpu_class : str
-        `mxamp.hardware.cpu_class` the graph runs on.
-    device_type : str
-        ``'cpu'`` or ``'gpu'``.
-    fused : bool
-        Whether MXNet partitions the graph for a backend (`mxamp.for_inference`).
-    source : dict or None
-        The precision pass's graph, parsed, which no pass changes: what passes
-        choose from (`mxamp.pipeline.run` fills it).
+    `conversion` is the precision pass's record; `mode` one of the modes above;
+    `shapes` the variables' shapes by name; `parameters` the variables that are
+    parameters; ``writes_gradient(name)`` False for a parameter whose gradient
+    adds; `fused` whether MXNet partitions the graph for a backend
+    (`mxamp.for_inference`); `source` the precision pass's graph, parsed, which
+    passes choose from and none changes (`mxamp.pipeline.run` fills it).
     """
     conversion: Any
     mode: str

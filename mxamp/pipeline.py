@@ -9,10 +9,8 @@
    block's CachedOp runs, per mode; the Symbol front writes portable files and
    `for_inference` fuses MXNet's operators, so neither runs them.
 
-`run` parses the graph once, runs every pass on it and returns the
-`Conversion` with the graph that runs and every pass's `mxamp.passes.PassRecord`
-appended.  Where the wing is absent (not installed, or left out of a build) the
-list ends after the precision pass and mxamp still converts and trains.
+Without the wing the list ends after the precision pass, and mxamp still
+converts and trains.
 """
 import copy
 from typing import FrozenSet, List, Optional, Sequence

@@ -21,7 +21,7 @@ LAYERS = (
                                   'network_state', 'diagnose'}),
     ('kernel wing', {'kernels'}),
     ('pass pipeline', {'pipeline'}),
-    ('fronts', {'gluon', 'inference', 'symbol'}),
+    ('fronts', {'gluon_parameters', 'gluon', 'gluon_report', 'inference', 'symbol'}),
     ('training', {'optimizer', 'kvstore_transport', 'loss_scaler', 'trainer', 'module'}),
     ('tools', {'system_info', 'profiling', 'cli', '__main__', '__init__'}),
 )
@@ -30,7 +30,8 @@ WITHIN = {
     ('graph', 'policy'), ('migration', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
     ('network_state', 'policy'), ('diagnose', 'graph'), ('diagnose', 'policy'),
     ('diagnose', 'network_state'),
-    ('inference', 'gluon'),
+    ('gluon', 'gluon_parameters'), ('gluon_report', 'gluon'), ('inference', 'gluon'),
+    ('inference', 'gluon_parameters'),
     ('trainer', 'optimizer'), ('trainer', 'kvstore_transport'), ('trainer', 'loss_scaler'),
     ('module', 'optimizer'), ('module', 'kvstore_transport'), ('module', 'loss_scaler'),
     ('__main__', 'cli'), ('__init__', 'cli'), ('cli', 'system_info'), ('__init__', 'system_info'),

@@ -253,7 +253,7 @@ def test_replacing_the_output_layer(dtype, hybridize, tmp_path):
     assert dtype_name(head.weight.grad().dtype) == dtype
     reference = fp32_reference(net, tmp_path, classes=10)
     assert rel_err(out.asnumpy(), reference) < tolerance(dtype)
-    rows = mg.summary(net, print_fn=None)
+    rows = mxamp.summary(net, print_fn=None)
     assert head.name + '_fwd' in rows and old.name + '_fwd' not in rows
     assert_trains(net, dtype)
 
