@@ -120,7 +120,7 @@ def build_library(output, temp_dir):
         objects.append(obj)
         commands.append([compiler, *COMPILE_FLAGS, '-I', include, '-c',
                          os.path.join(ROOT, source), '-o', obj])
-    _run(commands)  # one compiler per source, side by side: about half the wall time on 2 cores
+    _run(commands)  # one compiler per source, side by side
     linked = os.path.join(temp_dir, LIBRARY)
     _run([[compiler, *LINK_FLAGS, '-o', linked, *objects, '-L', library_dir,
            '-l:' + ONEDNN_SONAME]])

@@ -1,73 +1,40 @@
 """Channels-last regions of a training graph: activations kept channels last across a chain.
 
-mxamp's own convolution wins nothing one convolution at a time inside
-MXNet's graphs (`mxamp.kernels.choice`): MXNet reorders every array in
-oneDNN 2.4's layout to its plain one before an extension operator reads it,
-and its next operator reorders it back.  A whole chain on mxamp's own
-operators with the activations channels last (``(N, spatial..., C)``, the
-layout oneDNN 3's AMX kernels compute in) pays that price only at its
-borders: measured on ResNet-50 v1's 16 bottlenecks, forward and backward, the
-chain takes 0.66x of MXNet's time at 2 threads and 0.69x at 16 on an AMX
-Xeon (docs/own-convolution.rst).  This module owns those chains:
+One own convolution at a time wins nothing inside MXNet's graphs (`mxamp.kernels.choice`): MXNet
+reorders every array in oneDNN 2.4's layout to its plain one before an extension operator reads
+it, and back after.  A chain on mxamp's own operators with the activations channels last
+(``(N, spatial..., C)``, the layout oneDNN 3's AMX kernels compute in) pays that only at its
+borders (docs/own-convolution.rst, "Channels-last regions in training").  This module owns:
 
-* **finding** them (:func:`find_regions`): the connected runs of eligible
-  nodes of a converted graph, joined by their data edges.  Eligible are
-  ``Convolution`` (computing in the region's dtype, MXNet's default layout,
-  known data shape, gradients written, see `mxamp.kernels.operators`), ``BatchNorm``
-  over the channels (``axis=1``, without ``output_mean_var``), max and
-  average ``Pooling`` (MXNet's default layout, 'valid' convention or global:
-  a network's stem pooling, so the stem joins the region) and the
-  elementwise operators between them (`ELEMENTWISE_OPS`: activations,
-  same-shape sums and products, casts), whose result does not depend on the
-  layout;
-* the **rule** (:func:`choose_regions`): a region pays for its two borders
-  when it holds at least `MIN_CONVOLUTIONS` convolutions, on a CPU class
-  where chains were measured faster (`MEASURED_FASTER`); ``MXAMP_CHANNELS_LAST``
-  (below) overrides it;
-* the **rewrite** (:func:`with_channels_last`): inside a region, convolutions
-  become ``_mxamp_convolution(channels_last=True)``, batch normalisations
-  ``_mxamp_batch_norm(axis=-1)`` and poolings
-  ``_mxamp_pooling(channels_last=True)``; a batch normalisation absorbs the
-  ReLU that alone reads it (``act_type='relu'``, forward and gradient in
-  oneDNN's fused kernels), or the sum with a residual and the ReLU after it
-  (``residual=True``); the other elementwise operators stay as
-  they are, and a ``transpose`` stands on each data edge crossing the border
-  (one per array, however many readers it has).  MXNet 1.9.1's
-  ``transpose`` corrupts memory on bfloat16 arrays with oneDNN (see
-  `mxamp.policy`), so a bfloat16 array crosses in one ``_mxamp_move_channels``
-  (`mxamp.kernels.operators.move_channels`: exact copies, one pass where a cast to FP32,
-  its transpose and a cast back took three).  An array of the region with
-  several readers (a residual block's input) is given one copy per reader,
-  written by the batch normalisation that computes it (``copies``) or by a
-  ``_mxamp_fan_out``
-  (`mxamp.kernels.operators.fan_out`) after whatever computes it: MXNet would
-  otherwise sum its gradients with ``add_n``, a scalar loop on plain
-  bfloat16 arrays, or, under ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``, add them
-  into the own operators' gradient outputs, which MXNet's extension ABI
-  cannot honour (the own operators always write: wrong gradients).
+* **finding** them (:func:`find_regions`): connected runs, over data edges, of eligible nodes:
+  ``Convolution`` (the region's dtype, MXNet's default layout, known data shape, gradients
+  written), ``BatchNorm`` over the channels without ``output_mean_var``, max and average
+  ``Pooling`` (default layout, 'valid' or global, so a stem joins), and the layout-independent
+  elementwise operators between them (`ELEMENTWISE_OPS`);
+* the **rule** (:func:`choose_regions`): regions of at least `MIN_CONVOLUTIONS` convolutions, on
+  the CPU classes in `MEASURED_FASTER`, unless ``MXAMP_CHANNELS_LAST`` says otherwise;
+* the **rewrite** (:func:`with_channels_last`): convolutions, batch norms and poolings become
+  ``_mxamp_convolution(channels_last=True)``, ``_mxamp_batch_norm(axis=-1)`` and
+  ``_mxamp_pooling(channels_last=True)``; a batch norm absorbs the ReLU that alone reads it, or a
+  residual sum and the ReLU after it; each array crossing the border gets one ``transpose``, for
+  bfloat16 one ``_mxamp_move_channels`` (MXNet 1.9.1's ``transpose`` corrupts memory on bfloat16
+  arrays with oneDNN, `mxamp.policy`).  An array with several readers gets one copy per reader
+  (its batch norm's ``copies``, or a ``_mxamp_fan_out``): MXNet would otherwise sum its gradients
+  with ``add_n``, a scalar loop on plain bfloat16, or under ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``
+  add them into an own operator's gradient output, which the extension ABI cannot honour.
 
-A region convolution whose data comes from the graph's inputs alone (the
-stem) takes ``data_gradient=False`` in the graph for calls whose inputs take
-no gradient (:func:`without_input_data_gradients`): MXNet would drop the
-gradient unread, but its extension ABI gives the operator no write request
-to say so.
-
-Only training graphs of the Gluon front get regions (`mxamp.gluon`):
-``_mxamp_batch_norm`` always normalises with the batch statistics (MXNet's
-extension ABI does not tell an operator whether MXNet is training), so a
-converted block keeps MXNet's graph for inference, a second CachedOp.  Like
-MXNet's ``BatchNorm``, it updates the moving statistics in the backward pass.
-Exported files, symbol files and graphs fused for inference never hold a
-region.
+A stem convolution (data from the graph's inputs alone) takes ``data_gradient=False`` for calls
+whose inputs take no gradient (:func:`without_input_data_gradients`): the ABI has no write
+request to say so.  Only the Gluon front's training graphs get regions (`mxamp.gluon`): the ABI
+does not say whether MXNet trains, so ``_mxamp_batch_norm`` always uses the batch statistics and
+inference keeps MXNet's graph.
 
 Environment variables
 ---------------------
 MXAMP_CHANNELS_LAST
-    ``0`` (or ``false``, ``no``, ``off``): no regions.  ``all``: every region
-    of at least `MIN_CONVOLUTIONS` convolutions, on any CPU class where the
-    graph computes in bfloat16 (to measure whole networks both ways).  Unset
-    (or ``1``): the measured rule.  ``MXAMP_OWN_CONV=0`` also turns regions
-    off: they run on mxamp's own operators.
+    ``0`` (``false``, ``no``, ``off``): no regions.  ``all``: every region of at least
+    `MIN_CONVOLUTIONS` convolutions on any CPU class where the graph computes in bfloat16.  Unset
+    (or ``1``): the measured rule.  ``MXAMP_OWN_CONV=0`` turns regions off too.
 """
 import collections
 import os
@@ -87,20 +54,13 @@ __all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Reg
 #: The environment variable that overrides the measured rule.
 ENV = 'MXAMP_CHANNELS_LAST'
 
-#: Fewest convolutions a region needs to pay for its borders: two transposes and MXNet's
-#: reorders there.  A ResNet bottleneck has three.
+#: Fewest convolutions a region needs to pay for its borders (a ResNet bottleneck has three).
 MIN_CONVOLUTIONS = 3
 
-#: CPU classes (`mxamp.hardware.cpu_class`) where channels-last chains were measured faster
-#: than MXNet's own graph, with the measurement.  The avx512_bf16 class (no AMX) is not
-#: measured on its own CPU (on a Xeon capped to its kernels, regions were slower, now
-#: level): ``MXAMP_CHANNELS_LAST=all`` tries it.
-MEASURED_FASTER: Mapping[str, str] = {
-    'amx': "ResNet-50 v1 training, bfloat16, batch 16, Xeon with AMX (2 cores): 0.704-0.724 s "
-           "per step with regions, 0.852-0.861 without at 2 threads (two pairs), 1.276 against "
-           "1.624 s at 1 thread; its 16 bottlenecks alone, forward and backward: 0.69x of "
-           "MXNet's time at 16 threads, batch 64 (16-core Xeon with AMX)",
-}
+#: CPU classes (`mxamp.hardware.cpu_class`) where regions were measured faster than MXNet's graph
+#: (docs/own-convolution.rst, "Channels-last regions in training").  avx512_bf16 awaits a
+#: measurement on its own CPU: ``MXAMP_CHANNELS_LAST=all`` tries it.
+MEASURED_FASTER: FrozenSet[str] = frozenset({'amx'})
 
 #: Operators whose output at each position depends only on their inputs at that position:
 #: they compute the same on channels-last data.  Their inputs must all have their output's shape.
@@ -333,12 +293,10 @@ def _border_count(graph: Mapping[str, Any], group: Set[int]) -> int:
 
 
 def _own_operators_compute_bfloat16() -> bool:
-    """Whether oneDNN 3 has bfloat16 kernels here: the instruction set it uses on this CPU.
+    """Whether oneDNN 3 has bfloat16 kernels on this CPU (``avx2`` and ``avx512_core`` have none).
 
-    Asked of the library itself, not of `mxamp.hardware`, whose CPU class a
-    test run may simulate: oneDNN 3 reports the real CPU (under
-    ``DNNL_MAX_CPU_ISA``), and an ``avx2`` or plain ``avx512_core`` has none.
-    """
+    Asked of oneDNN (the real CPU, under ``DNNL_MAX_CPU_ISA``), not of `mxamp.hardware`, whose CPU
+    class a test run may simulate."""
     isa = operators.status().cpu_isa or ''
     return 'bf16' in isa or 'amx' in isa
 
@@ -383,15 +341,10 @@ def with_channels_last(graph: Graph, regions: Iterable[Region],
 
 
 def without_input_data_gradients(graph: Graph, parameters: Iterable[str]) -> List[str]:
-    """Set ``data_gradient=False`` on each own convolution of `graph` whose data depends on
-    no parameter: on the graph's inputs alone, through operators without parameters.
-    Returns their names.
+    """Set ``data_gradient=False`` on each own convolution of `graph` whose data depends on no
+    parameter (auxiliary states included in `parameters`); returns their names.
 
-    For a graph whose inputs take no gradient: nothing then reads those data
-    gradients (MXNet drops their consumers from the backward graph), and a
-    stem's, computed for nothing, costs 8.5 ms of a ResNet-50 step (Xeon with
-    AMX, 2 threads, batch 16).  `parameters`: the names of the
-    variables that are parameters (auxiliary states included).
+    For a graph whose inputs take no gradient: MXNet drops those data gradients unread.
     """
     nodes = graph['nodes']
     names = frozenset(parameters)
@@ -440,11 +393,8 @@ def _fusable_residuals(nodes: Sequence[Mapping[str, Any]],
                        ) -> Dict[int, Tuple[int, Tuple[int, int], Optional[int]]]:
     """``{batch norm: (sum, (other input), ReLU or None)}`` for a residual block's end.
 
-    A region batch norm (not in `taken`) whose output only a region sum of
-    two arrays reads, the sum's output read only by a region ReLU (or not):
-    ``_mxamp_batch_norm(residual=True, act_type='relu')`` computes the three
-    and keeps one array for the backward pass instead of three.  `readers`:
-    :func:`_readers`.
+    A region batch norm (not in `taken`) read only by a region sum of two arrays, itself read
+    only by a region ReLU or not: ``_mxamp_batch_norm(residual=True)`` computes them in one pass.
     """
     fused: Dict[int, Tuple[int, Tuple[int, int], Optional[int]]] = {}
     for nid in sorted(inside):
@@ -611,9 +561,8 @@ def with_fanned_out_inputs(graph: Graph, names: Iterable[str]) -> List[str]:
     """Put a fan-out in `graph` on each array that an own operator named in `names` shares;
     returns the fan-outs' names.
 
-    For mxamp's own convolutions outside regions (`mxamp.kernels.choice`):
-    MXNet must never sum gradients into an own operator's output (see the
-    module's rewrite), so no array they read may have another reader.
+    For own convolutions outside regions (`mxamp.kernels.choice`): MXNet must never sum
+    gradients into an own operator's output (see the module's rewrite).
     """
     wanted = set(names)
     if not wanted:
@@ -632,15 +581,9 @@ def with_fanned_out_inputs(graph: Graph, names: Iterable[str]) -> List[str]:
 
 def _with_fan_outs(nodes: List[Dict[str, Any]], heads: List[List[int]],
                    entries: Set[Tuple[int, int]]) -> Tuple[List[Dict[str, Any]], List[List[int]]]:
-    """`nodes` and `heads` with each of `entries` read more than once given one copy per reader.
-
-    MXNet sums the gradients of an array with several readers with ``add_n``,
-    whose bfloat16 kernel on plain arrays is a scalar loop (see
-    ``csrc/fan_out.h``), or adds them into an own operator's output: each
-    reader gets its own copy instead, written by the own batch norm that
-    computes the array (``copies``) or by a ``_mxamp_fan_out`` after it, and
-    the gradients are summed there.
-    """
+    """`nodes` and `heads` with each of `entries` read more than once given one copy per reader,
+    written by the own batch norm that computes it (``copies``) or a ``_mxamp_fan_out`` (see the
+    module's rewrite)."""
     readers: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
     for nid, node in enumerate(nodes):
         for position, (src, k, _) in enumerate(node['inputs']):

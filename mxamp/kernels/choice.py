@@ -1,40 +1,23 @@
 """Which convolutions run on mxamp's own operator: decided by measurement, never by hope.
 
-mxamp's own oneDNN 3 convolution (`mxamp.kernels.operators`) has faster kernels than
-MXNet's on some CPUs and shapes, but it takes and returns MXNet's plain
-layouts, so inside a network it pays for reorders MXNet's own convolution does
-not, and its neighbours (a BatchNorm reading a plain bfloat16 array) may run
-slower kernels.  Whether it wins therefore depends on the CPU class, the
-OpenMP thread count, the convolution, its batch and what reads its output;
-this module owns that decision:
+mxamp's own convolution (`mxamp.kernels.operators`) takes and returns MXNet's plain layouts, so
+inside a network it pays for reorders MXNet's convolution does not, and a BatchNorm reading its
+plain bfloat16 output runs a slower kernel: whether it wins depends on the CPU class, the OpenMP
+thread count, the convolution, its batch and its reader (docs/own-convolution.rst, "Which
+convolutions run on it").  This module owns that decision:
 
-* the **table** of measurements (:class:`ChoiceTable`): per CPU class
-  (`mxamp.hardware.cpu_class`), OpenMP thread count and convolution
-  (:class:`ConvCase`: data shape with its batch, attributes, data type, and
-  its *context*, whether a BatchNorm reads its output), MXNet's time and the
-  own operator's for the forward and backward pass of a small chain around
-  the convolution (its producer, itself, its consumer).  mxamp ships the
-  table measured by its developers (``choice_table.json`` beside this
-  module); ``MXAMP_OWN_CONV_TABLE=FILE`` adds a user's own measurements
-  (``mxamp measure-conv``), which take precedence;
-* the **rule** (:func:`choose`): a convolution runs on the own operator only
-  when the table holds a measurement of that very case on this CPU class at
-  this thread count, and the own operator was at least 5% faster there
-  (`FASTER_BY`).  Any other convolution runs on MXNet's.
-  ``MXAMP_OWN_CONV=all`` instead puts every eligible convolution on it (for
-  measuring whole networks both ways); ``MXAMP_OWN_CONV=0`` none;
-* the **rewrite** of a runtime graph (:func:`with_own_convolutions`): the
-  chosen ``Convolution`` nodes become ``_mxamp_convolution`` nodes, same
-  inputs, same attributes.  Only graphs that stay inside mxamp get it (the
-  Gluon front's training graphs, `mxamp.gluon`): exported files, symbol files
-  and graphs fused for inference keep MXNet's ``Convolution``;
-* the **measurement** (:func:`measure`, :func:`measure_symbol`), which fills
-  the table for the running machine.
+* the **table** (:class:`ChoiceTable`): per CPU class (`mxamp.hardware.cpu_class`), thread count
+  and :class:`ConvCase`, MXNet's and the own operator's time for a chain around the convolution;
+  the shipped ``choice_table.json``, with ``MXAMP_OWN_CONV_TABLE=FILE``'s measurements over it;
+* the **rule** (:func:`choose`): the own operator only where the table measured that very case
+  here at least 5% faster (`FASTER_BY`); ``MXAMP_OWN_CONV=all`` chooses every eligible
+  convolution, ``0`` none;
+* the **rewrite** (:func:`with_own_convolutions`), for graphs that stay inside mxamp (the Gluon
+  front's training graphs): exported files, symbol files and inference graphs keep MXNet's;
+* the **measurement** (:func:`measure`, :func:`measure_symbol`, ``mxamp measure-conv``).
 
-Eligible convolutions compute in bfloat16 (the Gluon front's graph decided
-that, `mxamp.graph`), have 1 to 3 spatial dimensions in MXNet's default
-layout, and write their parameters' gradients (``grad_req='add'`` is not
-honoured by the own operator, see `mxamp.kernels.operators`).
+Eligible convolutions compute in bfloat16, have 1 to 3 spatial dimensions in MXNet's default
+layout, and write their parameters' gradients (the own operator cannot honour ``grad_req='add'``).
 """
 import datetime
 import json
@@ -347,10 +330,7 @@ def conv_sites(graph: Graph, shapes: Mapping[str, Sequence[int]],
 def may_choose(cpu_class: str, threads: int) -> bool:
     """Whether :func:`choose` can choose anything on this class at this thread count.
 
-    Cheap (no graph is read, the library is not loaded): False when
-    ``MXAMP_OWN_CONV`` is ``0``, or when it is the measured choice and no
-    measurement of this class and thread count found the operator faster.
-    """
+    Cheap: no graph is read, the library is not loaded."""
     mode = operators.mode()
     if mode == 'off':
         return False
@@ -383,11 +363,8 @@ def choose(sites: Iterable[ConvSite], cpu_class: str, threads: int,
 
 
 def with_own_convolutions(graph: Graph, names: Iterable[str]) -> None:
-    """Put the ``Convolution`` nodes of `graph` named `names` on the own operator.
-
-    Same inputs in the same order, same attributes (``workspace`` and the
-    cuDNN ones are accepted and ignored by it).
-    """
+    """Put the ``Convolution`` nodes of `graph` named `names` on the own operator, same inputs and
+    attributes (it ignores ``workspace`` and the cuDNN ones)."""
     names = set(names)
     if not names:
         return
@@ -398,12 +375,15 @@ def with_own_convolutions(graph: Graph, names: Iterable[str]) -> None:
 
 
 def _chain(case: ConvCase, own: bool) -> mx.sym.Symbol:
-    """Producer, the convolution (MXNet's or own), consumer, and a scalar loss over them."""
+    """MXNet's 1x1 convolution, BatchNorm (in its context), ReLU; the convolution (MXNet's or
+    own); BatchNorm, ReLU, MXNet's 1x1 convolution; a scalar loss.
+
+    MXNet's neighbours, as in a network: the own operator's input is reordered from oneDNN
+    2.4's layout, and its plain output reordered by the next convolution, not by the loss's cast.
+    """
     x = mx.sym.amp_cast(mx.sym.var('data'), dtype=case.dtype)
     weight = mx.sym.amp_cast(mx.sym.var('weight'), dtype=case.dtype)
     bias = None if case.no_bias else mx.sym.amp_cast(mx.sym.var('bias'), dtype=case.dtype)
-    # The producer is MXNet's: in a network the convolution reads an array in oneDNN 2.4's
-    # layout, which MXNet reorders to its plain one before the own operator can read it.
     channels = case.data_shape[1]
     x = mx.sym.Convolution(x, mx.sym.amp_cast(mx.sym.var('producer_weight'), dtype=case.dtype),
                            kernel=(1,) * len(case.kernel), num_filter=channels, no_bias=True,
@@ -419,9 +399,6 @@ def _chain(case: ConvCase, own: bool) -> mx.sym.Symbol:
     if case.context == 'batchnorm':
         y = mx.sym.BatchNorm(y, fix_gamma=False, name='consumer_bn')
     y = mx.sym.Activation(y, act_type='relu')
-    # And the consumer's consumer is MXNet's too: where the own operator's plain output meets
-    # MXNet's next convolution, that one reorders it (the cast to FP32 for the loss would
-    # instead charge MXNet's side for a reorder no network has).
     y = mx.sym.Convolution(y, mx.sym.amp_cast(mx.sym.var('consumer_weight'), dtype=case.dtype),
                            kernel=(1,) * len(case.kernel), num_filter=case.num_filter,
                            no_bias=True, name='consumer')
@@ -435,8 +412,7 @@ def _bind(case: ConvCase, own: bool) -> mx.executor.Executor:
               'consumer_weight': (case.num_filter, case.num_filter) + (1,) * len(case.kernel)}
     if not case.no_bias:
         shapes['bias'] = (case.num_filter,)
-    # As in a Gluon training graph: no partitioning by MXNet's oneDNN subgraph backend, which
-    # MXNet reads from the environment at each bind (and which logs a line each time).
+    # As in a Gluon training graph: no oneDNN subgraph backend, which MXNet reads at each bind.
     previous = os.environ.get('MXNET_SUBGRAPH_BACKEND')
     os.environ['MXNET_SUBGRAPH_BACKEND'] = 'NONE'
     try:
@@ -458,12 +434,8 @@ def measure(cases: Sequence[ConvCase], *, repeats: int = 7, warmup: int = 2,
             progress: bool = True) -> List[Measurement]:
     """Measure each case on this machine, MXNet's convolution against the own one.
 
-    For each case, the forward and backward pass of a chain as networks have
-    it (MXNet's 1x1 convolution, a BatchNorm in the ``'batchnorm'`` context, a
-    ReLU; the convolution; a BatchNorm in the ``'batchnorm'`` context, a ReLU,
-    MXNet's 1x1 convolution) are timed both ways,
-    alternating, after `warmup` passes each; the medians of `repeats` are kept.
-    About a second per case for ResNet-50's layers at batch 16 on 2 cores.
+    The forward and backward pass of each case's chain as networks have it (:func:`_chain`),
+    timed both ways alternating after `warmup` passes; the medians of `repeats` are kept.
 
     Raises
     ------

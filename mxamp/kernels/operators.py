@@ -1,68 +1,24 @@
-"""mxamp's own convolution on oneDNN 3: the built library, its switch and its operator.
+"""mxamp's own oneDNN 3 operators: the built library, its switch, and the calls into it.
 
-MXNet 1.9.1 computes convolutions with the oneDNN 2.4 built into it, whose
-backward kernels are far behind oneDNN 3's on AMX CPUs.  mxamp builds, when it
-is installed, a small C++ library (``csrc/``) that runs convolutions on oneDNN
-3.2 (the ``onednn-cpu-gomp`` wheel, GNU OpenMP like MXNet) and registers them
-in MXNet as one operator, ``_mxamp_convolution``, with MXNet's
-``Convolution`` attributes and a gradient.  This module owns loading that
-library (once per process), the switch that keeps it off, what it says about
-itself (:func:`status`, :func:`describe`, for ``mxamp info``), and the calls
-that put the operator into NDArray code, Symbol graphs and hybridized Gluon
-blocks (:func:`convolution`).  Which convolutions of a network use it is not
-decided here.  The library also carries the one-pass kernel with which FP32
-master weights follow their bfloat16 weights (:func:`follow_bfloat16_weight`,
-for `mxamp.optimizer.follow_weight`), and a batch normalisation on oneDNN 3
-(:func:`batch_norm`) for data whose channels come last, the layout oneDNN 3's
-AMX kernels compute in and in which MXNet's ``BatchNorm`` runs a scalar loop:
-the building blocks of a channels-last chain (:func:`convolution` with
-``channels_last=True``), with max and average pooling (:func:`pooling`), which
-MXNet 1.9.1 has no CPU kernel for on channels-last data.  And a vectorised
-``clip`` (:func:`clip`), which converted Gluon networks run in place of MXNet's
-scalar one (a ReLU6).
-
-How it plugs into MXNet
------------------------
-Through MXNet's extension-library ABI (``MXLoadLib``, what
-``mx.library.load`` calls; ``MX_LIBRARY_VERSION`` 11 in 1.9.1), implemented by
-the library directly: the operator is a native MXNet operator, scheduled by
-MXNet's engine on its own worker threads like ``Convolution``, usable in
-``mx.nd``, ``mx.sym`` and hybridized Gluon, with no Python in the call.  The
-other way, ``mx.operator.CustomOp`` calling the library through ctypes, pays
-for Python, the GIL and MXNet's custom-operator thread on every call; measured
-on this project's 2-core AVX2 machine, it costs more per call than the whole
-extension operator does (see ``DESIGN_MEASUREMENTS`` below).
-
-The operator takes and returns MXNet's plain layouts (NCW/NCHW/NCDHW data,
-OIHW weights), or with ``channels_last`` the data and output channels last
-(NWC/NHWC/NDHWC) and the weight still OIHW.  oneDNN 3 picks its own layout for each primitive; an argument
-whose layout differs is reordered through MXNet's temporary space inside the
-call.  Both libraries link the same ``libgomp.so.1``, and the operator runs on
-the MXNet worker thread that called it, so it computes on that thread's OpenMP
-team, with MXNet's thread count: one pool, no oversubscription.
-
-What MXNet's extension ABI does not carry: the write request.  Gradients are
-always written, never added, so ``grad_req='add'`` is not honoured for the
-operator's inputs; MXNet's partial shape inference needs the data shape
-first (the weight shape is inferred from it).
+MXNet 1.9.1's built-in oneDNN 2.4 is far behind oneDNN 3 on AMX CPUs.  mxamp's library
+(``csrc/``, built at install) runs on oneDNN 3.2 (GNU OpenMP like MXNet: one thread pool) as native
+MXNet operators of the extension-library ABI (``MXLoadLib``, ``MX_LIBRARY_VERSION`` 11), which has
+no write request: gradients are written, never added (docs/own-convolution.rst, "How it plugs
+into MXNet").  This module loads it once, reports on it and calls the operators from NDArray,
+Symbol and Gluon code; `mxamp.kernels.choice` and `mxamp.kernels.channels_last` place them.
 
 Environment variables
 ---------------------
 MXAMP_OWN_CONV
-    ``0`` (or ``false``, ``no``, ``off``) keeps the library unloaded:
-    :func:`available` answers False and :func:`convolution` raises.  ``all``
-    puts every eligible bfloat16 convolution of a converted Gluon network on
-    it, whatever was measured (to measure whole networks both ways); unset
-    (or ``1``), the measured choice of `mxamp.kernels.choice` applies.
+    ``0`` (``false``, ``no``, ``off``): the library stays unloaded.  ``all``: every eligible
+    bfloat16 convolution of a converted Gluon network runs on it.  Unset or ``1``: the measured
+    choice of `mxamp.kernels.choice`.
 
 MXNet internals relied on
 -------------------------
-``MXLoadLib`` and ``NNGetOpHandle`` of MXNet's C API (through
-``mxnet.base._LIB``), and ``mxnet.ndarray.register._make_ndarray_function`` /
-``mxnet.symbol.register._make_symbol_function``, which make the operator's
-Python functions.  ``mx.library.load`` would do the same and then regenerate
-every operator's Python function (2.4 s measured here), undoing any monkey
-patch of ``mx.nd`` (``mxnet.contrib.amp.init``'s).
+``MXLoadLib`` and ``NNGetOpHandle`` (through ``mxnet.base._LIB``), and
+``_make_ndarray_function`` / ``_make_symbol_function``: ``mx.library.load`` would regenerate
+every operator's Python function, undoing monkey patches of ``mx.nd`` (``contrib.amp``'s).
 """
 import ctypes
 import importlib.metadata
@@ -90,11 +46,9 @@ OP_NAME = '_mxamp_convolution'
 FOLLOW_OP_NAME = '_mxamp_follow_weight'
 #: The batch normalisation operator's name in MXNet (its gradient: ``_backward__mxamp_batch_norm``).
 BATCH_NORM_OP_NAME = '_mxamp_batch_norm'
-#: The fan-out operator's name in MXNet: one array, ``num_outputs`` copies of it, the gradient
-#: their gradients' sum (its gradient: ``_backward__mxamp_fan_out``).
+#: The fan-out operator's name in MXNet (its gradient: ``_backward__mxamp_fan_out``).
 FAN_OUT_OP_NAME = '_mxamp_fan_out'
-#: The operator moving an array's channels between the second and the last dimension (its
-#: gradient: ``_backward__mxamp_move_channels``): see :func:`move_channels`.
+#: The channel-moving operator's name in MXNet (its gradient: ``_backward__mxamp_move_channels``).
 MOVE_CHANNELS_OP_NAME = '_mxamp_move_channels'
 #: The pooling operator's name in MXNet (its gradient: ``_backward__mxamp_pooling``).
 POOLING_OP_NAME = '_mxamp_pooling'
@@ -105,7 +59,6 @@ CLIP_OP_NAME = '_mxamp_clip'
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
-# Written by the build (mxamp/kernels/build.py) when it could not build the library: the reason.
 _NOT_BUILT_NOTE = 'own_conv_not_built.txt'
 _ONEDNN_DISTRIBUTION = 'onednn-cpu-gomp'
 _ONEDNN_SONAME = 'libdnnl.so.3'
@@ -121,23 +74,8 @@ class OwnConvUnavailable(RuntimeError):
 
 
 class OwnConvStatus(NamedTuple):
-    """Where mxamp's own convolution stands in this process.
-
-    Attributes
-    ----------
-    built : bool
-        The library was built when mxamp was installed.
-    enabled : bool
-        Not switched off by ``MXAMP_OWN_CONV``.
-    loaded : bool
-        Loaded and registered in MXNet: the operator can run.
-    onednn_version : str or None
-        The oneDNN it runs on ("3.2.0"), when loaded.
-    cpu_isa : str or None
-        The instruction set oneDNN 3 uses on this CPU ("avx2", "avx512_core_amx"...), when loaded.
-    reason : str or None
-        Why it cannot run, when it cannot.
-    """
+    """Where mxamp's own operators stand: built at install, not switched off, loaded; when loaded,
+    oneDNN's version ("3.2.0") and the instruction set it uses here; else why they cannot run."""
 
     built: bool
     enabled: bool
@@ -184,7 +122,7 @@ def mode() -> str:
     Raises
     ------
     ValueError
-        For any other value, naming the variable and the values it takes.
+        For any other value.
     """
     value = os.environ.get('MXAMP_OWN_CONV', '1').strip().lower()
     if value in _OFF_VALUES:
@@ -212,7 +150,6 @@ def _not_built_reason() -> str:
 
 
 def _onednn_library() -> str:
-    """The path of oneDNN 3's shared library, from the onednn-cpu-gomp wheel's file list."""
     try:
         files = importlib.metadata.distribution(_ONEDNN_DISTRIBUTION).files or []
     except importlib.metadata.PackageNotFoundError:
@@ -230,8 +167,7 @@ def _load() -> _Loaded:
         raise OwnConvUnavailable(_not_built_reason())
     onednn = _onednn_library()
     try:
-        # By absolute path, before MXNet opens ours: the dynamic loader then finds the
-        # library's dependency on libdnnl.so.3 already loaded (matched by soname).
+        # Before MXNet opens ours: the loader then finds libdnnl.so.3 loaded (matched by soname).
         ctypes.CDLL(onednn)
     except OSError as error:
         raise OwnConvUnavailable('cannot load %s: %s' % (onednn, error)) from None
@@ -277,7 +213,6 @@ def _load() -> _Loaded:
 
 
 def _ensure_loaded() -> Optional[_Loaded]:
-    """The loaded library, loading it on the first call; None when it cannot run."""
     global _loaded, _failure
     if _switched_off():
         return None
@@ -291,11 +226,7 @@ def _ensure_loaded() -> Optional[_Loaded]:
 
 
 def status() -> OwnConvStatus:
-    """Where mxamp's own convolution stands: built, switched on, loaded, its oneDNN.
-
-    Loads the library on the first call (about 20 ms; no operator runs) unless
-    ``MXAMP_OWN_CONV`` switches it off.
-    """
+    """Where mxamp's own operators stand; loads the library on first call unless switched off."""
     built = os.path.exists(library_path())
     if _switched_off():
         return OwnConvStatus(built, False, False, None, None,
@@ -307,11 +238,7 @@ def status() -> OwnConvStatus:
 
 
 def available() -> bool:
-    """Whether the operator can run in this process.
-
-    The first time it cannot, says why once in the ``mxamp`` log (a warning,
-    or an info line when ``MXAMP_OWN_CONV`` switched it off).
-    """
+    """Whether the operators can run here; the first time they cannot, says why in the log."""
     global _failure_said
     state = status()
     if not state.loaded and not _failure_said:
@@ -323,13 +250,7 @@ def available() -> bool:
 
 
 def describe() -> str:
-    """One line for ``mxamp info``: the state of mxamp's own convolution.
-
-    Example
-    -------
-    >>> mxamp.kernels.operators.describe()  # doctest: +ELLIPSIS
-    'own convolution: ...'
-    """
+    """One line for ``mxamp info``: the state of mxamp's own operators."""
     state = status()
     if state.loaded:
         return 'own convolution: on (oneDNN %s, %s)' % (state.onednn_version, state.cpu_isa)
@@ -370,39 +291,12 @@ def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[in
                 dilate: Optional[Sequence[int]] = None, pad: Optional[Sequence[int]] = None,
                 num_group: int = 1, channels_last: bool = False,
                 name: Optional[str] = None) -> Any:
-    """A convolution on mxamp's own oneDNN 3 operator, like ``Convolution``.
+    """MXNet's ``Convolution`` (its attributes, 1 to 3 spatial dimensions) on mxamp's operator.
 
-    Takes NDArrays (runs now, records for autograd) or Symbols (builds a graph
-    node, for the Symbol API and hybridized Gluon blocks, whose
-    ``hybrid_forward`` passes either).  The attributes are MXNet
-    ``Convolution``'s; layouts NCW, NCHW and NCDHW, or their channels-last
-    forms.
-
-    Parameters
-    ----------
-    data, weight, bias : NDArray or Symbol
-        ``(N, C, spatial...)`` (``(N, spatial..., C)`` with `channels_last`),
-        ``(num_filter, C / num_group, kernel...)`` in either layout, and
-        ``(num_filter,)``; no bias when `bias` is None.
-    kernel, stride, dilate, pad : tuple of int
-        One per spatial dimension (1 to 3); stride and dilate default to 1, pad to 0.
-    num_filter, num_group : int
-        Output channels and groups (``num_group == C`` is depthwise).
-    channels_last : bool
-        Data and output hold their channels last, as oneDNN 3's AMX kernels
-        compute: a chain of channels-last operators passes its arrays on with
-        no reorder.  The weight keeps MXNet's layout.
-    name : str, optional
-        The node's name (Symbols only).
-
-    Returns
-    -------
-    NDArray or Symbol
-
-    Raises
-    ------
-    OwnConvUnavailable
-        When the operator cannot run here (:func:`status` says why).
+    NDArrays run now (and record for autograd); Symbols make a graph node named `name`.  With
+    `channels_last`, data and output are ``(N, spatial..., C)``, the layout oneDNN 3's AMX kernels
+    compute in; the weight keeps MXNet's.  `bias` None: no bias.  Every operator function here
+    takes NDArrays or Symbols alike and raises `OwnConvUnavailable` when the library cannot run.
     """
     loaded = _require()
     attributes = _attributes(kernel, num_filter, stride, dilate, pad, num_group, bias is None,
@@ -417,61 +311,20 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
                eps: float = 1e-3, momentum: float = 0.9, fix_gamma: bool = True,
                use_global_stats: bool = False, axis: int = 1, act_type: Optional[str] = None,
                residual: Any = None, copies: int = 0, name: Optional[str] = None) -> Any:
-    """Training-mode batch normalisation on mxamp's own oneDNN 3 operator.
+    """Training-mode ``BatchNorm`` on mxamp's operator, channels second or last.
 
-    MXNet ``BatchNorm``'s arithmetic and attributes, for data whose channels
-    are the second (``axis=1``) or the last (``axis=-1``) dimension: channels
-    last is what a chain of channels-last convolutions passes on, and where
-    MXNet 1.9.1's ``BatchNorm`` runs a scalar loop.  It normalises with the
-    batch statistics and, in the backward pass, updates `moving_mean` and
-    `moving_var` in place (``moving = moving * momentum + batch * (1 - momentum)``, with the biased
-    batch variance, as MXNet does), unless `use_global_stats`, which
-    normalises with the moving statistics and leaves them.  It always trains:
-    MXNet's extension ABI does not tell an operator whether MXNet is
-    training, so inference graphs keep MXNet's ``BatchNorm``.  Like MXNet's,
-    it updates the moving statistics when the gradient runs: a forward pass
-    without its backward leaves them.  As in MXNet 1.9.1 (whose
-    ``_backward_BatchNorm`` declares no mutated input), MXNet's engine does not
-    know the gradient writes them: read them after something that waits for
-    the gradient, ``mx.nd.waitall()`` or a trainer step that updates this
-    gamma or beta, or the read may come first (measured: 3 reads in 200 right
-    after ``backward()`` saw the old values here; MXNet's faster kernel left
-    none in 200).
-
-    Parameters
-    ----------
-    data : NDArray or Symbol
-        float32 or bfloat16, 3 to 5 dimensions.
-    gamma, beta, moving_mean, moving_var : NDArray or Symbol
-        float32 ``(C,)``.
-    eps, momentum, fix_gamma, use_global_stats, axis
-        As MXNet's ``BatchNorm``: `fix_gamma` takes gamma as 1 and gives it a
-        zero gradient.  In a Symbol graph, gamma, beta and the moving
-        statistics need known shapes (a ``ValueError`` says so otherwise).
-    act_type : {None, 'relu'}
-        ``'relu'``: a ReLU on the output, in the same pass (its gradient
-        taken from the output, as MXNet's ``Activation`` takes it).
-    residual : NDArray or Symbol, optional
-        An array like `data` added to the normalised output, before the
-        ReLU (a residual block's end); it gets the sum's gradient.
-    copies : int
-        Further outputs, each a copy of the output for one more reader, whose
-        gradients are summed with the output's (what ``_mxamp_fan_out`` does
-        after an operator, without its pass over the output).
-    name : str, optional
-        The node's name (Symbols only).
-
-    Returns
-    -------
-    list of NDArray, or Symbol
-        The output (like `data`), the batch mean and the batch variance
-        (float32, ``(C,)``), then the output's `copies`, as a list of NDArrays
-        or a Symbol of that many outputs.
+    MXNet 1.9.1's ``BatchNorm`` runs a scalar loop on channels-last data.  The extension ABI does
+    not say whether MXNet trains, so this normalises with the batch statistics (unless
+    `use_global_stats`) and inference graphs keep MXNet's.  The backward pass updates the moving
+    statistics in place, which MXNet 1.9.1's engine is not told (``_backward_BatchNorm`` declares
+    no mutated input): read them after ``mx.nd.waitall()`` or a trainer step.  `data` is float32
+    or bfloat16, 3 to 5 dimensions, the other inputs float32 ``(C,)`` of known shapes; `act_type`
+    ``'relu'`` adds a ReLU, `residual` an array before it, `copies` copies of the output for
+    further readers (their gradients summed).  Returns the output, the batch mean and variance,
+    then the copies.
 
     Raises
     ------
-    OwnConvUnavailable
-        When the library cannot run here.
     ValueError
         For a Symbol variable among gamma, beta and the statistics with no shape.
     """
@@ -495,28 +348,9 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
 
 
 def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
-    """`num_outputs` copies of `data`, whose gradient is the sum of theirs, in one operator.
+    """`num_outputs` (2 or more) copies of float32 or bfloat16 `data`; its gradient sums theirs.
 
-    Where an array has several readers, MXNet sums their gradients with
-    ``add_n``, whose bfloat16 kernel on MXNet's plain layout is a scalar loop
-    (81 ms against 2.5 ms for ``elemwise_add`` on 51 million values, 2
-    threads, Xeon with AMX): `mxamp.kernels.channels_last` gives each reader of such
-    an array in its regions its own copy instead.
-
-    Parameters
-    ----------
-    data : NDArray or Symbol
-        float32 or bfloat16.
-    num_outputs : int
-        2 or more.
-    name : str, optional
-        The node's name (Symbols only).
-
-    Returns
-    -------
-    list of NDArray, or Symbol
-        The copies, as a list of NDArrays or a Symbol of `num_outputs` outputs.
-    """
+    For the readers of a shared array: MXNet 1.9.1's ``add_n`` is a scalar loop on bfloat16."""
     loaded = _require()
     if isinstance(data, mx.sym.Symbol):
         return loaded.fan_out_sym(data, num_outputs=int(num_outputs), name=name)
@@ -524,33 +358,15 @@ def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
 
 
 def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) -> Any:
-    """`data`'s channels moved to the last dimension (``to='last'``: (N, C, spatial...) into
-    (N, spatial..., C)) or back (``to='first'``), in one pass of exact copies.
+    """`data`'s channels moved last (``to='last'``) or back second (``to='first'``): exact copies.
 
-    MXNet 1.9.1's ``transpose`` corrupts memory on bfloat16 arrays with oneDNN
-    (see `mxamp.policy`): `mxamp.kernels.channels_last` moves a bfloat16 array across a
-    region's border with this instead of a cast to float32, a transpose and a
-    cast back.  The gradient is the output gradient moved the other way.
-
-    Parameters
-    ----------
-    data : NDArray or Symbol
-        float32 or bfloat16, 3 or more dimensions.
-    to : {'last', 'first'}
-    name : str, optional
-        The node's name (Symbols only).
-
-    Returns
-    -------
-    NDArray or Symbol
+    MXNet 1.9.1's ``transpose`` corrupts memory on bfloat16 arrays with oneDNN (`mxamp.policy`):
+    channels-last regions move bfloat16 arrays across their borders with this.
 
     Examples
     --------
     >>> x = mx.nd.arange(24).reshape((1, 2, 3, 4))
-    >>> last = mxamp.kernels.operators.move_channels(x, to='last')
-    >>> last.shape
-    (1, 3, 4, 2)
-    >>> last[0, 0, 1].asnumpy()
+    >>> mxamp.kernels.operators.move_channels(x, to='last')[0, 0, 1].asnumpy()
     array([ 1., 13.], dtype=float32)
     """
     if to not in ('last', 'first'):
@@ -562,27 +378,10 @@ def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) ->
 
 
 def clip(data: Any, a_min: float, a_max: float, *, name: Optional[str] = None) -> Any:
-    """`data` clipped to [`a_min`, `a_max`]: MXNet's ``clip``, vectorised, with its gradient.
+    """float32 or bfloat16 `data` clipped to [`a_min`, `a_max`]: MXNet's ``clip``, vectorised.
 
-    MXNet 1.9.1's ``clip`` (a ReLU6 is ``clip(x, 0, 6)``) and its gradient are
-    scalar loops on a CPU: MobileNetV2's 35 ReLU6 layers took 53% of its
-    bfloat16 training step and 51% of its FP32 one (batch 16, 2 threads, Xeon
-    with AMX).  A converted Gluon network runs this instead (see
-    `mxamp.gluon`).  The same values as MXNet's, bit for bit, NaN and the
-    gradient at the bounds included; in bfloat16 the bounds are rounded to
-    nearest where MXNet's kernel truncates them (0 and 6 are exact either way).
-
-    Parameters
-    ----------
-    data : NDArray or Symbol
-        float32 or bfloat16.
-    a_min, a_max : float
-    name : str, optional
-        The node's name (Symbols only).
-
-    Returns
-    -------
-    NDArray or Symbol
+    MXNet 1.9.1's ``clip`` (a ReLU6) and its gradient are scalar loops on a CPU.  MXNet's values
+    bit for bit, except that bfloat16 bounds round to nearest where MXNet truncates them.
 
     Examples
     --------
@@ -599,42 +398,11 @@ def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
             stride: Optional[Sequence[int]] = None, pad: Optional[Sequence[int]] = None,
             global_pool: bool = False, count_include_pad: bool = True,
             channels_last: bool = False, name: Optional[str] = None) -> Any:
-    """Max or average pooling on mxamp's own oneDNN 3 operator.
+    """Max or average ``Pooling`` (MXNet's attributes, 'valid' convention) on mxamp's operator.
 
-    MXNet ``Pooling``'s arithmetic and attributes (``pooling_convention``
-    'valid'), for data whose channels are the second dimension or, with
-    `channels_last`, the last: the layout a channels-last region passes on
-    (`mxamp.kernels.channels_last` takes a network's stem pooling into its region
-    with it), where MXNet 1.9.1 has no CPU pooling.
-
-    Parameters
-    ----------
-    data : NDArray or Symbol
-        float32 or bfloat16, 3 to 5 dimensions.
-    kernel, stride, pad : tuple of int
-        One per spatial dimension, as MXNet's (`stride` 1 and `pad` 0 by
-        default); `pad` below `kernel`.
-    pool_type : {'max', 'avg'}
-    global_pool : bool
-        Pool over the whole spatial extent (`kernel` ignored).
-    count_include_pad : bool
-        Average pooling: the padding counts in the divisor (MXNet's default).
-    channels_last : bool
-        Data and output ``(N, spatial..., C)``.
-    name : str, optional
-        The node's name (Symbols only).
-
-    Returns
-    -------
-    NDArray or Symbol
-        The pooled data.  Max pooling has a second output, the workspace its
-        gradient reads (where each window's maximum was, uint8 bytes): a list
-        ``[output, workspace]`` of NDArrays, or a Symbol of two outputs.
-
-    Raises
-    ------
-    OwnConvUnavailable
-        When the library cannot run here.
+    With `channels_last`, data ``(N, spatial..., C)``, which MXNet 1.9.1 has no CPU pooling for.
+    `data` is float32 or bfloat16, 3 to 5 dimensions; `pad` below `kernel`.  Max pooling has a
+    second output, the workspace its gradient reads.
     """
     loaded = _require()
     if pool_type not in ('max', 'avg'):
@@ -654,14 +422,9 @@ def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
 
 
 def _require_known_shape(what: str, symbol: mx.sym.Symbol) -> None:
-    """Refuse a variable of unknown shape among an extension operator's statistics inputs.
-
-    MXNet 1.9.1's shape inference for extension operators (``src/c_api/c_api.cc``)
-    sizes its buffer by the sum of the inputs' dimension counts, an unknown
-    shape counting -1, and then copies the known shapes into it: with more
-    unknown inputs than the data has dimensions it writes past the buffer and
-    the process dies.
-    """
+    """Refuse a statistics input of unknown shape: MXNet 1.9.1's shape inference for extension
+    operators (``src/c_api/c_api.cc``) sizes its buffer by the inputs' dimension counts, an
+    unknown shape counting -1, so too many unknown shapes write past it and kill the process."""
     if symbol.get_children() is None and '__shape__' not in (symbol.list_attr() or {}):
         raise ValueError('%s (%s) has no shape: give it one (mx.sym.var(name, shape=(C,))); '
                          "MXNet's shape inference for extension operators cannot infer it"
@@ -671,18 +434,8 @@ def _require_known_shape(what: str, symbol: mx.sym.Symbol) -> None:
 def follow_bfloat16_weight(master: mx.nd.NDArray, weight: mx.nd.NDArray) -> None:
     """`master` restarts from `weight` wherever `weight` no longer holds `master` rounded.
 
-    The arithmetic of `mxamp.optimizer.follow_weight` for a float32 `master`
-    and a bfloat16 `weight` on the CPU, in one vectorised pass on the calling
-    thread's OpenMP team that reads 6 bytes per value and writes 4 (MXNet's
-    elementwise ops take five passes, about 46 bytes).  Rounding to nearest, ties to even, as ``amp_cast``;
-    compared as floats (-0 equals +0, NaN equals nothing).  Asynchronous, in
-    place; `weight` may hold a oneDNN layout (MXNet reorders it for the call).
-
-    Raises
-    ------
-    OwnConvUnavailable
-        When the library cannot run here.
-    """
+    `mxamp.optimizer.follow_weight` for float32 `master`, bfloat16 `weight` (any oneDNN layout), in
+    one asynchronous pass: rounded as ``amp_cast``, compared as floats (NaN equals nothing)."""
     _require().follow_function(master, weight, out=master)
 
 
@@ -692,37 +445,12 @@ def sgd_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.
                       follow: bool) -> mx.nd.NDArray:
     """One SGD step on the FP32 `master` copy of a bfloat16 `weight`, in one pass.
 
-    What `mxamp.optimizer`'s generic path computes for ``mx.optimizer.SGD``
-    with four MXNet passes (the gradient widened, the master following the
-    weight, ``multi_sgd_mom_update`` on the master, the master narrowed into
-    the weight), in one vectorised pass of mxamp's native library on the
-    calling thread's OpenMP team: the same expression in float32, operand for
-    operand, so the same numbers.  Asynchronous, no host sync.
-
-    Parameters
-    ----------
-    weight, grad : NDArray
-        bfloat16, same shape; `weight` is read (to follow it), not written.
-    master, momentum_state : NDArray
-        float32, updated in place; `momentum_state` None when `momentum` is 0.
-    lr, wd, momentum, rescale_grad : float
-        As MXNet's SGD.
-    clip_gradient : float
-        Negative: no clipping.
-    follow : bool
-        Restart the master from the weight where the weight changed
-        (`mxamp.optimizer.follow_weight`).
-
-    Returns
-    -------
-    NDArray
-        The new weight (bfloat16, MXNet's default layout): the caller copies
-        it into `weight`, whatever layout that holds.
-
-    Raises
-    ------
-    OwnConvUnavailable
-        When the library cannot run here.
+    Replaces the four MXNet passes of `mxamp.optimizer`'s generic path for ``mx.optimizer.SGD``
+    with the same float32 expression operand for operand, so the same numbers; asynchronous.
+    `weight` and `grad` are bfloat16 (`weight` read, not written); `master` and `momentum_state`
+    (None when `momentum` is 0) float32, updated in place; the hyperparameters MXNet SGD's (a
+    negative `clip_gradient`: no clipping); `follow`: `mxamp.optimizer.follow_weight` first.
+    Returns the new weight (bfloat16, MXNet's layout), for the caller to copy into `weight`.
     """
     inputs = [weight, grad, master] + ([] if momentum == 0 else [momentum_state])
     return _require().sgd_step_nd(*inputs, lr=float(lr), wd=float(wd), momentum=float(momentum),
@@ -734,29 +462,14 @@ def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int
             stride: Optional[Sequence[int]] = None, dilate: Optional[Sequence[int]] = None,
             pad: Optional[Sequence[int]] = None, num_group: int = 1, no_bias: bool = False,
             dtype: str = 'float32', channels_last: bool = False) -> str:
-    """The oneDNN kernels one convolution runs, and how many arguments each reorders.
+    """The oneDNN kernels a convolution (as :func:`convolution` takes it) runs, and their reorders.
 
-    Makes the convolution's primitives (forward and both backward ones) without
-    running them, as the operator would on its first call.  `data_shape` is in the
-    layout `channels_last` says, as for :func:`convolution`.
-
-    Returns
-    -------
-    str
-        ``'forward=<impl> (<n> reorders) backward_data=... backward_weights=...'``,
-        and ``backward_bias=mxamp channel sums`` where the weight gradient is a
-        ``matmul`` (1x1, bfloat16, channels last) and the bias's gradient the
-        output gradient's per-channel sum in mxamp's own loops.  A strided 1x1
-        convolution's ``backward_data=matmul ...`` computes the gradient at the
-        positions the kernel reads, which mxamp then spreads over the data.
+    ``'forward=<impl> (<n> reorders) backward_data=...'``: docs/own-convolution.rst, "What it is".
 
     Raises
     ------
     ValueError
-        For an unknown `dtype`, or attributes oneDNN has no kernel for on this
-        CPU (bfloat16 without AVX-512, for one), with oneDNN's reason.
-    OwnConvUnavailable
-        When the library cannot run here.
+        For an unknown `dtype`, or attributes oneDNN has no kernel for on this CPU.
     """
     loaded = _require()
     if dtype not in _DTYPE_FLAGS:
