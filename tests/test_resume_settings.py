@@ -5,8 +5,8 @@ numbers).  A resume with other settings stops with status 2 and one line per
 difference before anything trains or is written, on every worker of a
 distributed run; what may change (a longer step schedule, data threads, the
 output options) resumes, and ``--resume-override`` changes the rest on purpose,
-logged and recorded.  Checkpoints of the previous version, which recorded no
-settings, still resume, with a note.
+logged and recorded.  A checkpoint that lacks any of the settings is not one this
+script writes: refused in one line.
 
 Most runs here refuse before the model is built: they share one checkpoint,
 trained once per module (epoch 1 of 2, two batches of the digits).
@@ -298,43 +298,32 @@ def test_compare_settings():
 
 
 # --------------------------------------------------------------------------------------
-# Checkpoints of the previous version
+# A checkpoint that lacks settings
 
-def _as_previous_version(directory):
-    meta = _meta(directory, 1)
-    meta.pop('settings', None)
-    meta.pop('resume_overrides', None)
-    _write_meta(directory, 1, meta)
-
-
-def test_previous_version_checkpoint_resumes_with_one_note(digits_dir, run_dir, capsys):
-    """It records no settings: those it cannot tell are not checked (said once), and
-    the checkpoints of the resumed run record them."""
-    _as_previous_version(run_dir)
-    assert train_imagenet.main(_argv(digits_dir, run_dir, '--resume', '--lr', '0.2')) == 0
-    err = capsys.readouterr().err
-    notes = [line for line in err.splitlines() if 'does not record' in line]
-    assert len(notes) == 1, err
-    assert notes[0].endswith(
-        '--resume: %s does not record --dataset, --data-train, --data-val, --synthetic, '
-        '--num-examples, --num-classes, --image-shape, --model, --num-layers, '
-        '--resnet-version, --loss-scale, --batch-size, --num-epochs, --max-batches, '
-        '--optimizer, --lr, --momentum, --wd, --no-wd, --lr-mode, --lr-decay, '
-        '--lr-decay-epoch, --warmup-epochs, --label-smoothing, --num-gpus, --kv-store (an '
-        "earlier version of this script wrote it): not checked; this run's checkpoints "
-        'record them' % (run_dir / 'm-0001.json'))
-    assert _meta(run_dir, 2)['settings']['--lr'] == 0.2
-
-
-def test_previous_version_checkpoint_checks_what_it_records(digits_dir, run_dir, capsys):
-    """Its dtype, network path, seed and number of workers are still compared."""
-    _as_previous_version(run_dir)
+def test_a_checkpoint_lacking_settings_is_refused_in_one_line(digits_dir, run_dir, capsys):
+    """Every checkpoint of this script records them all: one that lacks some (here
+    --lr, --seed and the threads that decoded) is not resumed, whatever else matches."""
+    meta = _meta(run_dir, 1)
+    del meta['settings']['--lr'], meta['settings']['--seed'], meta['decoding_threads']
+    _write_meta(run_dir, 1, meta)
     before = _files(run_dir)
-    assert train_imagenet.main(_argv(digits_dir, run_dir, '--resume', '--seed', '2',
-                                     '--symbol', 'resnet', '--num-layers', '18')) == 2
-    assert _errors(capsys.readouterr().err) == [
-        '--symbol: checkpoint none, now resnet', '--seed: checkpoint 0, now 2',
-        _hint(run_dir)]
+    assert train_imagenet.main(_argv(digits_dir, run_dir, '--resume')) == 2
+    err = capsys.readouterr().err
+    assert _errors(err) == [
+        '--resume: %s does not record --lr, --seed, --data-nthreads: not a checkpoint this '
+        'script writes (start a new run; --load takes its parameters)'
+        % (run_dir / 'm-0001.json')], err
+    assert 'Traceback' not in err
+    assert _files(run_dir) == before          # train.log included: nothing was logged
+    # No settings at all: the one line names every one.
+    del meta['settings']
+    _write_meta(run_dir, 1, meta)
+    before = _files(run_dir)
+    assert train_imagenet.main(_argv(digits_dir, run_dir, '--resume')) == 2
+    errors = _errors(capsys.readouterr().err)
+    assert len(errors) == 1 and errors[0].startswith(
+        '--resume: %s does not record %s, --data-nthreads: '
+        % (run_dir / 'm-0001.json', ', '.join(options.RESUME_CHECKED))), errors
     assert _files(run_dir) == before
 
 

@@ -25,7 +25,7 @@ SCRIPTS = os.path.join(ROOT, 'scripts')
 sys.path.insert(0, SCRIPTS)
 
 import train_imagenet  # noqa: E402
-from imagenet import checkpoints, data, model, options, resume, spellings  # noqa: E402
+from imagenet import checkpoints, data, model, options, spellings  # noqa: E402
 from mxamp import cli  # noqa: E402
 
 ERROR = 'train_imagenet.py: error: '
@@ -466,22 +466,6 @@ def test_warmup_rises_from_warmup_lr_and_poly_decays_as_gluoncvs():
 
 # --------------------------------------------------------------------------------------
 # Settings added since a checkpoint was written
-
-def test_a_checkpoint_without_the_new_settings_ran_without_them(digits_dir, tmp_path, capsys):
-    argv = _digits(digits_dir, tmp_path, '--num-epochs', '2', '--stop-at-epoch', '1')
-    assert train_imagenet.main(argv) == 0
-    meta = _read(tmp_path / 'm-0001.json')
-    for name in resume.IMPLIED_BEFORE:
-        del meta['settings'][name]
-    with open(tmp_path / 'm-0001.json', 'w') as handle:
-        json.dump(meta, handle)
-    capsys.readouterr()
-    assert train_imagenet.main(argv[:-2] + ['--resume', '--mixup', '--last-gamma']) == 2
-    assert _errors(capsys.readouterr().err)[:2] == ['--last-gamma: checkpoint off, now on',
-                                                    '--mixup: checkpoint off, now on']
-    assert train_imagenet.main(argv[:-2] + ['--resume']) == 0
-    assert 'does not record' not in capsys.readouterr().err
-
 
 # --------------------------------------------------------------------------------------
 # What other tools read: valid JSON, --json-log, the default --save-dir

@@ -88,7 +88,7 @@ def test_resume_notes_a_change_of_the_threads_that_decode(monkeypatch, caplog, c
     monkeypatch.setattr(data, 'usable_cpus', lambda: cpus)
     args = options.build_parser().parse_args(['--data-nthreads', str(now)])
     settings = {'--lr-mode': 'cosine'}
-    meta = {'epoch': 1, 'data_nthreads': was, 'settings': settings}
+    meta = {'epoch': 1, 'decoding_threads': data.decoding_threads(was), 'settings': settings}
     with caplog.at_level('INFO', logger='train_imagenet'):
         resume.check_resume_settings(meta, 'm-0001.json', settings, args, None)
     notes = [r.getMessage() for r in caplog.records if 'decoded on' in r.getMessage()]

@@ -230,16 +230,6 @@ def test_epoch_line_says_this_epochs_skipped_steps_and_the_total(digits_dir, tmp
     assert _summary(tmp_path)['skipped_steps'] == 4
 
 
-def test_read_metrics_of_an_older_file(tmp_path):
-    """skipped_steps, the running total of earlier versions, becomes both columns."""
-    path = tmp_path / 'm-metrics.csv'
-    path.write_text('epoch,lr,train_loss,skipped_steps\n1,0.1,2.0,5\n2,0.1,1.5,7\n')
-    rows = report.read_metrics(str(path))
-    assert [(r['epoch'], r['skipped_in_epoch'], r['skipped_total']) for r in rows] == \
-        [(1, 5, 5), (2, 2, 7)]
-    assert 'skipped_steps' not in rows[0]
-
-
 def test_plot_epoch_ticks_are_integers(tmp_path):
     rows = [{'epoch': e, 'train_loss': 2.0 / e, 'val_top1': 0.2 * e, 'img_per_sec': 100.0}
             for e in (1, 2, 3)]

@@ -31,15 +31,9 @@ def read_metrics(path):
     with open(path, newline='') as handle:
         rows = [{k: float(v) if v not in ('', None) else float('nan') for k, v in row.items()}
                 for row in csv.DictReader(handle)]
-    total = 0
     for row in rows:
-        if 'skipped_steps' in row:
-            # A file of an earlier version of this script, whose skipped_steps was the
-            # running total: a run resumed over it keeps its rows.
-            row['skipped_total'] = row.pop('skipped_steps')
-            row['skipped_in_epoch'] = row['skipped_total'] - total
-        row['epoch'], row['skipped_in_epoch'] = int(row['epoch']), int(row['skipped_in_epoch'])
-        total = row['skipped_total'] = int(row['skipped_total'])
+        for name in ('epoch', 'skipped_in_epoch', 'skipped_total'):
+            row[name] = int(row[name])
     return rows
 
 

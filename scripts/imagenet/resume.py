@@ -3,8 +3,8 @@ the comparison that lets a resume continue it or refuses it
 (`check_resume_settings`).
 
 Which options count is `imagenet.options`' classification (`RESUME_CHECKED`,
-`RESUME_FIXED`, `RESUME_FREE`); settings added since a checkpoint was written
-count with the value its version ran with (`IMPLIED_BEFORE`).
+`RESUME_FIXED`, `RESUME_FREE`); a checkpoint that lacks any of them is not one
+this script writes, and is refused.
 """
 import json
 import logging
@@ -15,11 +15,6 @@ from .distributed import refusing_workers
 from .options import UsageError
 
 _LOG = logging.getLogger('train_imagenet')
-
-# Settings that checkpoints of earlier versions of this script do not record, and the
-# value those versions ran with (they had no such option): compared like recorded ones.
-IMPLIED_BEFORE = {'--last-gamma': False, '--warmup-lr': 0.0, '--mixup': False,
-                  '--mixup-alpha': 0.2, '--mixup-off-epoch': 0}
 
 
 def run_settings(args, spec, dtype, contexts, num_workers, base_lr):
@@ -87,20 +82,6 @@ def _show(value):
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _recorded_settings(meta):
-    """A checkpoint's settings, with `IMPLIED_BEFORE` where it lacks them.  An earlier
-    version of this script recorded none; what its other fields say stands in for
-    them."""
-    if 'settings' in meta:
-        return {**IMPLIED_BEFORE, **meta['settings']}
-    stored = {name: meta[key] for key, name in (('dtype', '--dtype'), ('seed', '--seed'),
-                                                ('num_workers', 'DMLC_NUM_WORKER'))
-              if key in meta}
-    if 'path' in meta:
-        stored['--symbol'] = 'resnet' if meta['path'] == 'symbol' else None
-    return {**IMPLIED_BEFORE, **stored}
-
-
 def compare_settings(stored, current, overrides):
     """The differences between a checkpoint's settings and this run's.
 
@@ -133,15 +114,25 @@ def check_resume_settings(meta, json_file, settings, args, kvstore):
     """Refuse to resume from `meta` (read from `json_file`) with other `settings`.
 
     Raises `UsageError` with one line per difference that --resume-override
-    does not name; logs the others.  With a distributed `kvstore`, every worker
-    must call it, and all refuse when one does: a worker that went on alone
-    would wait for the others for ever.  Returns the run's overrides, earlier
-    resumes' and this one's, for its checkpoints and summary.
+    does not name; logs the others.  A checkpoint that lacks any of `settings`
+    (or the number of threads that decoded, as ``--data-nthreads``) is not one
+    this script writes: refused with one line naming them.  With a distributed
+    `kvstore`, every worker must call it, and all refuse when one does: a worker
+    that went on alone would wait for the others for ever.  Returns the run's
+    overrides, earlier resumes' and this one's, for its checkpoints and summary.
     """
     current = json.loads(json.dumps(settings))    # as a checkpoint gives them back
-    stored = _recorded_settings(meta)
+    stored = meta.get('settings', {})
+    missing = [name for name in current if name not in stored]
+    if 'decoding_threads' not in meta:
+        missing.append('--data-nthreads')
     refused, overridden, free = compare_settings(stored, current, args.resume_override or ())
-    refusing = refusing_workers(kvstore, bool(refused)) if kvstore is not None else []
+    refusing = refusing_workers(kvstore, bool(missing or refused)) \
+        if kvstore is not None else []
+    if missing:
+        raise UsageError('--resume: %s does not record %s: not a checkpoint this script '
+                         'writes (start a new run; --load takes its parameters)'
+                         % (json_file, ', '.join(missing)))
     if refused:
         raise UsageError('\n'.join(refused + [
             '--resume: %s was written with the settings above: resume with them, or name '
@@ -150,14 +141,7 @@ def check_resume_settings(meta, json_file, settings, args, kvstore):
         raise UsageError('--resume: the settings of worker(s) %s differ from their checkpoint '
                          '(their output says which): no worker resumes'
                          % ', '.join(str(rank) for rank in refusing))
-    unchecked = [name for name in current if name not in stored]
-    if unchecked:
-        _LOG.warning('--resume: %s does not record %s (an earlier version of this script wrote '
-                     'it): not checked; this run\'s checkpoints record them', json_file,
-                     ', '.join(unchecked))
-    # Checkpoints of earlier versions record the request only (then decoding_threads of it).
-    was = meta.get('decoding_threads', decoding_threads(meta.get('data_nthreads',
-                                                                  args.data_nthreads)))
+    was = meta['decoding_threads']
     now = decoding_threads(args.data_nthreads)
     if was != now:
         free.append('--data-nthreads: the checkpoint\'s run decoded on %d thread(s), this one '
