@@ -27,7 +27,7 @@ module drives through that module's moves.
 import inspect
 import json
 import warnings
-from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Tuple, Type, Union
 
 import mxnet as mx
 from mxnet import autograd
