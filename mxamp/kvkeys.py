@@ -1,31 +1,7 @@
-"""The kvstore keys mxamp reserves, and the overflow agreement sent under one of them.
-
-This module owns:
-
-* the reserved key space.  ``gluon.Trainer`` and ``Module`` push parameter
-  ``i`` under key ``i``; keys from ``2**28`` on are left to the purposes of
-  :func:`reserved_key`, which hands each its own, so that none collides with a
-  parameter or with another purpose;
-* both ends of the overflow agreement between distributed workers: what a
-  worker pushes and reads back (:func:`agree_overflow`, for
-  :class:`mxamp.LossScaler`), and what a kvstore server running an mxamp
-  optimizer stores (:func:`store_overflow_sum`, for
-  :class:`mxamp.optimizer.MultiPrecision`).
-
-The payload, :data:`OVERFLOW_FLAG_SIZE` float32 values: each worker pushes
-``[non-finite count, rescale_grad, 1, 0]`` and the kvstore sums them.  A server
-running a mixed-in optimizer stores that sum with the last element set to 1
-and adopts the workers' mean ``rescale_grad``.  A server without one keeps the
-plain sum, last element 0: MXNet 1.9.1's server stores pushed sums as they are
-when it has no optimizer, weights included, so with ``update_on_kvstore=True``
-the workers must not go on.
-
-mxamp.optimizer imports this module on kvstore servers, inside ``import mxnet``
-(see :class:`mxamp.optimizer.MultiPrecision`), where ``mx.nd`` does not exist
-yet: it reaches MXNet through ``mx.ndarray`` only.
-"""
-# Annotations stay unevaluated: on a kvstore server, inside `import mxnet`, mx.kvstore
-# (named in them) is not there yet.
+"""The kvstore keys mxamp reserves (from ``2**28``; parameter ``i`` travels under ``i``), and
+the overflow agreement sent under one of them (docs/training.rst, "Distributed kvstores").
+Runs on kvstore servers inside ``import mxnet``, before ``mx.nd`` and ``mx.kvstore`` exist:
+MXNet only through ``mx.ndarray``, and annotations stay unevaluated."""
 from __future__ import annotations
 
 import weakref
@@ -37,12 +13,8 @@ __all__ = ['reserved_key', 'agree_overflow', 'store_overflow_sum', 'OVERFLOW_FLA
 
 #: The first key of each purpose; a purpose may use the keys after it, up to the next one.
 _KEYS = {
-    # scripts/train_imagenet.py: which checkpoints every worker holds, then whether
-    # every worker accepts its checkpoint's settings (two keys).
     'resume': 2 ** 28,
-    # scripts/train_imagenet.py: BatchNorm statistics averaged over workers (one key each).
     'statistics': 2 ** 29,
-    # LossScaler's overflow agreement (one key).
     'overflow': 2 ** 30 - 7,
 }
 
@@ -51,21 +23,9 @@ OVERFLOW_FLAG_SIZE = 4
 
 
 def reserved_key(purpose: str) -> int:
-    """The kvstore key reserved for `purpose`, the same on every worker and server.
-
-    Parameters
-    ----------
-    purpose : str
-        ``'overflow'`` (the loss scaler's agreement), ``'statistics'`` (values
-        averaged over workers: the key of the first, the others follow) or
-        ``'resume'`` (the checkpoints every worker holds, and the key after it:
-        whether every worker accepts its checkpoint's settings).
-
-    Raises
-    ------
-    ValueError
-        For another purpose.
-    """
+    """The key of `purpose`, the same on every worker and server: ``'overflow'``, ``'resume'``
+    (two keys) or ``'statistics'`` (the first of one key per value averaged over workers).
+    Raises ``ValueError`` for another purpose."""
     try:
         return _KEYS[purpose]
     except KeyError:
@@ -75,33 +35,12 @@ def reserved_key(purpose: str) -> int:
 
 def agree_overflow(kvstore: mx.kvstore.KVStore, bad: mx.ndarray.NDArray, rescale_grad: Optional[float],
                    initialized: weakref.WeakKeyDictionary) -> bool:
-    """Sum the workers' non-finite counts through `kvstore`; True when any is above 0.
+    """Sum the workers' non-finite counts `bad` (shape (1,), CPU): True when any is above 0.
 
-    One ``pushpull`` of ``reserved_key('overflow')`` and one host sync.  Every
-    worker pulls the same sum, so every worker reaches the same verdict (and
-    raises the same error).
-
-    Parameters
-    ----------
-    kvstore : KVStore
-        A distributed kvstore.
-    bad : NDArray
-        Shape (1,), on the CPU: this worker's count of contexts with inf/NaN.
-    rescale_grad : float or None
-        The optimizer's ``rescale_grad`` when the servers run the optimizer
-        (``update_on_kvstore=True``): they adopt the workers' mean and must run
-        an mxamp optimizer.  None otherwise.
-    initialized : weakref.WeakKeyDictionary
-        The kvstores whose key this caller has initialised; updated here.
-
-    Raises
-    ------
-    RuntimeError
-        With `rescale_grad`, when the server runs no mxamp optimizer.  The usual
-        cause: it could not unpickle it, which MXNet's server only logs; it then
-        stores the pushed gradient sums as the weights.  Raised before any
-        gradient is pushed.
-    """
+    One ``pushpull``, host sync; every worker reaches the same verdict.  `rescale_grad`: the
+    optimizer's when the servers run it, else None.  `initialized`: the kvstores whose key this
+    caller has set.  Raises ``RuntimeError`` (before any gradient is pushed) when servers given
+    `rescale_grad` run no mxamp optimizer."""
     key = reserved_key('overflow')
     cpu = mx.cpu()
     payload = mx.ndarray.concat(bad, mx.ndarray.array(
@@ -124,19 +63,8 @@ def agree_overflow(kvstore: mx.kvstore.KVStore, bad: mx.ndarray.NDArray, rescale
 
 
 def store_overflow_sum(stored: mx.ndarray.NDArray, merged: mx.ndarray.NDArray) -> Optional[float]:
-    """Server side: store the workers' summed payload `merged` into `stored`, marked.
-
-    Sets the last element to 1 (this server runs an mxamp optimizer), so the
-    workers pull the sum with that mark.  Synchronises the server with its engine.
-
-    Returns
-    -------
-    float or None
-        The workers' mean ``rescale_grad`` (loss scale and batch size folded
-        in), which the server's copy of the optimizer cannot otherwise learn;
-        None when `merged` is not a payload of :data:`OVERFLOW_FLAG_SIZE` values
-        from at least one worker.
-    """
+    """Server side: store the summed payload `merged` into `stored`, marked by a last 1.  Host
+    sync.  Returns the workers' mean ``rescale_grad``, None when `merged` is no payload."""
     values = merged.asnumpy()
     rescale_grad = None
     if values.shape == (OVERFLOW_FLAG_SIZE,):

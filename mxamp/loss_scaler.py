@@ -1,23 +1,16 @@
 """Dynamic or fixed loss scaling with skip-on-overflow, for Gluon and ``mx.mod.Module``.
 
-This module owns :class:`LossScaler`: the loss scale and its schedule, the
-overflow check of gradients on any number of contexts and in any dtypes (one
-host sync; distributed workers agree through :func:`mxamp.kvkeys.agree_overflow`),
-on a skipped step the check of the loss itself (a loss that is not finite is
-no gradient overflow: the scale is kept), the check that a step's gradients
-were scaled at all, its state, a Module's step (:meth:`LossScaler.update_module`),
-and the calls that ``torch.amp``'s ``GradScaler`` users reach for (``enabled=``,
-:meth:`LossScaler.get_scale`, :meth:`LossScaler.is_enabled`,
-:meth:`LossScaler.set_scale`).  :class:`mxamp.Trainer` drives one for Gluon.
+Owns :class:`LossScaler`: the scale and its schedule, the overflow check of gradients on any
+contexts and dtypes (one host sync; distributed workers agree through
+:func:`mxamp.kvkeys.agree_overflow`), the check of a skipped step's loss, the check that
+gradients were scaled, its state, and a Module's step.  :class:`mxamp.Trainer` drives one.
 
 MXNet internals relied on (MXNet 1.9.1):
 
-* ``mx.mod.Module`` (:meth:`LossScaler.update_module`): ``_exec_group``'s
-  ``param_names`` and ``grad_arrays`` (the gradients to check, per device),
-  ``_optimizer`` (its ``rescale_grad`` takes the loss scale), ``_kvstore`` and
-  ``_update_on_kvstore`` (the agreement between workers); ``symbol`` and
-  ``get_outputs(merge_multi_context=False)`` (the losses: outputs not under
-  ``BlockGrad``).
+* ``mx.mod.Module`` (:meth:`LossScaler.update_module`): ``_exec_group``'s ``param_names`` and
+  ``grad_arrays`` (the gradients, per device), ``_optimizer`` (its ``rescale_grad`` takes the
+  loss scale), ``_kvstore`` and ``_update_on_kvstore``; ``symbol`` and
+  ``get_outputs(merge_multi_context=False)`` (the losses: outputs not under ``BlockGrad``).
 """
 import collections
 import json
@@ -38,7 +31,7 @@ from .policy import CAST_OPS, registered_ops
 
 __all__ = ['LossScaler', 'OverflowInfo']
 
-# The logger's name is the one users configure: it predates this module.
+# The name users configure, shared with mxamp.trainer.
 _LOG = logging.getLogger('mxamp.trainer')
 
 #: multi_all_finite in MXNet 1.9.1 takes at most 200 arrays (201 segfaults).
@@ -63,12 +56,8 @@ def _positive(name: str, value: Any) -> float:
 
 
 def _check_overflow_flag(overflow: Any) -> None:
-    """Refuse an `overflow` that is not a bool (Python's or numpy's).
-
-    ``torch.amp``'s ``GradScaler.update(new_scale)`` takes a new scale, and
-    ``GradScaler.update()`` takes nothing: read as a verdict, a scale such as
-    1024.0 would be "overflow" and cut the scale, silently.
-    """
+    """Refuse a non-bool `overflow`: a scale, as ``GradScaler.update(new_scale)`` takes, would
+    read as "overflow" and cut the scale, silently."""
     if isinstance(overflow, (bool, np.bool_)):
         return
     start = 'LossScaler.update(overflow) takes whether the step overflowed (True or False), got '
@@ -97,22 +86,12 @@ def _flat_grads(arrays: Iterable[Optional[mx.nd.NDArray]]) -> List[mx.nd.NDArray
 
 
 def _finite_flags(arrays):
-    """Per-context all-finite flags, without a host sync.
+    """Per-context all-finite flags (float32, shape (1,), 1.0 when finite); no host sync.
 
-    Returns a list of float32 NDArrays of shape (1,), one per context of
-    `arrays` (1.0 when every array on that context is finite).  Arrays are
-    grouped by context and dtype: ``multi_all_finite`` reads every input with the
-    dtype of its first one and rejects bfloat16.
-
-    * float16 and float32 on GPU: ``multi_all_finite``.
-    * Every dtype on CPU: ``multi_sum_sq`` (float16 and bfloat16 widened to
-      float32 first: ``multi_sum_sq`` adds float16 in float16, which overflows,
-      and rejects bfloat16), then ``multi_all_finite`` on the per-array sums:
-      on a CPU, MXNet 1.9.1's ``multi_all_finite`` is many times slower than
-      widening and ``multi_sum_sq`` (docs/performance.rst has the
-      measurements).  A sum of squares is non-finite when any element is, and
-      also when it exceeds float32's range (float32 elements around 1e19;
-      float16 ones cannot reach it): such gradients count as overflow too.
+    Grouped by context and dtype: ``multi_all_finite`` reads every input in its first one's
+    dtype and rejects bfloat16.  On a CPU, ``multi_sum_sq`` on FP32 copies (it adds float16 in
+    float16 and rejects bfloat16), then ``multi_all_finite`` on the sums: much faster there
+    (docs/performance.rst).  A sum past float32's range (elements near 1e19) counts too.
     """
     groups = collections.OrderedDict()
     for arr in arrays:
@@ -137,12 +116,8 @@ def _finite_flags(arrays):
 
 def head_gradients(outputs: Sequence[mx.nd.NDArray], value: float,
                    cache: Dict[Any, Tuple[float, mx.nd.NDArray]]) -> List[mx.nd.NDArray]:
-    """Arrays full of `value`, shaped like `outputs` and in their dtypes, for
-    ``Module.backward(out_grads=...)``.  No host sync.
-
-    `cache` (a dict owned by the caller) keeps them, reused while `value` is
-    unchanged: a step then allocates nothing.
-    """
+    """Arrays full of `value`, like `outputs`, for ``Module.backward(out_grads=...)``; kept in
+    `cache` (the caller's) while `value` holds.  No host sync."""
     result = []
     for out in outputs:
         key = (out.shape, out.context, np.dtype(out.dtype).str
@@ -161,150 +136,43 @@ def head_gradients(outputs: Sequence[mx.nd.NDArray], value: float,
 class LossScaler(object):
     """Dynamic or fixed loss scaling with skip-on-overflow.
 
-    Multiply the loss by :attr:`loss_scale` before ``backward`` (:meth:`scale`
-    or :meth:`out_grads`), undo it in the optimizer through ``rescale_grad``,
-    check the gradients for inf/NaN (:meth:`has_overflow`), skip the update if
-    any is found and report the outcome with :meth:`update`.  A dynamic scaler
-    multiplies the scale by `backoff_factor` on every overflow and by
-    `growth_factor` after `growth_interval` consecutive clean steps; the new
-    scale applies from the very next step.
-
-    The default start is 2**16 with a fast first descent: until the first
-    step is applied, an overflow divides the scale by 16 (or by
-    1 / `backoff_factor` when that is larger), so the start costs at most
-    four skipped steps on the way down to 1 (halving: up to sixteen), and the
-    scale it settles on is at most 8x below the largest power of two that
-    fits.  Why: MXNet sums per-sample gradients, so they are batch-size times
-    the mean-loss gradients that 2**16 (PyTorch's ``GradScaler``; Keras uses
-    2**15) was chosen for, and halving from there skips many steps.  A scale
-    too high only costs skipped steps; one too low loses small gradients to
-    float16 underflow until it grows back, so the start stays high and only
-    the descent is faster.  The rule depends on the overflow verdicts alone
-    (which the workers agree on), so every worker keeps the same scale.
-
-    Early skipped steps cost accuracy, not only time (docs/training.rst has
-    the measurements): the start is where they happen.
-
-    A loss that is not finite is not a gradient overflow.  When a step is
-    skipped, the losses that :meth:`scale` received (kept by reference, no
-    copy) or, with :meth:`update_module`, the Module's loss outputs are read;
-    if one holds inf/NaN, the forward pass itself failed (in float16, e.g. a
-    -1e18 fill of masked attention scores, which is -inf there), and no loss
-    scale can fix that.  The step stays skipped and counted, but the scale
-    and its count of clean steps are left as they are: lowering the scale
-    would only lose small gradients to underflow once the loss is finite
-    again, and a step that says nothing about the scale must not decide it.
-    What happens then is what ``at_min_scale`` says for an overflow that
-    loss scaling cannot fix: one warning per scaler, an error, or nothing.
-    The read costs host syncs on skipped steps only; distributed workers
-    agree on it (any worker's loss counts), so all of them keep the same scale.
-
-    :class:`Trainer` drives a scaler for Gluon; :meth:`update_module` does the
-    same for ``mx.mod.Module``.
+    Multiply the loss by :attr:`loss_scale` before ``backward`` (:meth:`scale`,
+    :meth:`out_grads`), undo it through the optimizer's ``rescale_grad``, check the gradients
+    (:meth:`has_overflow`), skip the update on inf/NaN and report with :meth:`update`.  A
+    dynamic scale changes by `backoff_factor` on overflow and `growth_factor` after
+    `growth_interval` clean steps, from the next step on.  It starts at 2**16 and, until a step
+    is applied, divides by 16 on overflow: MXNet sums per-sample gradients (docs/training.rst,
+    "The loss scale's start").  A skipped step whose loss is not finite keeps the scale
+    (docs/troubleshooting.rst).  The rules follow agreed verdicts: workers keep one scale.
+    For ``torch.amp`` users: docs/migrating-torch-amp.rst.
 
     Parameters
     ----------
     init_scale : float, optional
-        Initial (or, with ``dynamic=False``, fixed) loss scale.  Default:
-        2**16 with the fast first descent described above.  Given explicitly,
-        the scale starts exactly there and every overflow multiplies it by
-        `backoff_factor`.
+        Start (fixed scale with ``dynamic=False``); given, no fast first descent.
     dynamic : bool, default True
-        Adjust the scale; with False the scale is fixed but overflowing steps
-        are still skipped.
-    growth_factor : float, default 2.0
-        Factor (> 1) applied after `growth_interval` clean steps.
-    backoff_factor : float, default 0.5
-        Factor (between 0 and 1) applied on overflow.
+        False: a fixed scale; overflowing steps are still skipped.
+    growth_factor, backoff_factor : float, default 2.0 and 0.5
     growth_interval : int, default 2000
-        Consecutive overflow-free steps before the scale grows.
     min_scale, max_scale : float, default 1.0 and 2**24
-        Bounds of the dynamic scale.
     at_min_scale : {'warn', 'raise', 'ignore'}, default 'warn'
-        What to do when loss scaling cannot fix a skipped step: on an overflow
-        when the scale is already `min_scale`, and on a step whose loss is not
-        finite (whatever the scale, fixed scales included).  Warn
-        (``RuntimeWarning``: at every such overflow at the floor, but once per
-        scaler for a loss that is not finite), raise ``FloatingPointError``
-        (after skipping the step and counting it), or do nothing.  Persistent
-        overflow at the floor usually means the model itself produces inf/NaN.
+        When scaling cannot fix a skipped step (overflow at `min_scale`, a loss not finite):
+        ``RuntimeWarning`` (once per scaler for a loss), ``FloatingPointError``, or nothing.
     on_overflow : callable, optional
-        Called as ``on_overflow(info)`` after every skipped step, with an
-        :class:`OverflowInfo` ``(step, loss_scale, next_loss_scale,
-        skipped_steps)``; after a step whose loss is not finite,
-        ``next_loss_scale`` equals ``loss_scale``.  Skips are also logged at
-        INFO level on the ``mxamp.trainer`` logger.
+        Called with an :class:`OverflowInfo` after every skipped step (also logged at INFO).
     enabled : bool, default True
-        False makes a scaler that does nothing, as ``GradScaler(enabled=False)``
-        does, for one script with and without mixed precision
-        (``LossScaler(enabled=use_amp)``): its scale is 1.0 and never changes,
-        :meth:`scale` returns the loss as it is, :meth:`has_overflow` checks
-        nothing (False), :meth:`update`, :meth:`set_scale` and
-        :meth:`load_state_dict` change nothing, :meth:`update_module` always
-        updates.  Every method stays callable.  :class:`mxamp.Trainer` and
-        :class:`mxamp.ModuleTrainer` given a disabled scaler train without loss
-        scaling, as with ``loss_scale=None`` (their ``loss_scaler`` is None).
-        The other arguments are still checked.
-
-    Notes
-    -----
-    For ``torch.amp`` users, ``GradScaler``'s calls and mxamp's:
-
-    * ``GradScaler(init_scale=..., growth_factor=..., backoff_factor=...,
-      growth_interval=..., enabled=...)``: ``LossScaler`` with the same
-      keywords (without `init_scale`, mxamp's first descent is faster: see
-      above); ``mxamp.Trainer(..., loss_scale=scaler)`` uses it.
-    * ``scaler.scale(loss)``: :meth:`scale`, or with :class:`mxamp.Trainer`,
-      ``with trainer.scale_loss(loss) as scaled: autograd.backward(scaled)``.
-    * ``scaler.unscale_(optimizer)``: ``trainer.unscale()``; clipping needs none
-      (``trainer.clip_global_norm(max_norm)`` reports the unscaled norm).
-    * ``scaler.step(optimizer)`` then ``scaler.update()``:
-      ``trainer.step(batch_size)`` does both and returns False for a skipped
-      step.  By hand: :meth:`has_overflow`, then :meth:`update` with that
-      verdict, a bool, never a scale.
-    * ``scaler.update(new_scale)``: :meth:`set_scale`.
-    * ``scaler.get_scale()``, ``scaler.is_enabled()``: :meth:`get_scale`
-      (also :attr:`loss_scale`), :meth:`is_enabled`.
-    * ``scaler.state_dict()``, ``scaler.load_state_dict(state)``: the same
-      names; ``trainer.save_states(fname)`` also saves this state.
-    * ``get_growth_factor()``, ``get_backoff_factor()``,
-      ``get_growth_interval()``: the attributes ``growth_factor``,
-      ``backoff_factor``, ``growth_interval``.
+        False: a scaler that does nothing, as ``GradScaler(enabled=False)`` (the other
+        arguments are still checked); a trainer given one trains without loss scaling.
 
     Examples
     --------
-    With ``mx.mod.Module`` driven by hand (:class:`mxamp.ModuleTrainer` does
-    all of this): let the symbol's output be the per-sample loss itself (no
-    ``SoftmaxOutput``/``MakeLoss`` head: those ignore head gradients), give
-    the scaled head gradients to ``backward`` and let the scaler run the
-    update:
-
-    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=1, name='fc')
-    >>> loss = mx.sym.square(mx.sym.reshape(fc, (-1,)) - mx.sym.var('label'))
-    >>> mod = mx.mod.Module(loss, data_names=['data'], label_names=['label'])
-    >>> mod.bind(data_shapes=[('data', (8, 4))], label_shapes=[('label', (8,))])
-    >>> mod.init_params()
-    >>> mod.init_optimizer(optimizer=mxamp.optimizer.create(
-    ...     'sgd', learning_rate=0.1, rescale_grad=1.0 / 8))
     >>> scaler = mxamp.LossScaler()
-    >>> batch = mx.io.DataBatch([mx.nd.ones((8, 4))], [mx.nd.ones((8,))])
-    >>> mod.forward(batch, is_train=True)
-    >>> mod.backward(scaler.out_grads(mod.get_outputs()))
-    >>> scaler.update_module(mod)     # False when the step was skipped
-    True
-
-    A switch for runs with and without mixed precision, and a new scale set
-    by hand, where ``torch.amp``'s ``GradScaler.update(new_scale)`` would:
-
-    >>> mxamp.LossScaler(enabled=False).get_scale()
-    1.0
     >>> scaler.set_scale(1024.0)
-    >>> scaler.get_scale(), scaler.is_enabled()
-    (1024.0, True)
+    >>> scaler.get_scale(), scaler.is_enabled(), mxamp.LossScaler(enabled=False).get_scale()
+    (1024.0, True, 1.0)
     """
 
-    #: The start when `init_scale` is not given, and the largest factor of its
-    #: first descent (see the class docstring).
+    #: The start without `init_scale`, and the largest factor of its first descent.
     DEFAULT_INIT_SCALE = 2.0 ** 16
     FIRST_DESCENT_FACTOR = 2.0 ** -4
 
@@ -331,15 +199,14 @@ class LossScaler(object):
         self._clean_steps = 0
         self._skipped_steps = 0
         self._steps = 0
-        self._scaled = False        # scale() or out_grads() since the last update()
+        self._scaled = False
         self._losses: List[mx.nd.NDArray] = []   # what scale() received since the last update()
         # (dist kvstore, rescale_grad) of this step's verdict
         self._agreement: Optional[Tuple[mx.kv.KVStore, Optional[float]]] = None
-        self._loss_warned = False   # the warning about a non-finite loss is given once
+        self._loss_warned = False
         self._out_grads: Dict[Any, Tuple[float, mx.nd.NDArray]] = {}
         self._base_rescale: weakref.WeakKeyDictionary[mx.optimizer.Optimizer, float] = \
             weakref.WeakKeyDictionary()
-        # The kvstores where the overflow key is initialised.
         self._flag_kvstores: weakref.WeakKeyDictionary[mx.kv.KVStore, bool] = \
             weakref.WeakKeyDictionary()
 
@@ -376,51 +243,32 @@ class LossScaler(object):
         self.at_min_scale = cfg['at_min_scale']
         self._first_descent = bool(cfg['first_descent'])
 
-    # -- public state --------------------------------------------------------
     @property
     def loss_scale(self) -> float:
         """The current loss scale (a Python float; no host sync)."""
         return self._scale
 
     def get_scale(self) -> float:
-        """The current loss scale, as :attr:`loss_scale` (``GradScaler.get_scale()``).
-
-        1.0 for a disabled scaler.  A Python float; no host sync.
-        """
+        """:attr:`loss_scale` (``GradScaler.get_scale()``; 1.0 when disabled).  No host sync."""
         return self._scale
 
     def is_enabled(self) -> bool:
-        """Whether this scaler scales at all (``enabled=`` at construction;
-        ``GradScaler.is_enabled()``)."""
+        """Whether this scaler scales at all (``enabled=``)."""
         return self._enabled
 
     def set_scale(self, value: float) -> None:
-        """Use `value` as the loss scale from the next step on.
+        """Use `value` as the loss scale from the next step (``GradScaler.update(new_scale)``).
 
-        What ``torch.amp``'s ``GradScaler.update(new_scale)`` does (here,
-        :meth:`update` takes the step's outcome instead).  The scale starts
-        again from `value`, as if it were `init_scale`: a dynamic scaler counts
-        its `growth_interval` clean steps from here, and its next overflow
-        multiplies it by `backoff_factor` (no fast first descent).  A fixed
-        scaler (``dynamic=False``) keeps `value` as its scale.  The counters of
-        steps and skipped steps go on.  A disabled scaler checks `value` and
-        keeps its scale of 1.0.  No host sync.
-
-        Parameters
-        ----------
-        value : float
-            A positive finite number; for a dynamic scaler, within
-            [`min_scale`, `max_scale`].
+        As a new `init_scale`: no fast first descent, clean steps counted afresh; step counters
+        go on.  A disabled scaler keeps 1.0.  No host sync.
 
         Raises
         ------
         ValueError
-            When `value` is not a positive finite number (or is a bool), or is
-            outside a dynamic scaler's bounds.
+            When `value` is not a positive finite number or is outside dynamic bounds.
         RuntimeError
-            When :meth:`scale` or :meth:`out_grads` ran since the last
-            :meth:`update`: that step's gradients carry the current scale,
-            which the step divides them by.  Set the scale after the step.
+            Between :meth:`scale` (or :meth:`out_grads`) and the step, whose gradients carry
+            the current scale.
         """
         if isinstance(value, (bool, np.bool_)):
             raise ValueError('set_scale(): the loss scale must be a positive finite number, '
@@ -460,27 +308,9 @@ class LossScaler(object):
         return self._scaled
 
     def check_scaled(self, caller: str, remedy: str) -> None:
-        """Refuse to unscale gradients that were never scaled.  No host sync.
-
-        Gradients computed without :meth:`scale` (or :meth:`out_grads`) would
-        be divided by :attr:`loss_scale` all the same: the update would shrink
-        by that factor, silently.  :class:`Trainer` and :meth:`update_module`
-        call this before a step that has new gradients; a scale fixed at 1
-        needs no scaling and passes.
-
-        Parameters
-        ----------
-        caller : str
-            What is about to unscale, for the message (``'step()'``).
-        remedy : str
-            How to scale the gradients, for the message.
-
-        Raises
-        ------
-        RuntimeError
-            When neither :meth:`scale` nor :meth:`out_grads` ran since the last
-            :meth:`update`.
-        """
+        """Refuse to unscale gradients that were never scaled (the update would shrink silently):
+        ``RuntimeError`` naming `caller` and `remedy`, unless :meth:`scale` or :meth:`out_grads`
+        ran since :meth:`update` or the scale is fixed at 1.  No host sync."""
         if self._scaled or not self._enabled or (not self.dynamic and self._scale == 1.0):
             return
         raise RuntimeError('%s: the gradients were not computed from a scaled loss since the '
@@ -493,17 +323,12 @@ class LossScaler(object):
         return ('LossScaler(loss_scale=%g, dynamic=%s, skipped_steps=%d, steps=%d)'
                 % (self._scale, self.dynamic, self._skipped_steps, self._steps))
 
-    # -- scaling ---------------------------------------------------------------
     def scale(self, loss: Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]
               ) -> Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]:
-        """`loss` times :attr:`loss_scale` (an NDArray, or a list/tuple of them).
+        """`loss` (NDArray, list or tuple) times :attr:`loss_scale`, recorded by autograd.
 
-        Recorded by autograd (opens a ``record`` scope if none is active), so
-        ``backward`` on the result gives scaled gradients.  Marks the step as
-        scaled (see :meth:`check_scaled`).  Keeps a reference to `loss` (no
-        copy) until :meth:`update`, which reads it only if the step is
-        skipped.  No host sync.  A disabled scaler returns `loss` as it is.
-        """
+        Kept by reference until :meth:`update`, which reads it on a skipped step.  No host sync.
+        A disabled scaler returns `loss`."""
         self._scaled = True
         if isinstance(loss, (list, tuple)):
             return type(loss)(self.scale(item) for item in loss)
@@ -519,44 +344,24 @@ class LossScaler(object):
             return loss * self._scale
 
     def out_grads(self, outputs: Sequence[mx.nd.NDArray]) -> List[mx.nd.NDArray]:
-        """Head gradients equal to :attr:`loss_scale`, shaped like `outputs`.
-
-        For ``Module.backward(out_grads=...)`` when the symbol's outputs are
-        losses.  The arrays are cached and reused while the scale is unchanged.
-        Marks the step as scaled (see :meth:`check_scaled`).  No host sync.
-        """
+        """Head gradients equal to :attr:`loss_scale`, like `outputs` (losses), for
+        ``Module.backward(out_grads=...)``; cached while the scale holds.  No host sync."""
         self._scaled = True
         return head_gradients(outputs, self._scale, self._out_grads)
 
-    # -- overflow ----------------------------------------------------------------
     def has_overflow(self, arrays: Iterable[mx.nd.NDArray], kvstore: Optional[mx.kv.KVStore] = None,
                      rescale_grad: Optional[float] = None) -> bool:
-        """True when any of `arrays` holds an inf or NaN.  **One host sync.**
-
-        A disabled scaler checks nothing and returns False (no host sync), as
-        a disabled ``GradScaler`` steps the optimizer unchecked.
+        """True when any of `arrays` holds an inf or NaN.  **One host sync** (none if disabled).
 
         Parameters
         ----------
         arrays : list of NDArray
-            Gradients, on any number of contexts and in any dtypes (float16,
-            bfloat16, float32; row_sparse gradients are checked on their values).
+            Gradients, on any contexts, in any dtypes (row_sparse: their values).
         kvstore : KVStore, optional
-            With a distributed kvstore, the verdict is agreed between workers by
-            summing a flag through the kvstore (:func:`mxamp.kvkeys.agree_overflow`:
-            ``pushpull`` of one reserved key), so every worker skips the same
-            steps.  Ignored for local kvstores.
+            A distributed one makes the workers agree, so all skip the same steps.
         rescale_grad : float, optional
-            Sent along with the flag so that kvstore servers that run the
-            optimizer (``update_on_kvstore=True``) apply it.  Give it only when
-            the servers run the optimizer: they must then run an mxamp (mixed-in)
-            optimizer, or ``RuntimeError`` is raised before anything is pushed.
-
-        Raises
-        ------
-        RuntimeError
-            With a distributed kvstore and `rescale_grad`, when the server does
-            not run an mxamp optimizer (typically: it failed to unpickle it).
+            Only when the servers run the optimizer: they adopt it.  ``RuntimeError`` when
+            they run no mxamp optimizer.
         """
         if not self._enabled:
             return False
@@ -568,7 +373,7 @@ class LossScaler(object):
             for flag in flags:
                 bad += 1.0 - flag.as_in_context(cpu)
             overflow = kvkeys.agree_overflow(kvstore, bad, rescale_grad, self._flag_kvstores)
-            # update() agrees on the loss check through the same kvstore, if it comes to that.
+            # update() agrees on the loss check through the same kvstore.
             self._agreement = (kvstore, rescale_grad)
             return overflow
         if not flags:
@@ -583,54 +388,26 @@ class LossScaler(object):
                kvstore: Optional[mx.kv.KVStore] = None) -> None:
         """Record the outcome of a step and adjust the scale.
 
-        On a skipped step, first reads the losses that :meth:`scale` received
-        since the last update: when one is not finite, the scale and its
-        count of clean steps are kept, and ``at_min_scale`` says whether to
-        warn (once per scaler), raise or do nothing (see the class docstring).
-
-        No host sync when the step was applied.  On a skipped step, one host
-        sync per kept loss (to read it) and, with a distributed kvstore, one
-        ``pushpull`` (:func:`mxamp.kvkeys.agree_overflow`) so that every worker
-        keeps or lowers the scale alike: all workers must then call this on the
-        same steps, which an agreed overflow verdict guarantees.
-
-        A disabled scaler changes nothing.
+        A skipped step whose loss (from :meth:`scale`) is not finite keeps the scale.  No host
+        sync on an applied step; on a skipped one, one per kept loss and, distributed, one
+        ``pushpull``: every worker calls this on the same steps.  Disabled: changes nothing.
 
         Parameters
         ----------
         overflow : bool
-            Whether the step was skipped because of inf/NaN gradients (a
-            Python or numpy bool; required).  Not a scale, as in ``torch.amp``'s
-            ``GradScaler.update(new_scale)``: :meth:`set_scale` sets one.
-        details : callable, optional
-            Called with no argument only when an overflow happens at
-            `min_scale` with finite losses (and ``at_min_scale`` is not
-            ``'ignore'``); the string it returns is appended to the error or
-            warning.  :class:`Trainer` and :meth:`update_module` use it to name
-            the parameters with inf/NaN gradients (host syncs, on that path only).
-        loss_details : callable, optional
-            Called with no argument only when a loss that is not finite is
-            reported (the first time with ``'warn'``, every time with
-            ``'raise'``); the string it returns is appended to the error or
-            warning.  :class:`Trainer` and :meth:`update_module` use it to say
-            where the inf/NaN starts and how to keep that block in FP32.
-            Default: how to find the first layer whose output is not finite
-            and what usually fixes it.
+            Whether the step was skipped for inf/NaN gradients; required; not a scale.
+        details, loss_details : callable, optional
+            Return text for the message on overflow at `min_scale`, and on a loss not
+            finite; called only then.
         kvstore : KVStore, optional
-            A distributed kvstore through which the workers agree whether some
-            worker's loss was not finite.  Default: the one :meth:`has_overflow`
-            agreed through on this step, if any.  Give it when the overflow
-            verdict is shared without it (every worker checked the same
-            gradients, summed over workers).
+            Where workers agree on the loss; default: :meth:`has_overflow`'s this step.
 
         Raises
         ------
         TypeError
-            When `overflow` is missing or not a bool (a scale, say); the
-            message names :meth:`set_scale`.
+            When `overflow` is not a bool; the message names :meth:`set_scale`.
         FloatingPointError
-            With ``at_min_scale='raise'``, on overflow at `min_scale` and on a
-            loss that is not finite.
+            With ``at_min_scale='raise'``, on overflow at `min_scale` and on a loss not finite.
         """
         _check_overflow_flag(overflow)
         losses, self._losses = self._losses, []
@@ -638,8 +415,7 @@ class LossScaler(object):
         if not self._enabled:
             self._scaled = False
             return
-        # The verdict on the losses comes first: a failed agreement must not leave
-        # the counters half updated.
+        # Losses first: a failed agreement must not leave the counters half updated.
         nonfinite_loss = self._nonfinite_loss(losses, kvstore, agreement) if overflow else None
         self._steps += 1
         self._scaled = False
@@ -662,7 +438,7 @@ class LossScaler(object):
         at_floor = self.dynamic and old <= self.min_scale
         if self.dynamic:
             factor = self.backoff_factor
-            # The counters follow the agreed verdicts, so all workers take this branch alike.
+            # The counters follow agreed verdicts: every worker takes this branch alike.
             if self._first_descent and self._steps == self._skipped_steps:
                 factor = min(factor, self.FIRST_DESCENT_FACTOR)
             self._scale = max(old * factor, self.min_scale)
@@ -681,15 +457,13 @@ class LossScaler(object):
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def _nonfinite_loss(self, losses, kvstore, agreement):
-        """Where a loss of the step is not finite: None (nowhere), ``'here'`` or
-        ``'another worker'``.  Host syncs; one pushpull with a distributed kvstore."""
+        """None, ``'here'`` or ``'another worker'``: where a loss is not finite.  Host syncs."""
         agreed_kvstore, agreed_rescale = agreement or (None, None)
         if kvstore is None:
             kvstore = agreed_kvstore
         bad = sum(not np.isfinite(to_float32_numpy(loss)).all() for loss in losses)
         if kvstore is not None and 'dist' in kvstore.type:
-            # Servers that run the optimizer adopt the rescale_grad sent with the flag:
-            # resend this step's, which they already hold.
+            # Servers running the optimizer adopt the rescale_grad sent: resend this step's.
             anywhere = kvkeys.agree_overflow(
                 kvstore, mx.nd.array([bad], ctx=mx.cpu()),
                 agreed_rescale if kvstore is agreed_kvstore else None, self._flag_kvstores)
@@ -700,8 +474,7 @@ class LossScaler(object):
         return 'here' if bad else 'another worker'
 
     def _report_nonfinite_loss(self, where, loss_details):
-        """Log a skipped step whose loss is not finite (`where`: ``'here'`` or
-        ``'another worker'``); warn once, or raise."""
+        """Log a skipped step whose loss is not finite; warn once, or raise."""
         _LOG.info('mxamp: inf/NaN loss at step %d (%s), update skipped; loss scale %g kept',
                   self._steps, where, self._scale)
         if self.on_overflow is not None:
@@ -723,55 +496,29 @@ class LossScaler(object):
         warnings.warn(message + '.  Warned once; further such steps are skipped and logged '
                       'at INFO on the mxamp.trainer logger', RuntimeWarning, stacklevel=4)
 
-    # -- Module ------------------------------------------------------------------
     def update_module(self, module: mx.mod.Module, kvstore: Optional[mx.kv.KVStore] = None) -> bool:
         """Check, then update a bound ``mx.mod.Module`` or skip the step.
 
-        Call after ``module.backward(scaler.out_grads(module.get_outputs()))``
-        instead of ``module.update()``.  Checks the gradients of every device,
-        sets the optimizer's ``rescale_grad`` to its value at the first call
-        divided by :attr:`loss_scale`, calls ``module.update()`` unless there was
-        an overflow, and adjusts the scale.  The check happens before the
-        module pushes anything to its kvstore, so a skipped step leaves weights
-        and optimizer states untouched also with ``update_on_kvstore``.
-        **One host sync** when the step is applied.  A skipped step also reads
-        the Module's losses (its outputs, except those under ``BlockGrad``):
-        when one is not finite, the scale is kept, as :meth:`update` does for
-        the losses of :meth:`scale` (host syncs on that path only).
-
-        Parameters
-        ----------
-        module : mx.mod.Module
-        kvstore : KVStore, optional
-            A distributed kvstore that summed the gradients before this call
-            (:class:`mxamp.ModuleTrainer`'s), through which the workers agree
-            whether some worker's loss was not finite.  Not needed when the
-            Module's own kvstore sums them.
+        Call after ``module.backward(scaler.out_grads(module.get_outputs()))`` instead of
+        ``module.update()``.  Sets the optimizer's ``rescale_grad`` to its first value over
+        :attr:`loss_scale`; the check precedes any push, so a skipped step changes nothing.
+        **One host sync**; a skipped step also reads the losses, as :meth:`update`.
+        `kvstore`: a distributed one that summed the gradients (:class:`mxamp.ModuleTrainer`).
 
         Returns
         -------
         bool
-            True when the update was applied, False when it was skipped.  A
-            disabled scaler calls ``module.update()`` unchecked: always True.
+            True when applied (always, for a disabled scaler), False when skipped.
 
         Raises
         ------
         RuntimeError
-            When `module` is not bound for training or has no optimizer, when
-            :meth:`out_grads` (or :meth:`scale`) did not run since the last
-            update (see :meth:`check_scaled`), and as :meth:`has_overflow`
-            raises it with ``update_on_kvstore`` and a distributed kvstore.
+            On a module unbound or without optimizer, as :meth:`check_scaled` and
+            :meth:`has_overflow`.
         FloatingPointError
-            On overflow at `min_scale` with ``at_min_scale='raise'``.  The error
-            (or, with ``'warn'``, the warning) names the parameters whose
-            gradients hold inf/NaN, as :class:`Trainer` does, and says how to
-            find the first layer whose output is not finite.  Also on a loss
-            that is not finite, with ``at_min_scale='raise'``; the error (or the
-            one warning) says so and how to find the layer.
+            As :meth:`update`; the message names the parameters with inf/NaN gradients.
         """
-        # MXNet 1.9.1 Module internals: _exec_group.param_names and .grad_arrays
-        # (aligned; per parameter, per device; None for fixed parameters),
-        # _optimizer, _kvstore, _update_on_kvstore.
+        # _exec_group.param_names and .grad_arrays: aligned, per device, None when fixed.
         if not (module.binded and module.optimizer_initialized):
             raise RuntimeError('update_module(): bind the module and call init_optimizer() '
                                'first')
@@ -792,11 +539,10 @@ class LossScaler(object):
             base = optimizer.rescale_grad
             self._base_rescale[optimizer] = base
         rescale = base / self._scale
-        # The servers learn rescale_grad from the flag only when they run the optimizer.
         overflow = self.has_overflow(grads, kvstore=module._kvstore, rescale_grad=rescale
                                      if module._update_on_kvstore else None)
         if overflow:
-            self._losses.extend(_module_losses(module))     # what update() reads
+            self._losses.extend(_module_losses(module))
         else:
             optimizer.rescale_grad = rescale
             module.update()
@@ -804,14 +550,8 @@ class LossScaler(object):
                     loss_details=_module_loss_details, kvstore=kvstore)
         return not overflow
 
-    # -- state -------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """The scale, its configuration and the counters, as a dict of Python scalars.
-
-        ``'first_descent'``: whether overflows before the first applied step
-        descend fast (the default start).  ``'enabled'``: False for a
-        disabled scaler.
-        """
+        """The scale, configuration and counters, as Python scalars."""
         return {'loss_scale': self._scale, 'dynamic': self.dynamic, 'enabled': self._enabled,
                 'first_descent': self._first_descent,
                 'growth_factor': self.growth_factor, 'backoff_factor': self.backoff_factor,
@@ -821,19 +561,10 @@ class LossScaler(object):
                 'steps': self._steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned.
+        """Restore what :meth:`state_dict` returned (a disabled scaler ignores it).
 
-        A disabled scaler ignores `state`, as a disabled ``GradScaler`` does:
-        resuming a mixed-precision run's checkpoint without mixed precision.
-
-        Raises
-        ------
-        KeyError
-            When keys are missing (all are named in the message).
-        ValueError
-            When a value is invalid, and when `state` is from a disabled
-            scaler: it has no scale to restore.
-        """
+        Raises ``KeyError`` naming missing keys, ``ValueError`` on an invalid value or a
+        disabled scaler's state."""
         if not self._enabled:
             return
         missing = [k for k in _STATE_KEYS if k not in state]
@@ -850,12 +581,7 @@ class LossScaler(object):
 
 
 def _nonfinite_gradients_text(find_names: Callable[[], Sequence[str]], total: int) -> str:
-    """What overflowed, for the error at the loss scale's floor (host syncs).
-
-    `find_names()` returns the names of the parameters with non-finite
-    gradients (one of mxamp.diagnose's), out of `total` parameters.  Returns
-    ``'.  Parameters with inf/NaN gradients (2 of 6): a, b'``, at most ten names.
-    """
+    """``'.  Parameters with inf/NaN gradients (2 of 6): a, b'``: `find_names()` of `total`."""
     try:
         names = find_names()
     except Exception as err:   # never hide the overflow behind a diagnosis error
@@ -866,8 +592,7 @@ def _nonfinite_gradients_text(find_names: Callable[[], Sequence[str]], total: in
 
 
 def _nonfinite_loss_text(where: str, keep_fp32: str) -> str:
-    """The end of the message about a loss that is not finite: `where` it starts, the
-    usual cause and its remedies, `keep_fp32` naming how to keep a block in FP32."""
+    """The end of the message on a loss not finite: `where` it starts, cause, remedies."""
     return ('.  %s.  A common cause in float16 (largest finite value 65504): a fill such as '
             '-1e9 or -1e18 for masked positions (attention) becomes -inf, and 0 * -inf or a '
             'softmax over a fully masked row is NaN; use a finite fill such as -1e4, or keep '
@@ -891,17 +616,13 @@ def _module_loss_details():
 
 
 def _module_losses(module):
-    """The outputs of `module` that take head gradients, on every device: the losses.
-
-    Outputs under ``BlockGrad`` (logits for metrics) are left out, also behind
-    the cast to FP32 that a converted graph may add.  No copy, no host sync.
-    """
+    """The outputs of `module` not under ``BlockGrad`` (behind casts too), on every device."""
     graph = json.loads(module.symbol.tojson(remove_amp_cast=False))
     nodes = graph['nodes']
     ops = registered_ops()
 
     def op_of(node):
-        return ops.get(node['op'], node['op'])     # variables ('null') are no operator
+        return ops.get(node['op'], node['op'])
     losses = []
     for (nid, _, _), per_device in zip(graph['heads'],
                                        module.get_outputs(merge_multi_context=False)):
@@ -914,11 +635,7 @@ def _module_losses(module):
 
 
 def _module_overflow_details(named_grads):
-    """:meth:`LossScaler.update_module`'s text for the error at the floor (host syncs).
-
-    `named_grads`: (parameter name, its gradient on every device) pairs;
-    Module leaves the gradients of fixed parameters unallocated (None).
-    """
+    """:meth:`LossScaler.update_module`'s text at the floor (host syncs); fixed ones: None."""
     allocated = [(name, grads) for name, grads in named_grads
                  if not any(g is None for g in grads)]
     return _nonfinite_gradients_text(lambda: diagnose.nonfinite_named_gradients(allocated),
@@ -930,10 +647,7 @@ def _module_overflow_details(named_grads):
 
 
 class LossScalingState(object):
-    """What a trainer tells about its loss scaling, read from its `_loss_scaler`.
-
-    Shared by :class:`mxamp.Trainer` and :class:`mxamp.ModuleTrainer`.
-    """
+    """A trainer's loss-scaling properties, read from its `_loss_scaler`."""
 
     _loss_scaler: Optional[LossScaler] = None
 
@@ -955,15 +669,8 @@ class LossScalingState(object):
 
 def make_loss_scaler(loss_scale: Union[str, float, LossScaler, None],
                      trainable_dtypes: Iterable[Optional[DTypeLike]]) -> Optional[LossScaler]:
-    """The LossScaler (or None) for a trainer's `loss_scale` argument.
-
-    ``'auto'`` is dynamic when one of `trainable_dtypes` (the dtypes or precision
-    names of the trainable parameters) is float16, off otherwise; a number is a
-    fixed scale.  A disabled LossScaler (``enabled=False``) is no loss scaling,
-    None: the trainers then take the paths of ``loss_scale=None`` (no overflow
-    check, no host sync), as torch's optimizer step runs unchecked under a
-    disabled ``GradScaler``.
-    """
+    """The LossScaler, or None, for a trainer's `loss_scale`: ``'auto'`` is dynamic when one of
+    `trainable_dtypes` is float16; a number is fixed; a disabled scaler is None (no check)."""
     if isinstance(loss_scale, LossScaler):
         return loss_scale if loss_scale.is_enabled() else None
     if loss_scale is None:

@@ -1,67 +1,18 @@
 """The mixed-precision ``Trainer``.
 
-This module owns :class:`Trainer`, a ``gluon.Trainer`` with FP32 master
-weights (:mod:`mxamp.optimizer`), a :class:`mxamp.LossScaler` built in
-(:mod:`mxamp.loss_scaler`), gradient clipping, and bfloat16 over distributed
-kvstores (its base class, :mod:`mxamp.kvstore_transport`).  It decides what a
-step does, in which order, and how its state is saved.
-
-A training loop changes by two lines::
-
-    trainer = mxamp.Trainer(net.collect_params(), 'sgd',
-                            {'learning_rate': 0.1, 'momentum': 0.9})
-    with autograd.record():
-        loss = loss_fn(net(x), y)
-        with trainer.scale_loss(loss) as scaled:
-            autograd.backward(scaled)
-    applied = trainer.step(batch_size)     # False when skipped for overflow
-
-What it does differently from ``mxnet.contrib.amp``
----------------------------------------------------
-* Unscaling is free: ``1 / loss_scale`` is folded into the optimizer's
-  ``rescale_grad``, which every update kernel already applies.
-* The overflow check covers every gradient on every context with a single
-  host synchronisation per step: on a CPU ``multi_sum_sq`` over the gradients
-  widened to FP32, then ``multi_all_finite`` on the sums; on a GPU
-  ``multi_all_finite`` directly (`mxamp.loss_scaler` says why, and the
-  200-array chunks MXNet 1.9.1 needs).
-* A skipped step changes nothing: weights, master weights and optimizer states
-  stay bit-identical, also with ``update_on_kvstore=True`` (the check runs
-  before any gradient is pushed) and with distributed kvstores (the workers
-  agree through a one-element-per-worker allreduce before pushing).
-* Gradient clipping (:meth:`Trainer.clip_global_norm`) takes the global norm
-  in FP32 over gradients of mixed dtypes, reports it unscaled, and folds the
-  clipping factor into ``rescale_grad`` too; its one host sync replaces the
-  step's overflow check.
-* The new scale is used from the very next step, and the scaler's state is part
-  of ``save_states`` / ``load_states`` and ``state_dict``.
-* bfloat16 parameters train with distributed kvstores: MXNet 1.9.1's servers
-  abort on bfloat16, so their values and gradients cross the kvstore in FP32.
-* Overflow at the minimum loss scale raises (or warns) with the names of the
-  parameters whose gradients are inf/NaN, and, with ``diagnose_net=net``, the
-  first layer whose output is not finite.
-* A skipped step whose loss is not finite is told apart from a gradient
-  overflow: the loss scale is kept, and one warning (or the error) says that
-  the forward pass fails and where.
-* Nothing is monkey-patched: MXNet is left exactly as it was.
+Owns :class:`Trainer`, a ``gluon.Trainer`` with FP32 master weights, a built-in
+:class:`mxamp.LossScaler`, gradient clipping and bfloat16 over distributed kvstores (its base,
+:mod:`mxamp.kvstore_transport`): what a step does, in which order, and how its state is saved.
+How it differs from ``contrib.amp``: docs/training.rst, docs/migrating-contrib-amp.rst.
 
 MXNet internals relied on (MXNet 1.9.1):
 
-* ``gluon.Trainer``: ``_params`` (the parameters in kvstore-key order: what
-  is checked, reduced, clipped and reported), ``_params_to_init``,
-  ``_kv_initialized`` and ``_init_kvstore`` (the lazy kvstore, created before
-  the first check), ``_allreduce_grads`` (the reduction, run by
-  :meth:`Trainer.clip_global_norm` or the step), ``_update`` (the per-context
-  updaters, run only after the verdict), ``_check_and_rescale_grad`` and
-  ``_optimizer`` (the loss scale and the clipping factor folded into
-  ``rescale_grad``), ``_scale`` (the ``rescale_grad`` the optimizer came
-  with), ``_kvstore``, ``_update_on_kvstore`` and ``_distributed`` (which path
-  a step takes, and where the workers agree);
-* ``gluon.Parameter._data`` (None before initialisation);
-* ``NDArray._fresh_grad``: gluon's stale-gradient flag, set by backward (how
-  the Trainer knows that backward ran, for :meth:`Trainer.clip_global_norm`
-  and the forgotten-``scale_loss`` check) and reset by a skipped step as by an
-  applied one.
+* ``gluon.Trainer``: ``_params`` (kvstore-key order), ``_params_to_init``, ``_kv_initialized``
+  and ``_init_kvstore`` (the lazy kvstore), ``_allreduce_grads``, ``_update`` (after the
+  verdict only), ``_check_and_rescale_grad``, ``_optimizer`` and ``_scale`` (its own
+  ``rescale_grad``, with loss scale and clipping folded in), ``_kvstore``,
+  ``_update_on_kvstore``, ``_distributed``; ``gluon.Parameter._data`` (None before init);
+* ``NDArray._fresh_grad``: set by backward (new gradients), reset by every step, skipped too.
 """
 import contextlib
 import math
@@ -81,7 +32,6 @@ from .atomic_files import replaced_on_success
 from .dtypes import LOW_PRECISION, param_precision, widen
 from .fusion import check_trainable_params
 from .kvstore_transport import Bfloat16KVStoreTrainer, ParamsLike, _as_param_list
-# LossScaler and OverflowInfo are also importable from here, their first home.
 from .loss_scaler import (LossScaler, OverflowInfo, _flat_grads, _nonfinite_gradients_text,
                           _nonfinite_loss_text, LossScalingState, _positive, make_loss_scaler)
 
@@ -91,17 +41,9 @@ _FILE_MAGIC = b'MXAMP-TRAINER-STATES v1\n'
 
 
 def _sum_of_squares(arrays):
-    """The sum of the squares of every element of `arrays`, in FP32; no host sync.
-
-    Returns a float32 NDArray of shape (1,) on the context of the first array.
-    Each array is read by one ``dot`` with itself (BLAS: several partial sums,
-    so the rounding error stays small; MXNet 1.9.1's ``multi_sum_sq``
-    accumulates serially and is off by about 1e-3 on a 2M-element gradient).
-    float16 and bfloat16 arrays are widened to float32 one at a time first:
-    MXNet's CPU ``dot`` only takes float32 and float64.  The sum is non-finite
-    when an element is, and also when it exceeds float32's range (elements
-    around 1e19).
-    """
+    """Sum of squares of every element of `arrays`: FP32, shape (1,), on the first one's
+    context; no host sync.  One BLAS ``dot`` per array, more exact than MXNet 1.9.1's serial
+    ``multi_sum_sq``; low precision widened first (the CPU ``dot`` takes float32, float64)."""
     home = arrays[0].context
     parts = []
     for arr in arrays:
@@ -113,11 +55,7 @@ def _sum_of_squares(arrays):
 
 
 def _context_sum(grads):
-    """The sum of one parameter's gradients over its contexts, on the first; no host sync.
-
-    Dense low-precision gradients are summed in float32, so that the sum of
-    finite float16 gradients cannot overflow.
-    """
+    """One parameter's gradients summed over contexts, in FP32 (finite float16 cannot overflow)."""
     if len(grads) == 1:
         return grads[0]
     home = grads[0].context
@@ -127,19 +65,11 @@ def _context_sum(grads):
 
 
 class _StepState(object):
-    """Where this step's gradients stand, between two steps: the one place that
-    says what may happen to them next.
+    """Where this step's gradients stand: the one place that says what may happen to them.
 
-    Between backward and :meth:`Trainer.step` the gradients may be, each at
-    most once: summed over contexts and workers (`reduced`: by
-    :meth:`Trainer.allreduce_grads` or :meth:`Trainer.clip_global_norm`, else
-    by the step itself), divided by the loss scale (`unscaled`:
-    :meth:`Trainer.unscale`) and clipped (`clip_coef` and its verdict
-    `clip_overflow`: :meth:`Trainer.clip_global_norm`).  New scaled gradients
-    may join them only before they are unscaled or clipped.  ``step()`` and
-    ``update()`` end the step (:meth:`reset`).  Each move is checked here and an
-    illegal one raises ``RuntimeError`` saying what to do instead.
-    """
+    Each at most once per step (:meth:`reset`): `reduced`, `unscaled`, clipped (`clip_coef`,
+    `clip_overflow`); new scaled gradients only before the last two.  An illegal move raises
+    ``RuntimeError`` saying what to do instead."""
     __slots__ = ('reduced', 'unscaled', 'clip_coef', 'clip_overflow')
 
     def __init__(self) -> None:
@@ -197,114 +127,36 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
     Parameters
     ----------
     params, optimizer, optimizer_params, kvstore, compression_params
-        As for ``gluon.Trainer``.  An optimizer name or instance is given
-        FP32 master weights with :func:`mxamp.optimizer.create` (an instance is
-        converted in place).  ``'adamw'`` is also accepted.
+        As for ``gluon.Trainer``; the optimizer (also ``'adamw'``) gets FP32 master weights
+        from :func:`mxamp.optimizer.create`, an instance converted in place.
     update_on_kvstore : bool, optional
-        As for ``gluon.Trainer``, except that with loss scaling on and several
-        contexts or a distributed (non-async) kvstore, the default becomes
-        False.  Reason: the kvstore sums float16 gradients in float16, and a
-        sum of finite gradients can overflow; with ``update_on_kvstore=True``
-        that sum is applied inside the kvstore, where no check can see it
-        before the update.  With False the check runs on the reduced
-        gradients.  Passing True explicitly is supported: the gradients of
-        every context are checked before they are pushed.
-
-        bfloat16 parameters with a distributed kvstore: always False (True
-        raises ``ValueError``, and so does ``dist_async``, which updates on
-        the servers).  MXNet 1.9.1's kvstore servers abort on bfloat16
-        ("Unknown type enum 12"), so the initial weights and the gradients of
-        bfloat16 parameters cross the kvstore as FP32 copies: each gradient is
-        cast into an FP32 buffer (one per parameter and context, allocated
-        once: twice the bfloat16 gradient memory), push-pulled, and the FP32
-        sum is rounded back into the gradient.  float16 and FP32 gradients
-        travel in their own dtype.  Local kvstores (``'device'``, ``'local'``)
-        sum bfloat16 correctly and are left alone.
+        False by default with loss scaling and several contexts or a ``dist_sync`` kvstore;
+        always False for bfloat16 there (docs/training.rst, "Distributed kvstores").
     loss_scale : 'auto', 'dynamic', float, None or LossScaler, default 'auto'
-        ``'auto'``: dynamic scaling when any trainable parameter is float16,
-        none otherwise (bfloat16 has float32's range).  ``'dynamic'``: a
-        :class:`LossScaler` with its defaults (2**16, x2 after 2000 clean steps,
-        x0.5 on overflow, within [1, 2**24]; until the first applied step an
-        overflow divides the scale by 16).  A number: fixed scale; steps with
-        inf/NaN are still skipped.  None: no scaling, no check, no host sync.
-        A :class:`LossScaler`: used as configured; one made with
-        ``enabled=False`` is the same as None (torch's disabled ``GradScaler``).
+        ``'auto'``: dynamic when a trainable parameter is float16; ``'dynamic'``: a default
+        :class:`LossScaler`; a number: fixed; None or a disabled scaler: no check, no sync.
     master_weights : bool, optional
-        FP32 master weights for float16/bfloat16 parameters.  Default: on when
-        any parameter is float16 or bfloat16.  A ``multi_precision`` entry in
-        `optimizer_params` takes precedence.
+        Default: when a parameter is float16 or bfloat16 (``multi_precision`` overrides).
     diagnose_net : Block, optional
-        Debug mode for overflow at the loss scale's floor and for a loss that
-        is not finite.  The trainer keeps a reference to the inputs of
-        `diagnose_net`'s latest call (a forward pre-hook: no copy, no sync),
-        and when gradients overflow at ``min_scale``, or a skipped step's loss
-        is not finite, it re-runs that forward op by op
-        (:func:`mxamp.diagnose.first_nonfinite_output`, inference mode, on the
-        CPU) and names the first layer whose output is not finite in the
-        error or warning.  Costs one extra batch kept alive; the re-run only
-        happens on those paths.
+        Its latest inputs are kept (no copy) and re-run op by op on overflow at the floor or
+        a loss not finite, to name the first layer whose output is not finite.
 
-    A forgotten ``scale_loss``
-    --------------------------
-    With loss scaling on, a step (or :meth:`update`, :meth:`unscale`,
-    :meth:`clip_global_norm`) whose gradients are new but did not come through
-    :meth:`scale_loss` raises ``RuntimeError`` before anything changes: those
-    gradients would be divided by a loss scale they never got, and the update
-    would silently shrink by that factor.  Several ``scale_loss`` per step
-    (gradient accumulation, several losses) are fine; a scale fixed at 1 and
-    ``loss_scale=None`` need none.  The check reads gluon's fresh-gradient
-    flags only: no host sync.
-
-    Overflow at the floor
-    ---------------------
-    When dynamic scaling overflows at ``min_scale`` with a finite loss (else see
-    below), the ``FloatingPointError`` (``at_min_scale='raise'``) or
-    ``RuntimeWarning`` (``'warn'``, at every such step) names the
-    parameters whose gradients hold inf/NaN
-    (:func:`mxamp.diagnose.nonfinite_gradients`: one host sync per parameter,
-    only then) and, with `diagnose_net`, the first layer whose output is not
-    finite; without it, the message says how to find that layer.  The layer
-    that overflows is usually upstream of the parameters named: an inf output
-    makes the gradients of the layers that consume it non-finite.
-
-    A loss that is not finite
-    -------------------------
-    When a step is skipped, the trainer also reads what :meth:`scale_loss`
-    received (kept by reference since then, not copied).  If that loss holds
-    inf/NaN, the forward pass itself fails (in float16, typically a fill such
-    as -1e18 for masked attention scores: -inf there, and ``0 * -inf`` is
-    NaN): that is no gradient overflow, and no loss scale fixes it.  The step
-    is still skipped and counted, but the loss scale is kept (see
-    :class:`LossScaler`), and ``at_min_scale`` decides: one
-    ``RuntimeWarning`` per trainer (``'warn'``), ``FloatingPointError``
-    (``'raise'``) or nothing.  The message names the first layer whose output
-    is not finite with `diagnose_net` (else says how to find it) and the
-    remedies: a finite fill such as -1e4, or that block kept in FP32 with
-    ``mxamp.convert(net, dtype, exclude=[block])``.  Cost: host syncs on
-    skipped steps only, one per loss array, plus one ``pushpull`` with a
-    distributed kvstore (all workers keep the same scale).
+    With loss scaling, a step on new gradients that missed :meth:`scale_loss` raises
+    ``RuntimeError``; what a skipped step reports: docs/troubleshooting.rst.
 
     Examples
     --------
     >>> from mxnet import autograd, gluon
     >>> net = mxamp.convert(gluon.nn.Dense(2, in_units=4), 'float16')
     >>> net.initialize()
-    >>> trainer = mxamp.Trainer(net.collect_params(), 'sgd',
-    ...                         {'learning_rate': 0.1, 'momentum': 0.9})
-    >>> loss_fn = gluon.loss.L2Loss()
-    >>> data = [(mx.nd.full((8, 4), 0.1), mx.nd.zeros((8, 2)))]
-    >>> for x, y in data:
-    ...     with autograd.record():
-    ...         loss = loss_fn(net(x), y)
-    ...         with trainer.scale_loss(loss) as scaled:
-    ...             autograd.backward(scaled)
-    ...     trainer.step(x.shape[0])         # False when skipped for overflow
+    >>> trainer = mxamp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    >>> x, y = mx.nd.full((8, 4), 0.1), mx.nd.zeros((8, 2))
+    >>> with autograd.record():
+    ...     loss = gluon.loss.L2Loss()(net(x), y)
+    ...     with trainer.scale_loss(loss) as scaled:
+    ...         autograd.backward(scaled)
+    >>> trainer.step(8)          # False when skipped for overflow
     True
-
-    Gradient clipping: call :meth:`clip_global_norm` after backward, then step::
-
-    ...     norm = trainer.clip_global_norm(max_norm)   # of the unscaled gradients
-    ...     trainer.step(x.shape[0])
     """
 
     def __init__(self, params: ParamsLike, optimizer: Union[str, mx.optimizer.Optimizer],
@@ -362,17 +214,13 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 last[:] = [inputs]
             self._diagnose_hook = diagnose_net.register_forward_pre_hook(keep_inputs)
 
-    # -- loss scaling --------------------------------------------------------------
     @contextlib.contextmanager
     def scale_loss(self, loss: Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]
                    ) -> Iterator[Union[mx.nd.NDArray, List[mx.nd.NDArray], Tuple[mx.nd.NDArray, ...]]]:
         """Context manager yielding `loss` (NDArray or list) times :attr:`loss_scale`.
 
-        Call ``autograd.backward`` on the yielded value inside the block.  Can be
-        used several times before one :meth:`step` (several losses, gradient
-        accumulation with ``grad_req='add'``).  `loss` is kept by reference (no
-        copy) until the step, which reads it only when it skips.  No host sync.
-        """
+        Call ``autograd.backward`` on it inside the block, as often as needed before one
+        :meth:`step`.  `loss` is kept by reference until the step.  No host sync."""
         self._stage.check_new_loss()
         scaled = loss if self._loss_scaler is None else self._loss_scaler.scale(loss)
         self._scale_loss_open += 1
@@ -382,21 +230,10 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             self._scale_loss_open -= 1
 
     def unscale(self) -> None:
-        """Divide every gradient, on every context, by :attr:`loss_scale` in place.
+        """Divide every gradient by :attr:`loss_scale` in place, to inspect it before :meth:`step`.
 
-        For inspecting the gradients between backward and :meth:`step`; the
-        following step does not unscale again.  One in-place multiply per
-        gradient array, no host sync.  Gradient clipping needs no unscaling:
-        :meth:`clip_global_norm` works on the scaled gradients and reports the
-        norm of the unscaled ones.
-
-        Raises
-        ------
-        RuntimeError
-            When called twice before a step, inside :meth:`scale_loss`, or
-            on gradients that did not come through :meth:`scale_loss` (as
-            :meth:`step`).
-        """
+        No host sync; clipping needs none.  ``RuntimeError`` twice in a step, inside
+        :meth:`scale_loss`, or as :meth:`step`."""
         self._check_outside_scale_loss('unscale')
         self._check_scaled('unscale')
         self._stage.unscale()
@@ -406,71 +243,21 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 grad *= factor
 
     def clip_global_norm(self, max_norm: float) -> float:
-        """Clip the global 2-norm of the gradients at `max_norm`; return the norm.
+        """Clip the global 2-norm of the gradients at `max_norm`; return the norm before clipping.
 
-        Call after backward and before :meth:`step` (or :meth:`update`), once
-        per step, with or without :meth:`unscale` before it.  The norm is
-        computed over every trainable parameter, in FP32 whatever the
-        gradients' dtypes (float16, bfloat16 and float32 mixed), and is that of
-        the *unscaled* gradients before the ``1/batch_size`` normalisation:
-        what ``gluon.utils.clip_global_norm`` would compute on FP32 gradients
-        reduced by ``allreduce_grads``.  When it exceeds `max_norm`, the next
-        step multiplies every gradient by ``max_norm / norm``; the factor is
-        folded into the optimizer's ``rescale_grad`` with ``1/loss_scale`` and
-        ``1/batch_size``, so no gradient is rewritten.  Parameters whose
-        gradient is stale (not used since the last step) count with what their
-        gradient holds.
-
-        Contexts and kvstores:
-
-        * several contexts, ``update_on_kvstore=False``: this method sums the
-          gradients over the contexts (the ``allreduce_grads`` that the step
-          would run; the step then does not reduce again) and takes the norm
-          of the sum;
-        * several contexts, local kvstore, ``update_on_kvstore=True``: the sum
-          over contexts is formed in FP32 for the norm, one parameter at a
-          time; the kvstore still reduces and updates at the step;
-        * distributed kvstore: the norm is that of the gradients summed over
-          all workers (after the allreduce), so every worker clips by the
-          same factor and skips the same steps.  ``update_on_kvstore=True``
-          (``dist_async``, or asked for) is refused: the servers sum and apply
-          the gradients in one operation, so no worker sees the global norm.
-
-        Overflow: a non-finite norm (some gradient is inf or NaN) is returned
-        as it is, and the next step is skipped as without clipping (weights,
-        master weights and optimizer states unchanged, the loss scale backs
-        off).  With loss scaling off the step is skipped too, with a
-        ``RuntimeWarning``.
-
-        Cost: one read of every gradient (float16 and bfloat16 ones through a
-        float32 copy each, so up to twice their size in temporary memory) and
-        **one host sync**, to read the norm.  The following step takes its
-        overflow verdict from that norm instead of checking the gradients
-        again, so with loss scaling on a clipped step still costs one host
-        sync in all.  Do not change the gradients between this call and the
-        step.
-
-        Parameters
-        ----------
-        max_norm : float
-            The largest global norm let through (positive).
-
-        Returns
-        -------
-        float
-            The global 2-norm of the unscaled gradients before clipping; inf or
-            NaN when some gradient is.
+        Once per step, after backward and before :meth:`step` (or :meth:`update`).  The norm of
+        the unscaled gradients before ``1/batch_size``, in FP32 whatever their dtypes, summed
+        over contexts and workers; ``max_norm / norm`` is folded into ``rescale_grad``.  A
+        non-finite norm (returned as it is) skips the step.  **One host sync**, which is also
+        the step's overflow verdict (docs/training.rst, "Gradient clipping").
 
         Raises
         ------
         ValueError
             When `max_norm` is not a positive finite number.
         RuntimeError
-            When no gradient was computed since the last step (called before
-            backward), when called twice before one step or inside a
-            :meth:`scale_loss` block, on gradients that did not come through
-            :meth:`scale_loss` (as :meth:`step`), and with a distributed
-            kvstore that updates on its servers.
+            Before backward, twice in a step, inside :meth:`scale_loss`, as :meth:`step`, and
+            with a distributed kvstore that updates on its servers.
         """
         self._check_outside_scale_loss('clip_global_norm')
         max_norm = _positive('max_norm', max_norm)
@@ -491,7 +278,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         elif self._kvstore is not None and not self._stage.reduced:
             self._allreduce_grads()
             self._stage.reduced = True
-        # After the reduction every context holds the same sum: the first one's will do.
+        # Once reduced, every context holds the same sum.
         grads = [param.list_grad()[0] if self._stage.reduced else _context_sum(param.list_grad())
                  for param in self._params
                  if param.grad_req != 'null' and param._data is not None]
@@ -504,30 +291,20 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
     def allreduce_grads(self) -> None:
         """Sum the gradients over contexts and workers, as ``gluon.Trainer.allreduce_grads``.
 
-        For the ``allreduce_grads()`` / :meth:`update` split
-        (``update_on_kvstore=False``).  :meth:`clip_global_norm` and
-        :meth:`step` after it do not reduce again.  No host sync.
-
-        Raises
-        ------
-        RuntimeError
-            When the gradients were already reduced since the last step (by
-            this method or by :meth:`clip_global_norm`), or inside a
-            :meth:`scale_loss` block.
-        """
+        For the ``allreduce_grads()`` / :meth:`update` split; no host sync.  ``RuntimeError``
+        when already reduced (also by :meth:`clip_global_norm`) or in :meth:`scale_loss`."""
         self._check_outside_scale_loss('allreduce_grads')
         self._stage.check_reduce()
         super(Trainer, self).allreduce_grads()
         self._stage.reduced = True
 
     def _has_fresh_grads(self):
-        # NDArray._fresh_grad: set by backward, cleared by a step.
         return any(data._fresh_grad for param in self._params
                    if param.grad_req != 'null' and param._data is not None
                    for data in param.list_data())
 
     def _check_scaled(self, what):
-        # Only new gradients: a step without backward is gluon's stale-gradient error.
+        # New gradients only: a step without backward is gluon's stale-gradient error.
         scaler = self._loss_scaler
         if scaler is not None and not scaler.scaled_since_update and self._has_fresh_grads():
             scaler.check_scaled('%s()' % what, 'run backward inside "with trainer.scale_loss('
@@ -541,7 +318,6 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                                % (what, what))
 
     def _trainable_grads(self):
-        # gluon.Trainer._params: the Parameter list in kvstore-index order.
         grads = []
         for param in self._params:
             if param.grad_req != 'null' and param._data is not None:
@@ -549,31 +325,22 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         return grads
 
     def _rescale(self, batch_size):
-        # gluon.Trainer._scale: the optimizer's rescale_grad at construction.
         scale = 1.0 if (self._loss_scaler is None or self._stage.unscaled) \
             else self._loss_scaler.loss_scale
         clip = 1.0 if self._stage.clip_coef is None else self._stage.clip_coef
         return self._scale / batch_size / scale * clip
 
     def init_kvstore(self) -> None:
-        """Create the kvstore and broadcast worker 0's parameters now.
+        """Create the kvstore and broadcast worker 0's parameters now, on every worker.
 
-        ``gluon.Trainer`` does both lazily, at the first step, after the first
-        forward pass: with a distributed kvstore that pass has already moved
-        every worker's BatchNorm running statistics, which the broadcast then
-        replaces by worker 0's.  Call this after the parameters are initialised
-        (shapes known) and before training.  Every worker must call it.  Waits
-        for the initial pulls of a distributed kvstore; no other host sync.
-        Calling it again does nothing.
-        """
-        # gluon.Trainer internals: lazy kvstore creation and parameter broadcast.
+        gluon does it at the first step, after a forward pass has moved every worker's
+        BatchNorm statistics.  Waits for the initial pulls; no other host sync.  Idempotent."""
         if not self._kv_initialized:
             self._init_kvstore()
         if self._params_to_init:
             self._init_params()
 
     def _mark_consumed(self):
-        # NDArray._fresh_grad: gluon's stale-gradient flag, reset as a real step would.
         for param in self._params:
             if param.grad_req != 'null' and param._data is not None:
                 for data in param.list_data():
@@ -592,9 +359,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         if overflow:
             self._mark_consumed()
         if self._loss_scaler is not None:
-            # With a distributed kvstore and update_on_kvstore=False every worker checked
-            # the same summed gradients, so no kvstore agreed on the verdict: name it, for
-            # the agreement on the loss check of a skipped step.
+            # No kvstore agreed on a distributed verdict: name one for the loss check.
             self._loss_scaler.update(overflow, details=self._overflow_details,
                                      loss_details=self._loss_details,
                                      kvstore=self._kvstore if self._distributed else None)
@@ -616,8 +381,7 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                                     'mxamp.convert(net, dtype, exclude=[block])')
 
     def _first_nonfinite_layer(self, batch):
-        """The first layer whose output is not finite, with `diagnose_net` (re-runs the
-        last batch: host syncs); without it, how to find it on `batch`."""
+        """The first layer not finite, with `diagnose_net` (host syncs); else how to find it."""
         if self._diagnose_net is None or not self._last_inputs:
             return ('To find the first layer whose output is not finite, call '
                     'mxamp.diagnose.first_nonfinite_output(net, x) with %s, or create the '
@@ -635,38 +399,26 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         return ('First layer whose output is not finite (last batch, inference mode): %s '
                 '(%s), %s' % (found['node'], found['op'], where))
 
-    # -- stepping --------------------------------------------------------------------
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> bool:
-        """Reduce gradients, check them, and update the parameters or skip.
+        """Reduce gradients, check them, and update the parameters or skip: True when applied.
+
+        **One host sync** with loss scaling on (the verdict), none with ``loss_scale=None`` or
+        after :meth:`clip_global_norm`; a skipped step adds one per loss of :meth:`scale_loss`.
 
         Parameters
         ----------
         batch_size : int
-            Gradients are normalised by ``1/batch_size`` (and by ``1/loss_scale``,
-            folded into the same ``rescale_grad``).
+            Gradients are normalised by ``1/batch_size`` (and ``1/loss_scale``, folded in).
         ignore_stale_grad : bool, default False
             As for ``gluon.Trainer.step``.
-
-        Returns
-        -------
-        bool
-            True when the update was applied, False when it was skipped because
-            some gradient was inf/NaN.  With loss scaling on, **one host sync**
-            (the overflow verdict); with ``loss_scale=None``, none.  After
-            :meth:`clip_global_norm`, none: its norm gives the verdict.  A
-            skipped step adds one per loss given to :meth:`scale_loss`, to
-            tell a loss that is not finite from a gradient overflow.
 
         Raises
         ------
         RuntimeError
-            When called inside a :meth:`scale_loss` block, and, with loss
-            scaling on, when backward ran since the last step but not on a
-            loss from :meth:`scale_loss`: those gradients would be divided by
-            the loss scale they never got (:meth:`LossScaler.check_scaled`).
+            Inside a :meth:`scale_loss` block; with loss scaling, on new gradients that
+            missed :meth:`scale_loss` (:meth:`LossScaler.check_scaled`).
         FloatingPointError
-            With ``at_min_scale='raise'``, after skipping a step that overflows
-            at the minimum loss scale or whose loss is not finite.
+            With ``at_min_scale='raise'``, as :meth:`LossScaler.update`.
         """
         self._check_outside_scale_loss('step')
         self._check_scaled('step')
@@ -675,8 +427,6 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             return self._finish(False)
         self.init_kvstore()
         rescale = self._rescale(batch_size)
-        # gluon.Trainer internals: _kvstore, _update_on_kvstore, _allreduce_grads
-        # (push/pull per parameter), _update (per-context updaters + stale check).
         if self._kvstore is not None and self._update_on_kvstore:
             # Check before pushing: the kvstore applies the update on push.
             overflow = self._has_overflow(kvstore=self._kvstore, rescale_grad=rescale)
@@ -688,22 +438,17 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             self._check_and_rescale_grad(rescale)
             if not self._stage.reduced:
                 self._allreduce_grads()
-            # After the reduction: catches sums that overflow, and every worker
-            # of a distributed kvstore sees the same reduced gradients.
+            # After the reduction: sums that overflow count, and workers see the same gradients.
             overflow = self._has_overflow()
             if not overflow:
                 self._update(ignore_stale_grad)
         return self._finish(overflow)
 
     def update(self, batch_size: int, ignore_stale_grad: bool = False) -> bool:
-        """Check the (already reduced) gradients and update or skip.
+        """Check the reduced gradients and update or skip; True when applied.
 
-        For the ``allreduce_grads()`` / ``update()`` split of ``gluon.Trainer``
-        (``update_on_kvstore=False`` only).  Returns True when applied.  One host
-        sync with loss scaling on, none after :meth:`clip_global_norm`; a skipped
-        step adds one per loss, as in :meth:`step`.  Raises ``RuntimeError`` as
-        :meth:`step` does.
-        """
+        The ``allreduce_grads()`` / ``update()`` split (``update_on_kvstore=False``); host
+        syncs and errors as :meth:`step`."""
         self._check_outside_scale_loss('update')
         self._check_scaled('update')
         if self._loss_scaler is None and not self._stage.clipped:
@@ -720,26 +465,15 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
             self._update(ignore_stale_grad)
         return self._finish(overflow)
 
-    # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """Mixed-precision state: ``{'loss_scaler': LossScaler.state_dict() or None}``.
-
-        Optimizer states (momenta, master weights) are saved by
-        :meth:`save_states`, which includes this dict too.
-        """
+        """``{'loss_scaler': LossScaler.state_dict() or None}``; :meth:`save_states` adds the
+        optimizer states (momenta, master weights)."""
         return {'loss_scaler': None if self._loss_scaler is None
                 else self._loss_scaler.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned.
-
-        Raises
-        ------
-        KeyError
-            When ``'loss_scaler'`` (or a key of the scaler's state) is missing.
-        ValueError
-            When the state has a scaler and this Trainer has loss scaling off.
-        """
+        """Restore what :meth:`state_dict` returned.  ``KeyError`` on missing keys,
+        ``ValueError`` for a scaler's state when loss scaling is off."""
         if 'loss_scaler' not in state:
             raise KeyError("Trainer.load_state_dict(): missing key 'loss_scaler'")
         scaler_state = state['loss_scaler']
@@ -752,15 +486,9 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
         self._loss_scaler.load_state_dict(scaler_state)
 
     def save_states(self, fname: str) -> None:
-        """Save optimizer states (master weights included) and the loss scaler state.
-
-        The file wraps what ``gluon.Trainer.save_states`` writes; plain
-        ``gluon.Trainer`` files are still accepted by :meth:`load_states`.
-        Synchronises with the host (reads the states).  Written whole or not at
-        all (`mxamp.atomic_files`): an interrupted save leaves the previous file.
-        """
+        """Save optimizer states (master weights included) and the loss scaler's, in one file
+        written whole or not at all (`mxamp.atomic_files`).  Host sync."""
         with replaced_on_success(fname) as temporary:
-            # gluon.Trainer writes a file of its own; it becomes one item of mxamp's.
             super(Trainer, self).save_states(temporary)
             with open(temporary, 'rb') as f:
                 inner = f.read()
@@ -769,11 +497,8 @@ class Trainer(LossScalingState, Bfloat16KVStoreTrainer):
                 f.write(_FILE_MAGIC + payload)
 
     def load_states(self, fname: str) -> None:
-        """Load what :meth:`save_states` wrote (or a plain ``gluon.Trainer`` file).
-
-        A plain gluon file carries no scaler state: the scaler is left as it is
-        and a warning says so.
-        """
+        """Load what :meth:`save_states` wrote, or a plain ``gluon.Trainer`` file (the scaler
+        is then left as it is, with a warning)."""
         with open(fname, 'rb') as f:
             data = f.read()
         if not data.startswith(_FILE_MAGIC):
