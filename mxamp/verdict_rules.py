@@ -1,32 +1,12 @@
 """The rules behind the verdicts of `mxamp.profile`'s reports, as data.
 
 This module owns `RULES`, the one table every verdict of a profile report
-comes from, the thresholds the rules use, and `evaluate`, which applies the
-table to measured records.  A rule is a row:
-
-``kind``
-    Its stable name (the report's JSON carries it).
-``scope``
-    What it reads: the one ``'step'`` record of a report, or each ``'layer'``
-    record (a layer's fields read over the step's, so a layer rule sees
-    ``{cpu_class}`` and ``{dtype}`` too).
-``condition``
-    A function of that record: the verdict is given when it returns True.
-``message``
-    The verdict in plain words: a ``str.format`` template of the record's
-    fields (and of the phrases `evaluate` derives, `DERIVED_FIELDS`).
-``cost``
-    The record field holding the share of the step the verdict concerns:
-    verdicts are ranked by it, most expensive first.
-``measured``
-    False for a rule that is not a measurement on this machine (Tensor Core
-    eligibility for float16 on NVIDIA GPUs, which no CPU can measure): its
-    message says so.
-
-Records are plain dicts, so each rule can be checked on a record written by
-hand (a CPU class this machine is not) as well as on a measured one;
-`STEP_FIELDS` and `LAYER_FIELDS` say what each field holds.  `mxamp.profile`
-builds the records; this module imports nothing from mxamp.
+comes from (a `Rule` per row), the thresholds the rules use, and `evaluate`,
+which applies the table to measured records.  Records are plain dicts, so
+each rule can be checked on a record written by hand (a CPU class this
+machine is not) as well as on a measured one; `STEP_FIELDS` and
+`LAYER_FIELDS` say what each field holds.  `mxamp.profile_report` builds the
+records; this module imports nothing from mxamp.
 
 Example
 -------
@@ -125,7 +105,27 @@ EXAMPLE_LAYER: Dict[str, Any] = {
 
 
 class Rule(NamedTuple):
-    """One row of `RULES` (see the module documentation)."""
+    """One row of `RULES`.
+
+    Attributes
+    ----------
+    kind : str
+        Its stable name (the report's JSON carries it).
+    scope : str
+        ``'step'`` (the report's one step record) or ``'layer'`` (each layer
+        record, read over the step's, so ``{cpu_class}`` and ``{dtype}`` too).
+    condition : callable
+        Of that record: the verdict is given when it returns True.
+    message : str
+        The verdict in plain words: a ``str.format`` template of the record's
+        fields and `DERIVED_FIELDS`.
+    cost : str
+        The field holding the share of the step it concerns; verdicts are
+        ranked by it, most expensive first.
+    measured : bool
+        False for a rule that no CPU can measure (Tensor Core eligibility for
+        float16 on NVIDIA GPUs): its message says so.
+    """
     kind: str
     scope: str
     condition: Callable[[Mapping[str, Any]], bool]
@@ -233,8 +233,7 @@ RULES = (
     Rule('emulated_bfloat16_kernel', LAYER,
          lambda r: r['kernel_dtype'] == 'bfloat16' and r['kernel_isa'] == 'AVX-512',
          "`{layer}` computes bfloat16 on AVX-512 without AVX512-BF16 ({kernel_implementation}): "
-         "oneDNN emulates it, by its own estimate about 2x slower than FP32: "
-         "{share:.0%} of the step",
+         "oneDNN emulates it, slower than FP32: {share:.0%} of the step",
          'share'),
     Rule('amx_unused', LAYER,
          lambda r: (r['cpu_class'] == 'amx' and r['kernel_dtype'] == 'bfloat16'

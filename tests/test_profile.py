@@ -22,7 +22,8 @@ from mxnet.gluon import HybridBlock, nn
 import mxamp
 from mxamp import cli, hardware, verdict_rules
 from mxamp.dtypes import ROUNDING_SUFFIX
-from mxamp.profiling import ProfileError, parse_verbose_line
+from mxamp.profile_kernels import parse_verbose_line
+from mxamp.profiling import ProfileError
 from mxamp.verdict_rules import EXAMPLE_LAYER, EXAMPLE_STEP, RULES, evaluate
 
 AMX_ONLY = pytest.mark.skipif(hardware.cpu_class() != hardware.AMX,
@@ -384,7 +385,7 @@ def test_cli_profile_bad_input_is_one_line(exported, capsys):
 def test_a_rounded_narrowings_nodes_are_charged_as_its_cast():
     # A portable graph narrows in seven nodes (mxamp.dtypes.bfloat16_rounding_nodes): all
     # are the cast's, charged to the layer that reads through it.
-    from mxamp.profiling import _Graph
+    from mxamp.profile_timing import _Graph
     conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(1, 1), num_filter=16, name='conv')
     shapes = {'data': (2, 16, 4, 4)}
     converted, _, _, conversion = mxamp.convert_with_record(conv, 'bfloat16', input_shapes=shapes)
