@@ -1,29 +1,21 @@
 """One screen about this machine and this install, for bug reports (``mxamp info``).
 
-What mxamp would do here and why: versions, the CPU and its class (and what
-lowered it), AMX, what ``dtype='auto'`` picks, the GPUs MXNet sees, the OpenMP
-threads MXNet computes with, MXNet's build features, mxamp's own convolution
-(built, on, its oneDNN) and its channels-last regions, and the environment
-variables it was started with that change any of it.  Like PyTorch's ``collect_env``: a user
-pastes it into an issue.
+What mxamp would do here and why, for a user to paste into an issue (like
+PyTorch's ``collect_env``): versions, the CPU class and what lowered it, what
+``dtype='auto'`` picks, the kernel wing's state and the environment that
+changes any of it.  It reads ``/proc`` and asks MXNet; it runs no operator.
 
 Example
 -------
->>> info = mxamp.system_info.collect()
->>> sorted(info)[:4]
-['auto', 'channels_last', 'cpu', 'environment']
->>> print(mxamp.system_info.format_info(info))  # doctest: +ELLIPSIS
+>>> print(mxamp.system_info.format_info(mxamp.system_info.collect()))  # doctest: +ELLIPSIS
 mxamp ...
-
-Cost: reads ``/proc``, asks MXNet for its GPU count and build features; runs
-no operator.
 """
 import importlib
 import platform
 from typing import Any, Dict, Optional
 
 from . import dtypes, hardware
-from .kernels import channels_last, choice, operators
+from .kernels import choice, operators
 from ._version import __version__
 
 __all__ = ['collect', 'format_info']
@@ -34,7 +26,6 @@ _CLASS_FLAGS = ('avx2', 'avx512f', 'avx512bw', 'avx512vl', 'avx512dq', 'avx512_b
 # MXNet build features worth a line (mx.runtime.Features names).
 _FEATURES = ('MKLDNN', 'OPENMP', 'CUDA', 'CUDNN', 'NCCL', 'TENSORRT', 'DIST_KVSTORE', 'BLAS_OPEN',
              'BLAS_MKL', 'INT64_TENSOR_SIZE')
-# Optional packages whose version matters to a report.
 _OPTIONAL_PACKAGES = ('ml_dtypes', 'gluoncv', 'tqdm', 'matplotlib')
 
 
@@ -70,17 +61,12 @@ def collect() -> Dict[str, Any]:
     Returns
     -------
     dict
-        ``versions`` (mxamp, mxnet, numpy, python, platform and optional
-        packages), ``cpu`` (model, usable CPUs, class flags found, class, its
-        description, what lowered it, AMX enabled), ``auto`` (what
-        ``dtype='auto'`` picks on the CPU, and on a GPU when MXNet sees one, with
-        why), ``gpus`` (count), ``openmp`` (`mxamp.hardware.mxnet_openmp_threads`),
-        ``mxnet_features``, ``environment`` (the variables that change how
-        MXNet computes), ``operators`` (`mxamp.kernels.operators.describe`: built, on,
-        its oneDNN), ``choice`` (`mxamp.kernels.choice.describe`:
-        which convolutions run on it here) and ``channels_last``
-        (`mxamp.kernels.channels_last.describe`: whether training graphs get
-        channels-last regions here).
+        ``versions``, ``cpu`` (model, usable CPUs, class flags, class, what
+        lowered it, AMX), ``auto`` (what ``dtype='auto'`` picks, and why),
+        ``gpus``, ``openmp``, ``mxnet_features``, ``environment`` (the
+        variables that change how MXNet computes), ``own_conv``,
+        ``own_conv_choice`` and ``channels_last`` (the kernel wing's
+        ``describe`` lines).
     """
     import mxnet as mx
     import numpy as np
@@ -96,7 +82,7 @@ def collect() -> Dict[str, Any]:
             'openmp': hardware.mxnet_openmp_threads(), 'mxnet_features': _features(),
             'environment': hardware.performance_variables(), 'own_conv': operators.describe(),
             'own_conv_choice': choice.describe(),
-            'channels_last': channels_last.describe()}
+            'channels_last': choice.describe_regions()}
 
 
 def format_info(info: Dict[str, Any]) -> str:

@@ -268,6 +268,31 @@ def run_python(code, **environment):
     return result.stdout
 
 
+def region_verdicts_table(path, faster):
+    """Write a table (`mxamp.kernels.choice.ChoiceTable`) at `path` holding only a verdict on
+    channels-last regions for every CPU class: measured `faster` or not; returns the path.
+
+    Pointed at by ``MXAMP_OWN_CONV_TABLE``, it turns regions on or off while the
+    convolutions stay on the measured choice (what ``MXAMP_KERNELS=all`` or ``0``
+    would change too).  Every class, so that a child process, which sees the real
+    CPU class and not a simulated one, reads the same verdict.
+    """
+    from mxamp.kernels.choice import ChoiceTable, RegionVerdict
+    return ChoiceTable(regions=[RegionVerdict(klass, faster) for klass in hardware.CPU_CLASSES]
+                       ).write(str(path))
+
+
+@pytest.fixture
+def regions_measured(monkeypatch, tmp_path):
+    """``regions_measured(True)``: channels-last regions chosen on any CPU class (where bfloat16
+    computes), ``regions_measured(False)``: none, each through a table of the user's own
+    (`region_verdicts_table`); convolutions stay measured."""
+    def measured(faster):
+        path = tmp_path / ('regions-%s.json' % ('faster' if faster else 'slower'))
+        monkeypatch.setenv('MXAMP_OWN_CONV_TABLE', region_verdicts_table(path, faster))
+    return measured
+
+
 def pattern_task(seed=0):
     """A task a small ResNet learns in 30 steps: 8 batches of 16 noisy copies of 10 patterns.
 

@@ -1,6 +1,7 @@
 """Channels-last regions of training graphs (mxamp.kernels.channels_last) and the fan-out operator.
 
-Finding regions and the rule are tested on every machine.  The rewrite is
+Finding regions and the chooser's rule for them (`mxamp.kernels.choice.choose_regions`) are
+tested on every machine.  The rewrite is
 tested in float32 wherever mxamp's own operators run: a rewritten ResNet must
 give MXNet's output, every gradient and the moving statistics after a step,
 to float32 roundoff (normalised error < 1e-5; MXNet's kernels sum in other
@@ -17,14 +18,14 @@ from mxnet import autograd
 from mxnet.gluon.model_zoo import vision
 
 import mxamp
-from mxamp.kernels import channels_last, operators
+from mxamp.kernels import channels_last, choice, operators
 from mxamp.kernels.channels_last import Region
 from mxamp.kernels.passes import ChannelsLastRegions
 from mxamp.passes import parse, to_symbol
 from mxamp.network_state import converted_state
 
 from conftest import (first_gradients, loss_curve, median_error, needs_bfloat16_compute, pattern_task,
-                      run_python)
+                      region_verdicts_table, run_python)
 
 runs_own_ops = pytest.mark.skipif(not operators.available(),
                                   reason='own operators off here: %s' % operators.status().reason)
@@ -118,64 +119,72 @@ def test_without_known_shapes_nothing_is_eligible():
     assert channels_last.find_regions(parse(symbol), {}, op_names(symbol)) == []
 
 
-@pytest.mark.parametrize('value, mode', [('0', 'off'), ('off', 'off'), ('1', 'measured'),
-                                         ('', 'measured'), ('ALL', 'all'), (None, 'measured')])
-def test_the_switch_has_three_positions(monkeypatch, value, mode):
-    monkeypatch.delenv('MXAMP_OWN_CONV', raising=False)
-    if value is None:
-        monkeypatch.delenv(channels_last.ENV, raising=False)
-    else:
-        monkeypatch.setenv(channels_last.ENV, value)
-    assert channels_last.mode() == mode
+def _measured_faster():
+    """The CPU classes whose regions the shipped table measured faster."""
+    shipped = choice.ChoiceTable.read(choice.shipped_table_path())
+    return [verdict.cpu_class for verdict in shipped.region_verdicts() if verdict.faster]
 
 
-def test_the_own_operators_switch_turns_regions_off_and_bad_values_are_named(monkeypatch):
-    monkeypatch.setenv(channels_last.ENV, 'all')
-    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
-    assert channels_last.mode() == 'off'
-    assert channels_last.choose_regions([Region(frozenset('abc'), frozenset(), 9, 9, 2)],
-                                        'amx') == []
-    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
-    monkeypatch.setenv(channels_last.ENV, 'often')
-    with pytest.raises(ValueError, match=r'MXAMP_CHANNELS_LAST=often: expected 0 .* or all'):
-        channels_last.mode()
+def test_the_wings_switch_turns_regions_off_and_bad_values_are_named(monkeypatch,
+                                                                     regions_measured):
+    regions_measured(True)
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
+    assert not choice.may_choose_regions('amx')
+    assert choice.choose_regions([Region(frozenset('abc'), frozenset(), 9, 9, 2)], 'amx') == []
+    monkeypatch.setenv('MXAMP_KERNELS', 'often')
+    with pytest.raises(ValueError, match=r'MXAMP_KERNELS=often: expected 0 .* or all'):
+        choice.may_choose_regions('amx')
 
 
 @runs_own_ops
-def test_mxamp_info_says_where_regions_apply(monkeypatch):
-    monkeypatch.delenv('MXAMP_OWN_CONV', raising=False)
-    monkeypatch.delenv(channels_last.ENV, raising=False)
-    monkeypatch.setattr(channels_last, '_own_operators_compute_bfloat16', lambda: False)
-    assert 'off (oneDNN 3 has no bfloat16 kernels for' in channels_last.describe('amx')
-    monkeypatch.setattr(channels_last, '_own_operators_compute_bfloat16', lambda: True)
-    measured = sorted(channels_last.MEASURED_FASTER)[0]
-    assert channels_last.describe(measured).startswith(
-        'channels-last regions in training: on for this CPU class (%s)' % measured)
-    assert 'off, not measured on this CPU class (avx2' in channels_last.describe('avx2')
-    monkeypatch.setenv(channels_last.ENV, 'all')
-    assert 'on wherever bfloat16 computes' in channels_last.describe('avx2')
-    monkeypatch.setenv(channels_last.ENV, '0')
-    assert channels_last.describe(measured).endswith('off (MXAMP_CHANNELS_LAST=0)')
-    monkeypatch.setenv(channels_last.ENV, 'often')
-    assert 'unknown, MXAMP_CHANNELS_LAST=often' in channels_last.describe(measured)
+def test_mxamp_info_says_where_regions_apply(monkeypatch, regions_measured):
+    monkeypatch.delenv('MXAMP_KERNELS', raising=False)
+    monkeypatch.delenv(choice.TABLE_ENV, raising=False)
+    monkeypatch.setattr(choice, '_own_operators_compute_bfloat16', lambda: False)
+    assert 'off (oneDNN 3 has no bfloat16 kernels for' in choice.describe_regions('amx')
+    monkeypatch.setattr(choice, '_own_operators_compute_bfloat16', lambda: True)
+    measured = _measured_faster()[0]
+    assert choice.describe_regions(measured) == (
+        'channels-last regions in training: on for this CPU class (%s), measured faster '
+        '(shipped table)' % measured)
+    assert 'off, not measured on this CPU class (avx2' in choice.describe_regions('avx2')
+    regions_measured(False)
+    assert choice.describe_regions(measured).startswith(
+        'channels-last regions in training: off for this CPU class (%s), measured slower '
+        '(shipped table and MXAMP_OWN_CONV_TABLE=' % measured)
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
+    assert 'on wherever bfloat16 computes (MXAMP_KERNELS=all)' in choice.describe_regions('avx2')
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
+    assert choice.describe_regions(measured).endswith('off (MXAMP_KERNELS=0)')
+    monkeypatch.setenv('MXAMP_KERNELS', 'often')
+    assert 'unknown, MXAMP_KERNELS=often' in choice.describe_regions(measured)
 
 
 @runs_own_ops
-def test_the_rule_wants_measured_classes_and_enough_convolutions(monkeypatch):
-    big = Region(frozenset('abc'), frozenset(), channels_last.MIN_CONVOLUTIONS, 3, 2)
-    small = Region(frozenset('d'), frozenset(), channels_last.MIN_CONVOLUTIONS - 1, 1, 2)
-    monkeypatch.delenv(channels_last.ENV, raising=False)
+def test_the_rule_wants_measured_classes_and_enough_convolutions(monkeypatch, regions_measured):
+    big = Region(frozenset('abc'), frozenset(), choice.MIN_REGION_CONVOLUTIONS, 3, 2)
+    small = Region(frozenset('d'), frozenset(), choice.MIN_REGION_CONVOLUTIONS - 1, 1, 2)
+    monkeypatch.delenv('MXAMP_KERNELS', raising=False)
+    monkeypatch.delenv(choice.TABLE_ENV, raising=False)
     # Whatever this CPU: the rule as it reads where oneDNN 3 has bfloat16 kernels ...
-    monkeypatch.setattr(channels_last, '_own_operators_compute_bfloat16', lambda: True)
-    for cpu_class in channels_last.MEASURED_FASTER:
-        assert channels_last.choose_regions([big, small], cpu_class) == [big]
-    assert channels_last.choose_regions([big, small], 'avx2') == []
-    monkeypatch.setenv(channels_last.ENV, 'all')
-    assert channels_last.choose_regions([big, small], 'avx2') == [big]
+    monkeypatch.setattr(choice, '_own_operators_compute_bfloat16', lambda: True)
+    assert _measured_faster()
+    for cpu_class in _measured_faster():
+        assert choice.choose_regions([big, small], cpu_class) == [big]
+    assert choice.choose_regions([big, small], 'avx2') == []
+    # A user's table's verdict goes over the shipped one, either way.
+    regions_measured(False)
+    for cpu_class in _measured_faster():
+        assert choice.choose_regions([big, small], cpu_class) == []
+    regions_measured(True)
+    assert choice.choose_regions([big, small], 'avx2') == [big]
+    monkeypatch.delenv(choice.TABLE_ENV)
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
+    assert choice.choose_regions([big, small], 'avx2') == [big]
     # ... and nothing where it has none (a simulated CPU class is not a real one).
-    monkeypatch.setattr(channels_last, '_own_operators_compute_bfloat16', lambda: False)
-    for cpu_class in channels_last.MEASURED_FASTER:
-        assert channels_last.choose_regions([big, small], cpu_class) == []
+    monkeypatch.setattr(choice, '_own_operators_compute_bfloat16', lambda: False)
+    for cpu_class in _measured_faster():
+        assert choice.choose_regions([big, small], cpu_class) == []
 
 
 # --------------------------------------------------------------------------
@@ -380,9 +389,9 @@ def backward_once(net, x):
 
 
 @pytest.fixture
-def trained_once(monkeypatch):
+def trained_once(regions_measured):
     """A converted small ResNet with regions forced on, its batch, after one backward pass."""
-    monkeypatch.setenv(channels_last.ENV, 'all')
+    regions_measured(True)
     net = converted_small_resnet()
     x = images()
     backward_once(net, x)
@@ -391,8 +400,8 @@ def trained_once(monkeypatch):
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monkeypatch):
-    monkeypatch.setenv(channels_last.ENV, 'all')
+def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(regions_measured):
+    regions_measured(True)
     net, reference = converted_small_resnet(), converted_small_resnet()
     x = images()
     backward_once(net, x)
@@ -400,10 +409,10 @@ def test_a_converted_net_trains_channels_last_and_predicts_on_mxnets_graph(monke
     assert state.cached_for == 'training' and region_nodes(state)
     assert 'computed channels last in training' in mxamp.summary(net, print_fn=None)
     # Inference: MXNet's graph, a second CachedOp, the same numbers as a net without regions.
-    monkeypatch.setenv(channels_last.ENV, '0')
+    regions_measured(False)
     for name, param in reference.collect_params().items():
         param.set_data(net.collect_params()[name.replace(reference.prefix, net.prefix)].data())
-    monkeypatch.setenv(channels_last.ENV, 'all')
+    regions_measured(True)
     np.testing.assert_array_equal(net(x).asnumpy(), reference(x).asnumpy())
     assert state.cached_for == 'inference' and set(state.cached_ops) == {'training'}
     backward_once(net, x)
@@ -461,12 +470,12 @@ def cosine(a, b):
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_inputs_that_take_gradients_get_them_and_others_skip_the_stems(monkeypatch):
+def test_inputs_that_take_gradients_get_them_and_others_skip_the_stems(regions_measured):
     # A call whose inputs take no gradient trains on a graph whose stem convolution leaves its
     # data gradient out (nothing reads it); an input with a gradient attached, or computed by a
     # recorded block, gets a third CachedOp that computes it.  The parameters' gradients are
     # the same bits either way.
-    monkeypatch.setenv(channels_last.ENV, 'all')
+    regions_measured(True)
     net = converted_small_resnet()
     x = images()
     state = converted_state(net)
@@ -484,7 +493,7 @@ def test_inputs_that_take_gradients_get_them_and_others_skip_the_stems(monkeypat
     # ResNet's bfloat16 gradients are 0.91-0.92 cosine-similar to FP32's, both ways).
     references = {}
     for label, converted in (('float32', False), ('mxnet', True)):
-        monkeypatch.setenv(channels_last.ENV, '0')
+        regions_measured(False)
         reference = small_resnet()
         if converted:
             mxamp.convert(reference, 'bfloat16')
@@ -495,7 +504,7 @@ def test_inputs_that_take_gradients_get_them_and_others_skip_the_stems(monkeypat
     assert cosine(input_grad, references['float32']) > \
         cosine(references['mxnet'], references['float32']) - 0.03
     # An input from a recorded block: its gradient reaches that block's parameters.
-    monkeypatch.setenv(channels_last.ENV, 'all')
+    regions_measured(True)
     chain = mx.gluon.nn.Conv2D(3, 1, in_channels=3)
     chain.initialize(mx.init.Xavier())
     chain.hybridize()
@@ -527,11 +536,11 @@ for attach in (False, True, False):
 
 @runs_own_ops
 @needs_bfloat16_compute
-def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one():
+def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one(tmp_path):
     # oneDNN's verbose log: the stem's convolution (3 channels padded to 4, 64 filters)
     # computes a data gradient only in the step whose input has a gradient attached.
     stdout = run_python(_STEM_SCRIPT, ONEDNN_VERBOSE='1', OMP_NUM_THREADS='1',
-                        MXAMP_CHANNELS_LAST='all')
+                        MXAMP_OWN_CONV_TABLE=region_verdicts_table(tmp_path / 't.json', True))
     counts, count = [], 0
     for line in stdout.splitlines():
         if line.startswith('PHASE'):
@@ -546,7 +555,7 @@ def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one():
 @pytest.mark.slow
 @runs_own_ops
 @needs_bfloat16_compute
-def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
+def test_a_resnet_trains_channels_last_as_on_mxnets_graph(regions_measured):
     """Loss curves side by side: 30 SGD steps of a small ResNet, same data, same start.
 
     Only the first step starts from the same weights: bfloat16's rounding makes the
@@ -562,7 +571,7 @@ def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
     reference = first_gradients(fp32, batches[0], labels[0])
     gradient_error = {}
     for mode in ('0', 'all'):
-        monkeypatch.setenv(channels_last.ENV, mode)
+        regions_measured(mode == 'all')
         gradient_error[mode] = median_error(
             first_gradients(converted_small_resnet(), batches[0], labels[0]), reference)
     print('first gradients, median relative error against FP32:', gradient_error)
@@ -570,7 +579,7 @@ def test_a_resnet_trains_channels_last_as_on_mxnets_graph(monkeypatch):
     assert gradient_error['all'] < 1.25 * gradient_error['0']
     curves, accuracy = {}, {}
     for mode in ('0', 'all'):
-        monkeypatch.setenv(channels_last.ENV, mode)
+        regions_measured(mode == 'all')
         net = converted_small_resnet()
         curves[mode] = loss_curve(net, batches, labels)
         assert bool(region_nodes(converted_state(net))) == (mode == 'all')

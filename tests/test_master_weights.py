@@ -266,9 +266,9 @@ def test_the_native_follow_gives_what_the_elementwise_ops_give(monkeypatch):
 def test_the_native_follow_is_for_bfloat16_on_the_cpu_in_a_worker(monkeypatch):
     master = mx.nd.ones((4,))
     assert not mo._follows_natively(master, cast(master, 'float16'))
-    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
     assert not mo._follows_natively(master, cast(master, 'bfloat16'))
-    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    monkeypatch.setenv('MXAMP_KERNELS', '1')
     monkeypatch.setattr(mo, 'bfloat16_casts_round_to_even', lambda: False)
     assert not mo._follows_natively(master, cast(master, 'bfloat16'))
     monkeypatch.undo()

@@ -6,7 +6,7 @@ networks tests/test_gluon_zoo.py converts (their input sizes, batch 2), plus
 1-D, 3-D and dilated ones the zoo lacks.  Different kernels sum in different
 orders: errors are normalised by the largest value and held to 1e-5 (float32
 roundoff is 6e-8; the largest seen is ~2e-6, on long weight-gradient sums).
-The switch (``MXAMP_OWN_CONV``), the state it reports for ``mxamp info``, and
+The switch (``MXAMP_KERNELS``), the state it reports for ``mxamp info``, and
 what a missing build says are tested where they can be on every machine.
 """
 import json
@@ -229,7 +229,7 @@ def test_info_says_it_is_on_with_its_onednn():
     assert line in mxamp.system_info.format_info(mxamp.system_info.collect())
 
 
-def test_mxamp_own_conv_0_switches_it_off():
+def test_mxamp_kernels_0_switches_it_off():
     out = run_python(
         'import mxamp.kernels.operators as oc, mxnet as mx\n'
         'print(oc.available(), oc.describe())\n'
@@ -237,10 +237,10 @@ def test_mxamp_own_conv_0_switches_it_off():
         '    oc.convolution(mx.nd.ones((1, 1, 3, 3)), mx.nd.ones((1, 1, 1, 1)), kernel=(1, 1),'
         ' num_filter=1)\n'
         'except oc.OwnConvUnavailable as error:\n'
-        '    print(error)\n', MXAMP_OWN_CONV='0')
+        '    print(error)\n', MXAMP_KERNELS='0')
     assert out.splitlines() == [
-        'False own convolution: off, switched off (MXAMP_OWN_CONV=0)',
-        "mxamp's own convolution is off: switched off (MXAMP_OWN_CONV=0)"]
+        'False own convolution: off, switched off (MXAMP_KERNELS=0)',
+        "mxamp's own convolution is off: switched off (MXAMP_KERNELS=0)"]
 
 
 def test_without_a_build_it_says_why_once(tmp_path):

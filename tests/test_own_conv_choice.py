@@ -1,6 +1,7 @@
 """Which convolutions run on mxamp's own operator (mxamp.kernels.choice), stage B of #24.
 
-The table and its rule are tested on every machine.  What runs graphs needs
+The table (with its verdicts on channels-last regions, whose rule tests/test_channels_last.py
+tests), the wing's switch ``MXAMP_KERNELS`` and the rule are tested on every machine.  What runs graphs needs
 the operator and a CPU that computes bfloat16 (its decisions are about
 bfloat16 convolutions): a converted Gluon network whose convolutions run on it
 computes what it computes with MXNet's, within bfloat16 rounding, trains the
@@ -19,7 +20,7 @@ import mxamp
 from mxamp import cli
 from mxamp.kernels import choice, operators
 from mxamp.network_state import converted_state
-from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement
+from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement, RegionVerdict
 from mxamp.passes import parse, to_symbol
 
 from conftest import first_gradients, loss_curve, median_error, needs_bfloat16_compute, pattern_task
@@ -38,13 +39,19 @@ def test_a_table_written_reads_back_the_same(tmp_path):
     other = CASE._replace(context='other', no_bias=False)
     table = ChoiceTable([Measurement('amx', 2, CASE, 20.5, 27.4),
                          Measurement('avx512_bf16', 16, other, 10.0, 8.0)],
-                        {'amx, 2 threads': 'somewhere'})
+                        {'amx, 2 threads': 'somewhere'},
+                        [RegionVerdict('avx512_bf16', False), RegionVerdict('amx', True)])
     path = table.write(str(tmp_path / 'table.json'))
     again = ChoiceTable.read(path)
     assert sorted(again) == sorted(table)
     assert again.notes == {'amx, 2 threads': 'somewhere'}
-    # One measurement per line: a table diff shows which measurements changed.
-    assert len(open(path).read().splitlines()) == 2 + 3 + 2 + 2 + 1
+    assert again.region_verdicts() == [RegionVerdict('amx', True),
+                                       RegionVerdict('avx512_bf16', False)]
+    # One measurement or verdict per line: a table diff shows which of them changed.
+    assert len(open(path).read().splitlines()) == 2 + 3 + 2 + 2 + 2 + 2 + 1
+    # A table without verdicts (as mxamp measure-conv writes a new one) reads back without.
+    bare = ChoiceTable.read(ChoiceTable(list(table)).write(str(tmp_path / 'bare.json')))
+    assert sorted(bare) == sorted(table) and bare.region_verdicts() == []
 
 
 def test_a_case_is_looked_up_only_where_it_was_measured():
@@ -68,11 +75,37 @@ def test_a_later_measurement_replaces_an_earlier_one():
     assert table.notes == {'amx, 2 threads': 'again'}
 
 
+def test_a_later_region_verdict_replaces_an_earlier_one_and_measurements_keep_them():
+    table = ChoiceTable(regions=[RegionVerdict('amx', True)])
+    assert table.region_verdict('amx').faster and table.region_verdict('avx2') is None
+    table.merge(ChoiceTable(regions=[RegionVerdict('amx', False)], notes={'amx, regions': 'b'}))
+    assert not table.region_verdict('amx').faster and table.notes == {'amx, regions': 'b'}
+    assert len(table) == 0   # the length counts measurements
+
+
+def test_mxamp_measure_conv_s_merge_keeps_the_region_verdicts(tmp_path):
+    # What `mxamp measure-conv -o` does with a table that exists: read, update, write.
+    path = ChoiceTable(regions=[RegionVerdict('amx', True)]).write(str(tmp_path / 't.json'))
+    existing = ChoiceTable.read(path)
+    existing.update([Measurement('amx', 2, CASE, 20.0, 10.0)], {'amx, 2 threads': 'here'})
+    again = ChoiceTable.read(existing.write(path))
+    assert again.region_verdicts() == [RegionVerdict('amx', True)] and len(again) == 1
+
+
+def test_the_shipped_table_says_where_regions_were_measured_faster():
+    shipped = ChoiceTable.read(choice.shipped_table_path())
+    assert [v.cpu_class for v in shipped.region_verdicts() if v.faster] == ['amx']
+    assert all('%s, regions' % v.cpu_class in shipped.notes for v in shipped.region_verdicts())
+
+
 @pytest.mark.parametrize('text, says', [
     ('not json', 'not a JSON file'),
     ('{"format": 7}', 'not an mxamp own-convolution table'),
     ('{"format": 1, "measurements": [{"cpu_class": "amx"}]}', 'measurement 0 is malformed'),
     ('{"format": 1, "notes": [], "measurements": []}', 'notes are not a JSON object'),
+    ('{"format": 1, "regions": [{"cpu_class": "amx"}]}', 'region verdict 0 is malformed'),
+    ('{"format": 1, "regions": [{"cpu_class": "amx", "faster": "yes"}]}',
+     'region verdict 0 is malformed'),
 ])
 def test_a_bad_table_file_is_refused_in_one_line_naming_it(tmp_path, text, says):
     path = tmp_path / 'table.json'
@@ -85,13 +118,19 @@ def test_a_bad_table_file_is_refused_in_one_line_naming_it(tmp_path, text, says)
 
 def test_the_users_table_goes_over_the_shipped_one(tmp_path, monkeypatch):
     shipped = ChoiceTable.read(choice.shipped_table_path())
-    assert len(shipped) > 0 and shipped.notes
+    assert len(shipped) > 0 and shipped.notes and shipped.region_verdicts()
     measured = next(iter(shipped))
     mine = Measurement(measured.cpu_class, measured.threads, measured.case, 10.0, 1.0)
-    path = ChoiceTable([mine]).write(str(tmp_path / 'mine.json'))
+    verdict = shipped.region_verdicts()[0]
+    mine_too = verdict._replace(faster=not verdict.faster)
+    path = ChoiceTable([mine], regions=[mine_too]).write(str(tmp_path / 'mine.json'))
     monkeypatch.setenv(choice.TABLE_ENV, path)
     assert choice.table().lookup(*measured.key) == mine
     assert len(choice.table()) == len(shipped)
+    assert choice.table().region_verdict(verdict.cpu_class) == mine_too
+    assert choice.table().region_verdicts() == [
+        mine_too if v.cpu_class == verdict.cpu_class else v for v in shipped.region_verdicts()]
+    assert set(choice.table().notes) == set(shipped.notes)
     monkeypatch.setenv(choice.TABLE_ENV, str(tmp_path / 'missing.json'))
     with pytest.raises(ValueError, match='MXAMP_OWN_CONV_TABLE=.*missing.json: no such file'):
         choice.table()
@@ -99,33 +138,35 @@ def test_the_users_table_goes_over_the_shipped_one(tmp_path, monkeypatch):
 
 def test_nothing_is_read_where_nothing_measured_faster(tmp_path, monkeypatch):
     faster, slower = (Measurement('amx', 3, CASE, 10.0, own) for own in (5.0, 20.0))
-    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    monkeypatch.setenv('MXAMP_KERNELS', '1')
     monkeypatch.setenv(choice.TABLE_ENV,
                        ChoiceTable([faster]).write(str(tmp_path / 'faster.json')))
-    assert choice.may_choose('amx', 3)
-    assert not choice.may_choose('amx', 4) and not choice.may_choose('avx2', 3)
+    assert choice.may_choose_convolutions('amx', 3)
+    assert not choice.may_choose_convolutions('amx', 4)
+    assert not choice.may_choose_convolutions('avx2', 3)
     monkeypatch.setenv(choice.TABLE_ENV,
                        ChoiceTable([slower]).write(str(tmp_path / 'slower.json')))
-    assert not choice.may_choose('amx', 3)
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
-    assert choice.may_choose('amx', 4)
-    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
-    assert not choice.may_choose('amx', 3)
+    assert not choice.may_choose_convolutions('amx', 3)
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
+    assert choice.may_choose_convolutions('amx', 4)
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
+    assert not choice.may_choose_convolutions('amx', 3)
 
 
 @pytest.mark.parametrize('value, mode', [('0', 'off'), ('off', 'off'), ('1', 'measured'),
                                          ('', 'measured'), ('ALL', 'all'), (None, 'measured')])
 def test_the_switch_has_three_positions(monkeypatch, value, mode):
+    assert operators.ENV == 'MXAMP_KERNELS'
     if value is None:
-        monkeypatch.delenv('MXAMP_OWN_CONV', raising=False)
+        monkeypatch.delenv('MXAMP_KERNELS', raising=False)
     else:
-        monkeypatch.setenv('MXAMP_OWN_CONV', value)
+        monkeypatch.setenv('MXAMP_KERNELS', value)
     assert operators.mode() == mode
 
 
 def test_a_bad_switch_value_is_refused_naming_the_values(monkeypatch):
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'sometimes')
-    with pytest.raises(ValueError, match=r'MXAMP_OWN_CONV=sometimes: expected 0 .* or all'):
+    monkeypatch.setenv('MXAMP_KERNELS', 'sometimes')
+    with pytest.raises(ValueError, match=r'^MXAMP_KERNELS=sometimes: expected 0 .* or all$'):
         operators.mode()
 
 
@@ -216,10 +257,10 @@ LABEL = mx.nd.array([1, 4, 7, 2])
 @runs_own_conv
 @needs_bfloat16_compute
 def test_everywhere_a_gluon_network_computes_what_it_computes_on_mxnets_kernels(monkeypatch):
-    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
     reference = _net()
     loss, grads = _step(reference, DATA, LABEL)
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
     net = _net()
     own_loss, own_grads = _step(net, DATA, LABEL)
     assert len(_own_weights(net)) == 2 and not _own_weights(reference)
@@ -236,7 +277,7 @@ def test_everywhere_a_gluon_network_computes_what_it_computes_on_mxnets_kernels(
 @runs_own_conv
 @needs_bfloat16_compute
 def test_exported_files_keep_mxnets_convolution(monkeypatch, tmp_path):
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
     net = _net()
     _step(net, DATA, LABEL)
     assert _own_weights(net)
@@ -248,7 +289,7 @@ def test_exported_files_keep_mxnets_convolution(monkeypatch, tmp_path):
 @runs_own_conv
 @needs_bfloat16_compute
 def test_a_measurement_saying_faster_puts_that_convolution_on_it(monkeypatch, tmp_path):
-    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    monkeypatch.setenv('MXAMP_KERNELS', '1')
     net = _net()
     _step(net, DATA, LABEL)
     sites = choice.conv_sites(*_graph_of(net))
@@ -276,7 +317,7 @@ def _graph_of(net):
 @runs_own_conv
 @needs_bfloat16_compute
 def test_a_gradient_added_to_is_never_computed_by_the_own_operator(monkeypatch):
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
     net = _net()
     _, once = _step(net, DATA, LABEL)
     assert len(_own_weights(net)) == 2
@@ -293,7 +334,7 @@ def test_a_gradient_added_to_is_never_computed_by_the_own_operator(monkeypatch):
 @runs_own_conv
 @needs_bfloat16_compute
 def test_a_network_fused_for_inference_keeps_mxnets_convolution(monkeypatch):
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
     net = _net()
     with autograd.predict_mode():
         expected = net(DATA).asnumpy()
@@ -333,7 +374,7 @@ def test_a_resnet_trains_on_the_own_operator_as_on_mxnets(monkeypatch):
     reference = first_gradients(fp32, batches[0], labels[0])
     gradient_error, curves = {}, {}
     for mode in ('0', 'all'):
-        monkeypatch.setenv('MXAMP_OWN_CONV', mode)
+        monkeypatch.setenv('MXAMP_KERNELS', mode)
         gradient_error[mode] = median_error(first_gradients(converted(), batches[0], labels[0]),
                                             reference)
         net = converted()

@@ -16,7 +16,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 import mxamp
-from mxamp.kernels import channels_last, operators
+from mxamp.kernels import operators
 from mxamp.dtypes import dtype_name, to_float32_numpy
 from mxamp.network_state import state_of
 
@@ -243,10 +243,10 @@ class _SiameseResNet(gluon.HybridBlock):
                     reason='own operators off here: %s' % operators.status().reason)
 @needs_bfloat16_compute
 def test_a_tower_called_twice_trains_on_the_own_operators(monkeypatch):
-    """The own convolution and channels-last regions forced on: the tower's convolutions run
-    on the own operator in both calls, and its nodes (one name per two calls) form no region."""
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
-    monkeypatch.setenv(channels_last.ENV, 'all')
+    """The own convolution and channels-last regions forced on (``MXAMP_KERNELS=all``): the
+    tower's convolutions run on the own operator in both calls, and its nodes (one name per two
+    calls) form no region."""
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
     rng = np.random.RandomState(0)
     x, y = (mx.nd.array(rng.uniform(size=(8, 3, 16, 16))) for _ in range(2))
 
@@ -268,7 +268,7 @@ def test_a_tower_called_twice_trains_on_the_own_operators(monkeypatch):
     state = state_of(converted)
     assert state.runtime.nodes_of('own convolutions') and \
         not state.runtime.nodes_of('channels-last regions')
-    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
     mxnets = median_error(gradients(convert_quietly(net(), 'bfloat16')), reference)
     # Measured on an AMD EPYC with avx512_bf16: 0.404 against MXNet's operators' 0.408.
     assert error < 1.25 * mxnets

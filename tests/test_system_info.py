@@ -101,13 +101,14 @@ def test_launch_environment_ignores_what_packages_set_after_start(monkeypatch):
 def test_the_own_convolution_choice_is_one_line_whatever_the_switch(monkeypatch, tmp_path):
     from mxamp.kernels import choice
     from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement
-    monkeypatch.setenv('MXAMP_OWN_CONV', '0')
+    monkeypatch.setenv('MXAMP_KERNELS', '0')
     lines = system_info.format_info(system_info.collect()).splitlines()
     assert 'none' in next(line for line in lines if line.startswith('own convolution choice'))
-    assert lines[-2].startswith('channels-last regions in training: off')
-    monkeypatch.setenv('MXAMP_OWN_CONV', 'all')
-    assert choice.describe().endswith('(MXAMP_OWN_CONV=all)')
-    monkeypatch.setenv('MXAMP_OWN_CONV', '1')
+    assert lines[-2] == 'channels-last regions in training: off (MXAMP_KERNELS=0)'
+    assert 'own convolution: off, switched off (MXAMP_KERNELS=0)' in lines
+    monkeypatch.setenv('MXAMP_KERNELS', 'all')
+    assert choice.describe().endswith('(MXAMP_KERNELS=all)')
+    monkeypatch.setenv('MXAMP_KERNELS', '1')
     case = ConvCase((1, 32, 8, 8), (1, 1), (1, 1), (1, 1), (0, 0), 32, 1, True, 'bfloat16', 'other')
     here = mxamp.hardware.cpu_class(), choice.running_threads()
     table = ChoiceTable([Measurement(*here, case, 10.0, 5.0)]).write(str(tmp_path / 't.json'))

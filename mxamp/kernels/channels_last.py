@@ -11,8 +11,6 @@ borders (docs/own-convolution.rst, "Channels-last regions in training").  This m
   written), ``BatchNorm`` over the channels without ``output_mean_var``, max and average
   ``Pooling`` (default layout, 'valid' or global, so a stem joins), and the layout-independent
   elementwise operators between them (`ELEMENTWISE_OPS`);
-* the **rule** (:func:`choose_regions`): regions of at least `MIN_CONVOLUTIONS` convolutions, on
-  the CPU classes in `MEASURED_FASTER`, unless ``MXAMP_CHANNELS_LAST`` says otherwise;
 * the **rewrite** (:func:`with_channels_last`): convolutions, batch norms and poolings become
   ``_mxamp_convolution(channels_last=True)``, ``_mxamp_batch_norm(axis=-1)`` and
   ``_mxamp_pooling(channels_last=True)``; a batch norm absorbs the ReLU that alone reads it, or a
@@ -27,40 +25,20 @@ A stem convolution (data from the graph's inputs alone) takes ``data_gradient=Fa
 whose inputs take no gradient (:func:`without_input_data_gradients`): the ABI has no write
 request to say so.  Only the Gluon front's training graphs get regions (`mxamp.gluon`): the ABI
 does not say whether MXNet trains, so ``_mxamp_batch_norm`` always uses the batch statistics and
-inference keeps MXNet's graph.
-
-Environment variables
----------------------
-MXAMP_CHANNELS_LAST
-    ``0`` (``false``, ``no``, ``off``): no regions.  ``all``: every region of at least
-    `MIN_CONVOLUTIONS` convolutions on any CPU class where the graph computes in bfloat16.  Unset
-    (or ``1``): the measured rule.  ``MXAMP_OWN_CONV=0`` turns regions off too.
+inference keeps MXNet's graph.  Which regions compute channels last is the chooser's decision
+(`mxamp.kernels.choice.choose_regions`), not this module's.
 """
 import collections
-import os
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
                     Set, Tuple)
 
 from .. import graph as graph_mod
-from .. import hardware
 from . import operators
 from ..passes import Graph
 from ..policy import CHANNELS_FIRST_LAYOUTS, int_tuple
 
-__all__ = ['ENV', 'MIN_CONVOLUTIONS', 'MEASURED_FASTER', 'ELEMENTWISE_OPS', 'Region', 'mode',
-           'describe', 'find_regions', 'may_choose', 'choose_regions', 'with_channels_last',
+__all__ = ['ELEMENTWISE_OPS', 'Region', 'find_regions', 'with_channels_last',
            'with_fanned_out_inputs']
-
-#: The environment variable that overrides the measured rule.
-ENV = 'MXAMP_CHANNELS_LAST'
-
-#: Fewest convolutions a region needs to pay for its borders (a ResNet bottleneck has three).
-MIN_CONVOLUTIONS = 3
-
-#: CPU classes (`mxamp.hardware.cpu_class`) where regions were measured faster than MXNet's graph
-#: (docs/own-convolution.rst, "Channels-last regions in training").  avx512_bf16 awaits a
-#: measurement on its own CPU: ``MXAMP_CHANNELS_LAST=all`` tries it.
-MEASURED_FASTER: FrozenSet[str] = frozenset({'amx'})
 
 #: Operators whose output at each position depends only on their inputs at that position:
 #: they compute the same on channels-last data.  Their inputs must all have their output's shape.
@@ -74,63 +52,6 @@ _CONVOLUTION, _BATCH_NORM, _POOLING = 'Convolution', 'BatchNorm', 'Pooling'
 _BATCH_NORM_ATTRIBUTES = ('eps', 'momentum', 'fix_gamma', 'use_global_stats')
 # The attributes _mxamp_pooling takes from MXNet's Pooling (it adds channels_last).
 _POOLING_ATTRIBUTES = ('kernel', 'stride', 'pad', 'pool_type', 'global_pool', 'count_include_pad')
-_OFF_VALUES = ('0', 'false', 'no', 'off')
-_ON_VALUES = ('', '1', 'true', 'yes', 'on')
-
-
-def mode() -> str:
-    """``'off'``, ``'measured'`` (the default) or ``'all'``: ``MXAMP_CHANNELS_LAST`` read.
-
-    ``'off'`` also when ``MXAMP_OWN_CONV`` switches mxamp's own operators off.
-
-    Raises
-    ------
-    ValueError
-        For a value of neither variable's, naming the variable and the values it takes.
-    """
-    if operators.mode() == 'off':
-        return 'off'
-    value = os.environ.get(ENV, '1').strip().lower()
-    if value in _OFF_VALUES:
-        return 'off'
-    if value in _ON_VALUES:
-        return 'measured'
-    if value == 'all':
-        return 'all'
-    raise ValueError('%s=%s: expected 0 (off), 1 (the measured choice, the default) or all'
-                     % (ENV, os.environ[ENV]))
-
-
-def describe(cpu_class: Optional[str] = None) -> str:
-    """One line for ``mxamp info``: whether training graphs get channels-last regions here.
-
-    Example
-    -------
-    >>> print(mxamp.kernels.channels_last.describe('avx2'))  # doctest: +ELLIPSIS
-    channels-last regions in training: ...
-    """
-    if cpu_class is None:
-        cpu_class = hardware.cpu_class()
-    try:
-        current = mode()
-    except ValueError as error:
-        return 'channels-last regions in training: unknown, %s' % error
-    if current == 'off':
-        return 'channels-last regions in training: off (%s)' % (
-            'MXAMP_OWN_CONV=0' if operators.mode() == 'off' else '%s=0' % ENV)
-    if not operators.available():
-        return "channels-last regions in training: off (mxamp's own operators cannot run here)"
-    if not _own_operators_compute_bfloat16():
-        return ('channels-last regions in training: off (oneDNN 3 has no bfloat16 kernels for '
-                '%s)' % operators.status().cpu_isa)
-    if current == 'all':
-        return ('channels-last regions in training: on wherever bfloat16 computes (%s=all)'
-                % ENV)
-    if cpu_class in MEASURED_FASTER:
-        return ('channels-last regions in training: on for this CPU class (%s), measured faster '
-                '(%s=0 turns them off)' % (cpu_class, ENV))
-    return ('channels-last regions in training: off, not measured on this CPU class (%s; %s=all '
-            'tries them)' % (cpu_class, ENV))
 
 
 class Region(NamedTuple):
@@ -290,33 +211,6 @@ def _border_count(graph: Mapping[str, Any], group: Set[int]) -> int:
                 leaving.add((src, k))
     leaving.update((src, k) for src, k, _ in graph['heads'] if src in group)
     return len(entering) + len(leaving)
-
-
-def _own_operators_compute_bfloat16() -> bool:
-    """Whether oneDNN 3 has bfloat16 kernels on this CPU (``avx2`` and ``avx512_core`` have none).
-
-    Asked of oneDNN (the real CPU, under ``DNNL_MAX_CPU_ISA``), not of `mxamp.hardware`, whose CPU
-    class a test run may simulate."""
-    isa = operators.status().cpu_isa or ''
-    return 'bf16' in isa or 'amx' in isa
-
-
-def may_choose(cpu_class: str) -> bool:
-    """Whether :func:`choose_regions` can choose any region on this CPU class.
-
-    Cheap next to :func:`find_regions` (no graph is read): the switch, the
-    measured classes, and whether the own operators run with bfloat16 kernels.
-    """
-    current = mode()
-    return current != 'off' and (current == 'all' or cpu_class in MEASURED_FASTER) and \
-        operators.available() and _own_operators_compute_bfloat16()
-
-
-def choose_regions(regions: Iterable[Region], cpu_class: str) -> List[Region]:
-    """The regions that compute channels last on this CPU class (see the module's rule)."""
-    if not may_choose(cpu_class):
-        return []
-    return [region for region in regions if region.convolutions >= MIN_CONVOLUTIONS]
 
 
 def with_channels_last(graph: Graph, regions: Iterable[Region],

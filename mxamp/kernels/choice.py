@@ -1,20 +1,28 @@
-"""Which convolutions run on mxamp's own operator: decided by measurement, never by hope.
+"""Where mxamp's own operators run in a converted graph: decided by measurement, never by hope.
 
 mxamp's own convolution (`mxamp.kernels.operators`) takes and returns MXNet's plain layouts, so
 inside a network it pays for reorders MXNet's convolution does not, and a BatchNorm reading its
 plain bfloat16 output runs a slower kernel: whether it wins depends on the CPU class, the OpenMP
 thread count, the convolution, its batch and its reader (docs/own-convolution.rst, "Which
-convolutions run on it").  This module owns that decision:
+convolutions run on it").  A channels-last region (`mxamp.kernels.channels_last`) pays the layout
+only at its borders; whether that wins was measured per CPU class on whole networks
+("Channels-last regions in training").  This module owns both decisions, under the wing's one
+switch ``MXAMP_KERNELS`` (`mxamp.kernels.operators.mode`):
 
-* the **table** (:class:`ChoiceTable`): per CPU class (`mxamp.hardware.cpu_class`), thread count
-  and :class:`ConvCase`, MXNet's and the own operator's time for a chain around the convolution;
-  the shipped ``choice_table.json``, with ``MXAMP_OWN_CONV_TABLE=FILE``'s measurements over it;
-* the **rule** (:func:`choose`): the own operator only where the table measured that very case
-  here at least 5% faster (`FASTER_BY`); ``MXAMP_OWN_CONV=all`` chooses every eligible
-  convolution, ``0`` none;
+* the **table** (:class:`ChoiceTable`), one store of measurements: per CPU class
+  (`mxamp.hardware.cpu_class`), thread count and :class:`ConvCase`, MXNet's and the own
+  operator's time for a chain around the convolution; per CPU class, whether its regions trained
+  faster than MXNet's graph (:class:`RegionVerdict`); the shipped ``choice_table.json``, with
+  ``MXAMP_OWN_CONV_TABLE=FILE``'s over it;
+* the **rules**: regions of at least `MIN_REGION_CONVOLUTIONS` convolutions compute channels last
+  on a class whose verdict says faster (:func:`choose_regions`); a convolution outside them runs
+  on the own operator where the table measured that very case here at least 5% faster
+  (`FASTER_BY`, :func:`choose_convolutions`).  ``MXAMP_KERNELS=all`` chooses every region where
+  bfloat16 computes and every eligible convolution, ``0`` nothing;
 * the **rewrite** (:func:`with_own_convolutions`), for graphs that stay inside mxamp (the Gluon
   front's training graphs): exported files, symbol files and inference graphs keep MXNet's;
-* the **measurement** (:func:`measure`, :func:`measure_symbol`, ``mxamp measure-conv``).
+* the **measurement** of convolutions (:func:`measure`, :func:`measure_symbol`, ``mxamp
+  measure-conv``); regions are measured on whole networks, and their verdicts written by hand.
 
 Eligible convolutions compute in bfloat16, have 1 to 3 spatial dimensions in MXNet's default
 layout, and write their parameters' gradients (the own operator cannot honour ``grad_req='add'``).
@@ -24,8 +32,8 @@ import json
 import os
 import statistics
 import time
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional,
-                    Sequence, Set, Tuple)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    NamedTuple, Optional, Sequence, Set, Tuple)
 
 import mxnet as mx
 
@@ -36,10 +44,15 @@ from ..atomic_files import replaced_on_success
 from ..passes import Graph, parse
 from ..policy import CHANNELS_FIRST_LAYOUTS, Policy, int_tuple
 
-__all__ = ['CONTEXTS', 'FASTER_BY', 'TABLE_ENV', 'ConvCase', 'ConvSite', 'Measurement',
-           'ChoiceTable', 'shipped_table_path', 'table', 'running_threads',
-           'bfloat16_convolutions', 'conv_sites',
-           'may_choose', 'choose', 'with_own_convolutions', 'measure', 'measure_symbol', 'notes_for_table']
+if TYPE_CHECKING:
+    from .channels_last import Region
+
+__all__ = ['CONTEXTS', 'FASTER_BY', 'MIN_REGION_CONVOLUTIONS', 'TABLE_ENV', 'ConvCase', 'ConvSite',
+           'Measurement', 'RegionVerdict', 'ChoiceTable', 'shipped_table_path', 'table',
+           'running_threads', 'bfloat16_convolutions', 'conv_sites', 'may_choose_regions',
+           'choose_regions', 'may_choose_convolutions', 'choose_convolutions',
+           'with_own_convolutions', 'measure', 'measure_symbol', 'describe', 'describe_regions',
+           'notes_for_table']
 
 #: What reads a convolution's output, as the table tells cases apart: ``'batchnorm'``
 #: (a BatchNorm, which runs a slower kernel on a plain bfloat16 array) or ``'other'``.
@@ -47,6 +60,10 @@ CONTEXTS = ('batchnorm', 'other')
 
 #: The own operator is chosen where its measured time is at most this fraction of MXNet's.
 FASTER_BY = 0.95
+
+#: Fewest convolutions a channels-last region needs to pay for its borders (a ResNet bottleneck
+#: has three).
+MIN_REGION_CONVOLUTIONS = 3
 
 #: Environment variable naming a table file of the user's own measurements.
 TABLE_ENV = 'MXAMP_OWN_CONV_TABLE'
@@ -136,36 +153,67 @@ class Measurement(NamedTuple):
         return self.cpu_class, self.threads, self.case
 
 
+class RegionVerdict(NamedTuple):
+    """Whether channels-last regions trained faster than MXNet's graph on a CPU class.
+
+    Measured on whole networks, so one verdict per class, at any thread count
+    (docs/own-convolution.rst, "Channels-last regions in training").
+    """
+
+    cpu_class: str
+    faster: bool
+
+
 class ChoiceTable(object):
-    """Measurements by (CPU class, thread count, case); a later one replaces an earlier.
+    """Measurements by (CPU class, thread count, case), region verdicts by CPU class; a later one
+    replaces an earlier.
 
     Example
     -------
-    >>> from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement
+    >>> from mxamp.kernels.choice import ChoiceTable, ConvCase, Measurement, RegionVerdict
     >>> case = ConvCase((16, 64, 56, 56), (1, 1), (1, 1), (1, 1), (0, 0), 64, 1, True,
     ...                 'bfloat16', 'batchnorm')
-    >>> table = ChoiceTable([Measurement('amx', 2, case, 24.9, 35.6)])
+    >>> table = ChoiceTable([Measurement('amx', 2, case, 24.9, 35.6)],
+    ...                     regions=[RegionVerdict('amx', True)])
     >>> table.lookup('amx', 2, case).own_is_faster
     False
     >>> table.lookup('amx', 16, case) is None
     True
+    >>> table.region_verdict('amx').faster, table.region_verdict('avx512_bf16')
+    (True, None)
     """
 
     def __init__(self, measurements: Iterable[Measurement] = (),
-                 notes: Optional[Mapping[str, str]] = None) -> None:
+                 notes: Optional[Mapping[str, str]] = None,
+                 regions: Iterable[RegionVerdict] = ()) -> None:
         self._by_key: Dict[Tuple[str, int, ConvCase], Measurement] = {}
+        self._regions: Dict[str, RegionVerdict] = {}
         #: Where each part was measured: ``{'amx, 2 threads': 'CPU model, date, versions'}``.
         self.notes: Dict[str, str] = dict(notes or {})
-        self.update(measurements)
+        self.update(measurements, regions=regions)
 
     def update(self, measurements: Iterable[Measurement],
-               notes: Optional[Mapping[str, str]] = None) -> None:
+               notes: Optional[Mapping[str, str]] = None,
+               regions: Iterable[RegionVerdict] = ()) -> None:
         for measurement in measurements:
             self._by_key[measurement.key] = measurement
+        for verdict in regions:
+            self._regions[verdict.cpu_class] = verdict
         self.notes.update(notes or {})
+
+    def merge(self, other: 'ChoiceTable') -> None:
+        """`other`'s measurements, region verdicts and notes over this table's."""
+        self.update(other, other.notes, other.region_verdicts())
 
     def lookup(self, cpu_class: str, threads: int, case: ConvCase) -> Optional[Measurement]:
         return self._by_key.get((cpu_class, threads, case))
+
+    def region_verdict(self, cpu_class: str) -> Optional[RegionVerdict]:
+        """The verdict on channels-last regions for `cpu_class`, None where never measured."""
+        return self._regions.get(cpu_class)
+
+    def region_verdicts(self) -> List[RegionVerdict]:
+        return [self._regions[cpu_class] for cpu_class in sorted(self._regions)]
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -195,6 +243,15 @@ class ChoiceTable(object):
         notes = document.get('notes', {})
         if not isinstance(notes, dict):
             raise ValueError('%s: its notes are not a JSON object' % path)
+        regions = []
+        for index, row in enumerate(document.get('regions', [])):
+            try:
+                if not isinstance(row['faster'], bool):
+                    raise TypeError('faster is %r, not true or false' % (row['faster'],))
+                regions.append(RegionVerdict(str(row['cpu_class']), row['faster']))
+            except (KeyError, TypeError) as error:
+                raise ValueError('%s: region verdict %d is malformed (%s: %s)'
+                                 % (path, index, type(error).__name__, error)) from None
         measurements = []
         for index, row in enumerate(document.get('measurements', [])):
             try:
@@ -209,21 +266,27 @@ class ChoiceTable(object):
             except (KeyError, TypeError, ValueError) as error:
                 raise ValueError('%s: measurement %d is malformed (%s: %s)'
                                  % (path, index, type(error).__name__, error)) from None
-        return cls(measurements, {str(k): str(v) for k, v in notes.items()})
+        return cls(measurements, {str(k): str(v) for k, v in notes.items()}, regions)
 
     def write(self, path: str) -> str:
-        """Write the table to `path` (whole or not at all), one measurement per line."""
+        """Write the table to `path` (whole or not at all), one measurement or verdict per line."""
         rows = [json.dumps({'cpu_class': m.cpu_class, 'threads': m.threads,
                             'case': m.case._asdict(), 'mxnet_ms': round(m.mxnet_ms, 3),
                             'own_ms': round(m.own_ms, 3)})
                 for m in sorted(self, key=lambda m: (m.cpu_class, m.threads, m.case))]
-        text = '{\n "format": %d,\n "notes": %s,\n "measurements": [\n  %s\n ]\n}\n' % (
-            _TABLE_FORMAT, json.dumps(self.notes, indent=2, sort_keys=True).replace('\n', '\n '),
-            ',\n  '.join(rows))
+        verdicts = [json.dumps(verdict._asdict()) for verdict in self.region_verdicts()]
+        text = ('{\n "format": %d,\n "notes": %s,\n "regions": [%s],\n "measurements": [%s]\n}\n'
+                % (_TABLE_FORMAT,
+                   json.dumps(self.notes, indent=2, sort_keys=True).replace('\n', '\n '),
+                   _json_rows(verdicts), _json_rows(rows)))
         with replaced_on_success(path) as temporary:
             with open(temporary, 'w') as handle:
                 handle.write(text)
         return path
+
+
+def _json_rows(rows: Sequence[str]) -> str:
+    return '\n  %s\n ' % ',\n  '.join(rows) if rows else ''
 
 
 def shipped_table_path() -> str:
@@ -235,7 +298,7 @@ _tables: Dict[Tuple[str, Optional[float]], ChoiceTable] = {}
 
 
 def table() -> ChoiceTable:
-    """The shipped table, with ``MXAMP_OWN_CONV_TABLE``'s measurements over it.
+    """The shipped table, with ``MXAMP_OWN_CONV_TABLE``'s measurements and verdicts over it.
 
     Read again when that variable or its file changes.
 
@@ -254,10 +317,10 @@ def table() -> ChoiceTable:
     if key not in _tables:
         combined = ChoiceTable()
         if os.path.exists(shipped_table_path()):
-            combined.update(ChoiceTable.read(shipped_table_path()))
+            combined.merge(ChoiceTable.read(shipped_table_path()))
         if user:
             try:
-                combined.update(ChoiceTable.read(user))
+                combined.merge(ChoiceTable.read(user))
             except (OSError, ValueError) as error:
                 raise ValueError('%s=%s: %s' % (TABLE_ENV, user, error)) from None
         _tables.clear()
@@ -327,8 +390,41 @@ def conv_sites(graph: Graph, shapes: Mapping[str, Sequence[int]],
     return sites
 
 
-def may_choose(cpu_class: str, threads: int) -> bool:
-    """Whether :func:`choose` can choose anything on this class at this thread count.
+def _own_operators_compute_bfloat16() -> bool:
+    """Whether oneDNN 3 has bfloat16 kernels on this CPU (``avx2`` and ``avx512_core`` have none).
+
+    Asked of oneDNN (the real CPU, under ``DNNL_MAX_CPU_ISA``), not of `mxamp.hardware`, whose CPU
+    class a test run may simulate."""
+    isa = operators.status().cpu_isa or ''
+    return 'bf16' in isa or 'amx' in isa
+
+
+def _regions_measured_faster(cpu_class: str) -> bool:
+    verdict = table().region_verdict(cpu_class)
+    return verdict is not None and verdict.faster
+
+
+def may_choose_regions(cpu_class: str) -> bool:
+    """Whether :func:`choose_regions` can choose any region on this CPU class.
+
+    Cheap next to finding regions (no graph is read): the switch, the table's
+    verdict, and whether the own operators run with bfloat16 kernels.
+    """
+    current = operators.mode()
+    return current != 'off' and (current == 'all' or _regions_measured_faster(cpu_class)) and \
+        operators.available() and _own_operators_compute_bfloat16()
+
+
+def choose_regions(regions: Iterable['Region'], cpu_class: str) -> List['Region']:
+    """The regions (`mxamp.kernels.channels_last.find_regions`) that compute channels last on this
+    CPU class (see the module's rules)."""
+    if not may_choose_regions(cpu_class):
+        return []
+    return [region for region in regions if region.convolutions >= MIN_REGION_CONVOLUTIONS]
+
+
+def may_choose_convolutions(cpu_class: str, threads: int) -> bool:
+    """Whether :func:`choose_convolutions` can choose any on this class at this thread count.
 
     Cheap: no graph is read, the library is not loaded."""
     mode = operators.mode()
@@ -338,9 +434,9 @@ def may_choose(cpu_class: str, threads: int) -> bool:
                                 m.threads == threads for m in table())
 
 
-def choose(sites: Iterable[ConvSite], cpu_class: str, threads: int,
-           writes_gradient: Callable[[str], bool]) -> List[ConvSite]:
-    """The sites that run on the own operator here (see the module's rule).
+def choose_convolutions(sites: Iterable[ConvSite], cpu_class: str, threads: int,
+                        writes_gradient: Callable[[str], bool]) -> List[ConvSite]:
+    """The sites that run on the own operator here (see the module's rules).
 
     `writes_gradient(param_name)`: False for a parameter whose gradient is
     added to (``grad_req='add'``), which the own operator cannot honour.
@@ -521,20 +617,57 @@ def describe() -> str:
     try:
         mode = operators.mode()
         if mode == 'off':
-            return "own convolution choice: none, MXNet's everywhere (MXAMP_OWN_CONV=0)"
+            return "own convolution choice: none, MXNet's everywhere (%s=0)" % operators.ENV
         if mode == 'all':
-            return ('own convolution choice: every eligible bfloat16 convolution '
-                    '(MXAMP_OWN_CONV=all)')
+            return ('own convolution choice: every eligible bfloat16 convolution (%s=all)'
+                    % operators.ENV)
         cpu_class, threads = hardware.cpu_class(), running_threads()
         here = [m for m in table() if m.cpu_class == cpu_class and m.threads == threads]
     except ValueError as error:
         return 'own convolution choice: unknown, %s' % error
-    source = 'shipped table' + (' and %s=%s' % (TABLE_ENV, os.environ[TABLE_ENV])
-                                if os.environ.get(TABLE_ENV, '').strip() else '')
     return ("own convolution choice: %d of %d cases measured on this CPU class (%s) at %d OpenMP "
             "threads run on it, every other convolution on MXNet's (%s; mxamp measure-conv "
             "measures more)" % (sum(m.own_is_faster for m in here), len(here), cpu_class, threads,
-                                source))
+                                _source()))
+
+
+def _source() -> str:
+    """Which tables the measured choice reads."""
+    return 'shipped table' + (' and %s=%s' % (TABLE_ENV, os.environ[TABLE_ENV])
+                              if os.environ.get(TABLE_ENV, '').strip() else '')
+
+
+def describe_regions(cpu_class: Optional[str] = None) -> str:
+    """One line for ``mxamp info``: whether training graphs get channels-last regions here.
+
+    Example
+    -------
+    >>> print(mxamp.kernels.choice.describe_regions('avx2'))  # doctest: +ELLIPSIS
+    channels-last regions in training: ...
+    """
+    if cpu_class is None:
+        cpu_class = hardware.cpu_class()
+    try:
+        current = operators.mode()
+        if current == 'off':
+            return 'channels-last regions in training: off (%s=0)' % operators.ENV
+        if not operators.available():
+            return "channels-last regions in training: off (mxamp's own operators cannot run here)"
+        if not _own_operators_compute_bfloat16():
+            return ('channels-last regions in training: off (oneDNN 3 has no bfloat16 kernels '
+                    'for %s)' % operators.status().cpu_isa)
+        if current == 'all':
+            return ('channels-last regions in training: on wherever bfloat16 computes (%s=all)'
+                    % operators.ENV)
+        verdict = table().region_verdict(cpu_class)
+    except ValueError as error:
+        return 'channels-last regions in training: unknown, %s' % error
+    if verdict is None:
+        return ('channels-last regions in training: off, not measured on this CPU class (%s; '
+                '%s=all tries them)' % (cpu_class, operators.ENV))
+    return 'channels-last regions in training: %s for this CPU class (%s), measured %s (%s)' % (
+        'on' if verdict.faster else 'off', cpu_class, 'faster' if verdict.faster else 'slower',
+        _source())
 
 
 def notes_for_table(measurements: Sequence[Measurement]) -> Dict[str, str]:

@@ -4,15 +4,18 @@ MXNet 1.9.1's built-in oneDNN 2.4 is far behind oneDNN 3 on AMX CPUs.  mxamp's l
 (``csrc/``, built at install) runs on oneDNN 3.2 (GNU OpenMP like MXNet: one thread pool) as native
 MXNet operators of the extension-library ABI (``MXLoadLib``, ``MX_LIBRARY_VERSION`` 11), which has
 no write request: gradients are written, never added (docs/own-convolution.rst, "How it plugs
-into MXNet").  This module loads it once, reports on it and calls the operators from NDArray,
-Symbol and Gluon code; `mxamp.kernels.choice` and `mxamp.kernels.channels_last` place them.
+into MXNet").  This module reads the wing's switch, loads the library once, reports on it and
+calls the operators from NDArray, Symbol and Gluon code; `mxamp.kernels.choice` decides where
+they run.
 
 Environment variables
 ---------------------
-MXAMP_OWN_CONV
-    ``0`` (``false``, ``no``, ``off``): the library stays unloaded.  ``all``: every eligible
-    bfloat16 convolution of a converted Gluon network runs on it.  Unset or ``1``: the measured
-    choice of `mxamp.kernels.choice`.
+MXAMP_KERNELS
+    The wing's one switch.  ``0`` (``false``, ``no``, ``off``): the library stays unloaded, no
+    own operator runs.  Unset or ``1``: own convolutions and channels-last regions where
+    `mxamp.kernels.choice`'s measurements say they pay, the other own operators wherever the
+    library loads.  ``all``: every eligible convolution on the own operator and regions wherever
+    bfloat16 computes (to measure both ways).
 
 MXNet internals relied on
 -------------------------
@@ -35,10 +38,13 @@ from mxnet.symbol.register import _make_symbol_function
 __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
            'MOVE_CHANNELS_OP_NAME', 'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'CLIP_OP_NAME',
            'follow_bfloat16_weight', 'sgd_step_bfloat16', 'OwnConvStatus', 'OwnConvUnavailable',
-           'status', 'available', 'describe', 'mode', 'require_loaded', 'convolution',
+           'ENV', 'status', 'available', 'describe', 'mode', 'require_loaded', 'convolution',
            'batch_norm', 'fan_out', 'move_channels', 'pooling', 'clip', 'kernels', 'library_path']
 
 logger = logging.getLogger('mxamp')
+
+#: The wing's one switch (see the module's environment variables).
+ENV = 'MXAMP_KERNELS'
 
 #: The operator's name in MXNet (its gradient: ``_backward__mxamp_convolution``).
 OP_NAME = '_mxamp_convolution'
@@ -117,22 +123,22 @@ def library_path() -> str:
 
 
 def mode() -> str:
-    """``MXAMP_OWN_CONV`` read: ``'off'``, ``'measured'`` (the default) or ``'all'``.
+    """``MXAMP_KERNELS`` read: ``'off'``, ``'measured'`` (the default) or ``'all'``.
 
     Raises
     ------
     ValueError
         For any other value.
     """
-    value = os.environ.get('MXAMP_OWN_CONV', '1').strip().lower()
+    value = os.environ.get(ENV, '1').strip().lower()
     if value in _OFF_VALUES:
         return 'off'
     if value in _ON_VALUES:
         return 'measured'
     if value == _EVERYWHERE:
         return 'all'
-    raise ValueError('MXAMP_OWN_CONV=%s: expected 0 (off), 1 (the measured choice, the default) '
-                     'or all' % os.environ['MXAMP_OWN_CONV'])
+    raise ValueError('%s=%s: expected 0 (off), 1 (the measured choice, the default) or all'
+                     % (ENV, os.environ[ENV]))
 
 
 def _switched_off() -> bool:
@@ -230,7 +236,7 @@ def status() -> OwnConvStatus:
     built = os.path.exists(library_path())
     if _switched_off():
         return OwnConvStatus(built, False, False, None, None,
-                             'switched off (MXAMP_OWN_CONV=%s)' % os.environ['MXAMP_OWN_CONV'])
+                             'switched off (%s=%s)' % (ENV, os.environ[ENV]))
     loaded = _ensure_loaded()
     if loaded is None:
         return OwnConvStatus(built, True, False, None, None, _failure)

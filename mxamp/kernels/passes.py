@@ -7,7 +7,8 @@ bfloat16, not fused for inference: export, symbol files and fused graphs keep
 MXNet's operators, which any MXNet loads.
 
 1. `ChannelsLastRegions`: chains of convolutions, batch normalisations and
-   poolings computed channels last (`mxamp.kernels.channels_last`), in training
+   poolings computed channels last (found and rewritten by
+   `mxamp.kernels.channels_last`, chosen by `mxamp.kernels.choice`), in training
    graphs; the inference graph records them and keeps MXNet's operators (the
    own batch normalisation always uses the batch statistics).
 2. `StemWithoutDataGradient`: a region convolution reading only the inputs
@@ -46,12 +47,12 @@ class ChannelsLastRegions(GraphPass):
     name = 'channels-last regions'
 
     def run(self, graph, context, earlier):
-        if not (_applies(context) and channels_last.may_choose(context.cpu_class)):
+        if not (_applies(context) and choice.may_choose_regions(context.cpu_class)):
             return PassRecord(self.name)
         source = context.source
         low = [record.name for record in context.conversion.nodes
                if record.computes_in == 'bfloat16']
-        regions = channels_last.choose_regions(channels_last.find_regions(
+        regions = choice.choose_regions(channels_last.find_regions(
             source, context.shapes, low, context.writes_gradient), context.cpu_class)
         if not regions:
             return PassRecord(self.name)
@@ -83,14 +84,15 @@ class OwnConvolutions(GraphPass):
 
     def run(self, graph, context, earlier):
         threads = choice.running_threads()
-        if not (_applies(context) and choice.may_choose(context.cpu_class, threads)):
+        if not (_applies(context) and choice.may_choose_convolutions(context.cpu_class, threads)):
             return PassRecord(self.name)
         in_regions = _record(earlier, ChannelsLastRegions.name).nodes if context.training \
             else frozenset()
         names = [name for name in choice.bfloat16_convolutions(context.conversion)
                  if name not in in_regions]
         sites = choice.conv_sites(context.source, context.shapes, names, 'bfloat16')
-        chosen = choice.choose(sites, context.cpu_class, threads, context.writes_gradient)
+        chosen = choice.choose_convolutions(sites, context.cpu_class, threads,
+                                            context.writes_gradient)
         if not chosen:
             return PassRecord(self.name)
         nodes = frozenset(site.name for site in chosen)
