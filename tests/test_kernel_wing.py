@@ -54,5 +54,5 @@ def test_the_core_converts_and_trains_without_the_wing():
 def test_import_mxamp_leaves_the_wing_and_the_profiler_unloaded():
     found = _run('import json, sys, mxamp\n'
                  'print(json.dumps(sorted(m for m in sys.modules if m.startswith("mxamp."))))')
-    assert not [name for name in found if name.startswith('mxamp.kernels')
-                or name in ('mxamp.profiling', 'mxamp.system_info', 'mxamp.cli')], found
+    assert not [name for name in found if name.startswith(('mxamp.kernels', 'mxamp.profil'))
+                or name in ('mxamp.system_info', 'mxamp.cli')], found
