@@ -1,20 +1,10 @@
 """oneDNN fusion for inference, the part both fronts share.
 
-This module owns what fusing means whatever made the graph: recognising and
-counting the fused nodes (:func:`fused_nodes`, :func:`format_fusions`), fusing
-a symbol (:func:`fuse_symbol`, the Symbol front's ``convert_model(...,
-for_inference=True)`` and ``mxamp convert --for-inference``), folding
-BatchNorm into bfloat16 convolutions before MXNet does it less accurately
-(:func:`fold_batchnorm`, used by both fronts), the mark a fused
-Gluon net leaves on its parameters (:func:`mark_inference_only`) and the
-refusal to train what fusion produced (:func:`check_trainable_params`,
-:func:`check_trainable_symbol`, called by `mxamp.Trainer` and
-`mxamp.ModuleTrainer`).  `mxamp.inference` builds the Gluon path on it and
-exports its public names.  It sits with `mxamp.graph`, below both fronts and
-the trainers: training checks a graph without importing a front.
+Recognising fused nodes, fusing a symbol, folding BatchNorm into bfloat16 convolutions
+more exactly than MXNet does, and refusing to train what fusion made.  It sits below the
+fronts and the trainers, so that training checks a graph without importing a front.
 
-mxamp's own attribute: ``_mxamp_inference`` on each ``Parameter`` of a fused
-net (the net it belongs to, which `check_trainable_params` names).
+mxamp's own attribute: ``_mxamp_inference`` on each ``Parameter`` of a fused net (the net).
 """
 import collections
 import json
@@ -44,16 +34,7 @@ FIX = ('train the net before mxamp.for_inference, or load its checkpoint into a 
 
 
 def fused_nodes(symbol: mx.sym.Symbol) -> Counter[str]:
-    """``collections.Counter`` of the oneDNN fused nodes of `symbol`, by operator.
-
-    Examples
-    --------
-    >>> conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3), num_filter=8, name='conv')
-    >>> relu = mx.sym.Activation(conv, act_type='relu', name='relu')
-    >>> fused = relu.optimize_for('MKLDNN', {}, {}, ctx=mx.cpu(), shape_dict={'data': (1, 4, 8, 8)})
-    >>> mxamp.inference.fused_nodes(fused)
-    Counter({'_sg_mkldnn_conv': 1})
-    """
+    """``collections.Counter`` of the oneDNN fused nodes of `symbol`, by operator."""
     graph = json.loads(symbol.tojson(remove_amp_cast=False))
     return collections.Counter(node['op'] for node in graph['nodes']
                                if node['op'].startswith(FUSED_PREFIX))
@@ -89,53 +70,29 @@ def fuse_symbol(symbol: mx.sym.Symbol, arg_params: Optional[Mapping[str, mx.nd.N
 
     Parameters
     ----------
-    symbol : mx.sym.Symbol
-        A graph (converted or FP32) whose variables declare their dtypes or
-        have values in the parameters.
-    arg_params, aux_params : dict of str to NDArray, or None
-        Its parameters: they give shapes and dtypes; not modified.
+    symbol : mx.sym.Symbol, converted or FP32, its variables' dtypes declared or given
+    arg_params, aux_params : dict of str to NDArray, or None; not modified
     input_shapes : dict of str to tuple
-        Shapes of the graph's inputs: the backend fuses only nodes whose
-        shapes it infers, so each input the graph cannot shape from the others
-        needs one.  The fused graph runs other batch sizes too.
-    option : str
-        How errors name `input_shapes` (the command line's ``--input-shape``).
-    originals : dict of str to NDArray, optional
-        The FP32 values low-precision parameters were cast from: BatchNorm
-        folds start from them (see `fold_batchnorm`).
+        Shapes of the inputs the graph cannot shape from the others: the backend fuses
+        only nodes whose shapes it infers.  The fused graph runs other batch sizes too.
+    option : str, how errors name `input_shapes` (``--input-shape``)
+    originals : dict of str to NDArray, optional, as `fold_batchnorm`'s
 
     Returns
     -------
     (mx.sym.Symbol, dict, dict)
-        The fused graph and its parameters: those of the graph, except where
-        a BatchNorm follows a bfloat16 convolution; there `fold_batchnorm`
-        replaces the convolution's weight and the BatchNorm's parameters with
-        a folded weight and bias (MXNet's oneDNN backend folds the other
-        BatchNorm layers inside the fused convolution at run time).
+        The fused graph and its parameters, `fold_batchnorm`'s in place of what it folded.
 
     Raises
     ------
-    ValueError
-        An input whose shape is neither given nor inferable.
-    GraphError
-        The backend rejects the graph.
-
-    Examples
-    --------
-    >>> conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(1, 1), num_filter=4, name='conv')
-    >>> bn = mx.sym.BatchNorm(conv, name='bn')
-    >>> args = {'conv_weight': mx.nd.ones((4, 4, 1, 1)), 'conv_bias': mx.nd.zeros((4,)),
-    ...         'bn_gamma': mx.nd.ones((4,)), 'bn_beta': mx.nd.zeros((4,))}
-    >>> auxs = {'bn_moving_mean': mx.nd.zeros((4,)), 'bn_moving_var': mx.nd.ones((4,))}
-    >>> fused, args, auxs = mxamp.inference.fuse_symbol(bn, args, auxs, {'data': (1, 4, 8, 8)})
-    >>> mxamp.inference.fused_nodes(fused)
-    Counter({'_sg_mkldnn_conv': 1})
+    ValueError, GraphError
+        An input shape neither given nor inferable; a graph the backend rejects.
     """
     args, auxs = dict(arg_params or {}), dict(aux_params or {})
     symbol, folded, count = fold_batchnorm(symbol, dict(args, **auxs), originals)
     arguments = symbol.list_arguments()
     if count:
-        # What the folded BatchNorm layers used is gone from the graph: from the files too.
+        # What only the folded layers used leaves the files too.
         args.update(folded)
         kept = set(arguments) | set(symbol.list_auxiliary_states())
         args = {name: value for name, value in args.items() if name in kept}
@@ -154,8 +111,7 @@ def fuse_symbol(symbol: mx.sym.Symbol, arg_params: Optional[Mapping[str, mx.nd.N
                          "fuses only nodes whose shapes it infers)"
                          % (option, ', '.join("'%s'" % name for name in unknown)))
     try:
-        # optimize_for adds the parameters a backend creates to args/auxs and
-        # drops those it removes: it works on this function's copies.
+        # optimize_for adds and drops parameters in args/auxs: this function's copies.
         fused = symbol.optimize_for(BACKEND, args, auxs, ctx=mx.cpu(), shape_dict=shapes)
     except mx.base.MXNetError as err:
         raise GraphError("MXNet's oneDNN backend cannot fuse the graph: %s" % error_line(err))
@@ -174,9 +130,8 @@ def _true(text):
 
 
 def _foldable_pairs(graph):
-    """``(convolution, BatchNorm)`` node indices of `graph` where the BatchNorm (channel
-    axis 1, its statistics not output) is the only consumer of a bfloat16 convolution,
-    directly or through the identity the rewrite puts there (`mxamp.graph.NO_FOLD_SUFFIX`)."""
+    """``(convolution, BatchNorm)`` node pairs where the BatchNorm (channel axis 1, no statistics
+    output) alone reads a bfloat16 convolution, maybe through `mxamp.graph.NO_FOLD_SUFFIX`'s cast."""
     nodes = graph['nodes']
     uses = entry_uses(graph)
     types = infer_entry_types(graph)
@@ -199,13 +154,11 @@ def _foldable_pairs(graph):
 
 
 def _values(graph, entries, arrays):
-    """The values of `entries` (``(node, output)`` pairs computed from parameters only),
-    computed in FP32 from `arrays` (low-precision ones widened), as float64 numpy arrays,
-    and the context they were on; None when one depends on something `arrays` lacks."""
+    """The float64 values of parameter-only `entries`, computed in FP32 from `arrays`, and their
+    context; None when one depends on something `arrays` lacks."""
     probe, _ = assemble_graph(graph['nodes'], entries, graph.get('attrs'))
     for node in probe['nodes']:
-        # The same computation (a weight's zero channel, say) in FP32, so that FP32
-        # originals can stand in for rounded values.
+        # In FP32 (a weight's zero channel, say), so that FP32 originals can stand in.
         attrs = node.setdefault('attrs', {})
         if node['op'] == 'null':
             attrs.pop('__dtype__', None)
@@ -216,8 +169,7 @@ def _values(graph, entries, arrays):
     if any(name not in arrays for name in inputs):
         return None
     ctx = arrays[inputs[0]].context if inputs else mx.cpu()
-    # A CachedOp, not Symbol.eval: binding an executor would apply MXNet's default
-    # subgraph backend (and log that it did).
+    # A CachedOp, not Symbol.eval: binding would apply MXNet's default subgraph backend.
     outputs = mx.nd.CachedOp(symbol)(*[cast(arrays[name], 'float32') for name in inputs])
     if isinstance(outputs, mx.nd.NDArray):
         outputs = [outputs]
@@ -229,65 +181,25 @@ def fold_batchnorm(symbol: GraphLike, arrays: Mapping[str, mx.nd.NDArray],
                    ) -> Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], int]:
     """Fold every inference BatchNorm that follows a bfloat16 convolution into it.
 
-    MXNet 1.9.1's oneDNN backend folds such a BatchNorm itself, but stores the
-    folded weights and bias by truncating them to bfloat16 (mshadow's float to
-    bfloat16 conversion keeps the upper 16 bits): every folded value is biased
-    towards zero, and the bias adds up layer after layer (measured on a trained
-    ResNet-20, AMX Xeon: 3.1% relative error against FP32 where the unfused
-    bfloat16 net has 0.46%; docs/inference.rst).  Here the fold is computed in
-    float64 from the values the graph uses and rounded once, to nearest, to
-    bfloat16: weight ``w * gamma / sqrt(var + eps)``, bias ``beta + (b - mean)
-    * gamma / sqrt(var + eps)`` (gamma 1 under ``fix_gamma``).  The backend then
-    fuses the convolution with what follows it (additions, activations) as
-    before.  Convolutions computing in FP32 are left to MXNet, whose FP32 fold
-    is exact to rounding.
-
-    The fold starts from `originals` where given: the FP32 values a
-    convolution's bfloat16 weight was rounded from, so that each folded value
-    is rounded once.  Folding an already rounded weight rounds it twice: on a
-    random ResNet-20 with wide BatchNorm statistics (the worst case measured)
-    that gave 3 times the unfused net's error at the output (7.6% against
-    2.5%), against 1.2 times from the FP32 originals; on trained weights both
-    match the unfused net (docs/inference.rst).
+    MXNet 1.9.1's oneDNN backend truncates such a fold to bfloat16 (mshadow keeps the upper
+    16 bits), a bias towards zero that adds up layer after layer.  Here the fold is computed
+    in float64, weight ``w * gamma / sqrt(var + eps)`` and bias ``beta + (b - mean) * gamma /
+    sqrt(var + eps)``, from `originals` where given, and rounded once, to nearest
+    (docs/inference.rst).  FP32 convolutions are left to MXNet, whose fold is exact.
 
     Parameters
     ----------
-    symbol : Symbol, JSON text or parsed JSON
-        An unfused (converted) graph, for inference: the folded graph has no
-        BatchNorm left to train.
+    symbol : Symbol, JSON text or parsed JSON; an unfused graph, for inference
     arrays : dict of str to NDArray
-        Values of the graph's parameters and auxiliary states, as stored (the
-        convolution's weight in bfloat16, BatchNorm's in FP32).  A pair whose
-        values are not all here is left unfolded.
+        Stored parameter and auxiliary values; a pair missing one stays unfolded.
     originals : dict of str to NDArray, optional
-        FP32 values that stand in for some of `arrays` (same names and
-        shapes): those the stored ones were rounded from.
+        FP32 values that the stored ones of the same names were rounded from.
 
     Returns
     -------
     (Symbol, dict, int)
-        The graph with each folded pair one convolution (with a bias) whose
-        weight and bias are new variables, named after the convolution with
-        ``_mxamp_folded_weight`` and ``_mxamp_folded_bias``; their values
-        (bfloat16 NDArrays, on the context of the values they come from); the
-        number of BatchNorm layers folded.  Variables only the folded pairs
-        used are gone from the graph.
-
-    Examples
-    --------
-    >>> data = mx.sym.var('data', dtype='float32')
-    >>> low = mx.sym.amp_cast(data, dtype='bfloat16')
-    >>> weight = mx.sym.var('conv_weight', dtype=mxamp.dtypes.BFLOAT16)
-    >>> conv = mx.sym.Convolution(low, weight, kernel=(1, 1), num_filter=2, no_bias=True, name='conv')
-    >>> bn = mx.sym.BatchNorm(conv, fix_gamma=False, name='bn')
-    >>> arrays = {'conv_weight': mxamp.dtypes.cast(mx.nd.ones((2, 3, 1, 1)), 'bfloat16'),
-    ...           'bn_gamma': mx.nd.array([1.0, 2.0]), 'bn_beta': mx.nd.array([0.5, 0.0]),
-    ...           'bn_moving_mean': mx.nd.array([1.0, 1.0]), 'bn_moving_var': mx.nd.array([3.0, 3.0])}
-    >>> folded, values, count = mxamp.fusion.fold_batchnorm(bn, arrays)
-    >>> count, sorted(values)
-    (1, ['conv_mxamp_folded_bias', 'conv_mxamp_folded_weight'])
-    >>> mxamp.dtypes.to_float32_numpy(values['conv_mxamp_folded_bias'])
-    array([-0.077..., -1.15...], dtype=float32)
+        The graph, each folded pair one convolution reading new variables
+        ``<conv>_mxamp_folded_weight`` and ``_bias``; their bfloat16 values; the count.
     """
     graph = load_graph(symbol)
     nodes = graph['nodes']
@@ -344,15 +256,13 @@ def fold_batchnorm(symbol: GraphLike, arrays: Mapping[str, mx.nd.NDArray],
 
 
 def mark_inference_only(params: Iterable[mx.gluon.Parameter], owner: str) -> None:
-    """Mark `params` as belonging to `owner` (a description), a net fused for inference:
-    `check_trainable_params` refuses them."""
+    """Mark `params` as `owner`'s (a description of a fused net): `check_trainable_params` refuses them."""
     for param in params:
         param._mxamp_inference = owner
 
 
 def check_trainable_params(params: Iterable[mx.gluon.Parameter], who: str) -> None:
-    """Raise RuntimeError, naming `who`, if a parameter belongs to a net made by
-    ``mxamp.for_inference``."""
+    """Raise RuntimeError, naming `who`, if a parameter belongs to a `for_inference` net."""
     for param in params:
         owner = getattr(param, '_mxamp_inference', None)
         if owner is not None:

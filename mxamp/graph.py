@@ -1,48 +1,18 @@
 """The graph rewrite: an FP32 MXNet Symbol in, a mixed-precision Symbol out.
 
-`plan_node` is where a node's precision is decided, once: from the node, a
-`mxamp.policy.Policy`, the precisions of its inputs and their known shapes it
-gives a `NodePlan` (the precision the node runs in, the dtype each floating
-input must arrive in, FP32 compute between casts, zero-channel padding, the
-oneDNN Activation it runs as, the precisions of its outputs).
-`convert_graph` walks the graph once in topological order, plans each node and
-emits what the plan says; `check_graph` plans each node of a converted graph
-from the types MXNet infers for it and lists where the graph differs.
+`plan_node` decides a node's precision, once, from the node, a `mxamp.policy.Policy`, its
+inputs' precisions and known shapes (a `NodePlan`); `convert_graph` walks the graph in
+topological order, plans each node, emits what the plan says and records it in a
+`Conversion`, which reports, `mxamp.graph_check` and `mxamp.diagnose` read (`find_casts`
+finds a graph's casts by name where the record is missing).
 
-The `Conversion` that `convert_graph` returns records what it did: per node of
-the FP32 graph a `NodeRecord` (its plan, the op it runs as, per input the cast
-or zero-channel padding it reads through) and every cast inserted (a
-`CastRecord`).  Reports (`format_report`, `mxamp.summary`), `check_graph` and
-`mxamp.diagnose` read that record; only a graph without it (a file converted
-earlier) has its casts found by name, by `find_casts`.
-
-The rewrite inserts casts only where a tensor crosses a precision boundary:
-one cast per tensor and dtype, no cast chains (a consumer that needs back the
-precision a tensor was cast from gets the original tensor), graph inputs
-accepted in FP32 and graph outputs cast back to FP32.  Casts of activations
-and of the network's inputs (``data_inputs``) are ``amp_cast`` nodes unless
-``portable=True``: MXNet 1.9.1's ``amp_cast`` converts oneDNN blocked tensors
-with one reorder, far faster than ``Cast`` (which first reorders to a plain
-layout and then converts element by element; docs/policy.rst, "The graph
-rewrite", has the measurement), but MXNet's ``tojson``/``save``/``export``
-drop ``amp_cast`` nodes by default, so graphs meant to be saved by anyone use
-``Cast`` only.  Parameters are cast with ``Cast`` (see `_Builder.to`).
-MXNet's ``Cast`` to bfloat16 truncates: every narrowing from float32 to
-bfloat16 that is not an ``amp_cast`` is the rounded narrowing of
-`mxamp.dtypes.bfloat16_rounding_nodes` (six helper nodes before the ``Cast``,
-named with `mxamp.dtypes.ROUNDING_SUFFIX`; `cast_input` looks through them),
-which rounds to nearest even as ``amp_cast`` does.
-
-Only entries that are float32 in the FP32 graph take part: integer tensors,
-index inputs and tensors the graph itself casts keep their types.  Parameters
-listed in ``params`` whose consumers all run in low precision are declared in
-the target dtype (``__dtype__`` attribute), so their values are stored in low
-precision instead of being cast on every forward pass; `convert_model` casts the
-values accordingly.
-
-`load_graph` reads a graph once: its result keeps the Symbol MXNet loaded
-(`LoadedGraph`), which the rewrite and the inference helpers reuse instead of
-loading the JSON again.
+Casts go only where a tensor crosses a precision boundary: one per tensor and dtype, no
+chains, FP32 graph inputs and outputs; only entries float32 in the FP32 graph take part.
+Activations and network inputs are cast with ``amp_cast`` unless ``portable`` (MXNet 1.9.1's
+``save`` drops it; ``Cast``, far slower, first reorders oneDNN layouts); a portable narrowing
+to bfloat16 is `mxamp.dtypes.bfloat16_rounding_nodes`, since ``Cast`` truncates
+(docs/policy.rst, "The graph rewrite").  Parameters read only in low precision are declared
+in it (``__dtype__``), so their values are stored in it.
 """
 import collections
 import contextlib
@@ -64,38 +34,25 @@ from .policy import FLOAT32, LOW, NEUTRAL, WIDEST
 
 __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', 'NO_FOLD_SUFFIX',
            'PAD_SUFFIX',
-           'assemble_graph', 'cast_input', 'check_graph', 'convert_graph', 'error_line', 'find_casts',
+           'assemble_graph', 'cast_input', 'convert_graph', 'error_line', 'find_casts',
            'format_report',
            'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'load_graph',
            'plan_node', 'storable_params']
 
-# Tag on every Cast node mxamp inserts: how `find_casts` recognises them in a graph
-# that comes without its Conversion.
+# Tag on every cast mxamp inserts, which `find_casts` reads in a graph without its Conversion.
 CAST_SUFFIX = '_mxamp_cast_'
 # Tag on the nodes that add a zero input channel to a convolution (see Policy.layout).
 PAD_SUFFIX = '_mxamp_pad_'
-# Tag on the identity node between a bfloat16 convolution and its BatchNorm.  MXNet
-# 1.9.1's oneDNN backend folds a BatchNorm that directly follows a convolution
-# into the convolution's weights and bias, truncating them to bfloat16 (mshadow
-# keeps the upper 16 bits): biased values, 3.1% relative error against FP32 on a
-# trained ResNet-20 where the unfused graph has 0.46% (AMX Xeon,
-# docs/inference.rst).  It does that wherever a graph is partitioned: ``Module`` bound
-# for inference does it by default.  An ``amp_cast`` to bfloat16 of the bfloat16
-# output keeps the pair apart.  It runs in place; its gradient is one reorder,
-# about 2.5% of a ResNet-50 training step (AMX Xeon, 2 cores), so only graphs
-# that leave mxamp get it (the Symbol front; Gluon graphs are never partitioned
-# by MXNet on their own).  MXNet's oneDNN backend removes ``_copy`` nodes, and a
-# ``Cast`` copies (40% slower training steps).  MXNet's ``save``/``tojson`` drop
-# an ``amp_cast`` unless given ``remove_amp_cast=False`` (mxamp's writers give
-# it).  `mxamp.fusion` folds such a pair itself, rounded to nearest, and drops
-# the identity.
+# Tag on the identity between a bfloat16 convolution and its BatchNorm in graphs that leave
+# mxamp: MXNet 1.9.1's oneDNN backend, wherever it partitions a graph (Module bound for
+# inference, by default), folds such a BatchNorm by truncating to bfloat16.  An in-place
+# amp_cast: the backend removes _copy nodes, a Cast copies; MXNet's save drops it unless
+# remove_amp_cast=False.  `mxamp.fusion` folds the pair itself (docs/inference.rst).
 NO_FOLD_SUFFIX = '_mxamp_no_fold'
 
-# Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a generic one,
-# slower even than the FP32 operator, while ``Activation`` with the same act_type
-# runs through oneDNN, far faster (measured on avx512_bf16: docs/performance.rst,
-# unary activations).  The rewrite runs them as ``Activation`` nodes
-# (same name, same math) when they compute in bfloat16.
+# Unary activations whose bfloat16 CPU kernel in MXNet 1.9.1 is a generic one, slower than
+# FP32, while Activation runs them through oneDNN (docs/performance.rst): in bfloat16 the
+# rewrite runs them as Activation nodes (same name, same math).
 ONEDNN_ACTIVATIONS = {'relu': 'relu', 'sigmoid': 'sigmoid', 'tanh': 'tanh'}
 
 # The version tag MXNet writes into graph files (1.9.1 -> 10901).
@@ -187,13 +144,8 @@ class Conversion(collections.namedtuple('Conversion', [
 
 
 class LoadedGraph(dict):
-    """The parsed JSON graph (a dict) of `symbol`, the Symbol MXNet loaded it into.
-
-    `load_graph` makes them; functions given one use `symbol` as it is.  Edit a
-    copy (``json.loads(json.dumps(graph))``), never the graph itself: its
-    `symbol` would no longer be the same graph.
-    """
-
+    """The parsed JSON graph (a dict) of `symbol`, the Symbol MXNet loaded it into, made by
+    `load_graph`.  Edit a copy, never the graph: its `symbol` would no longer match."""
     def __init__(self, graph: Mapping[str, Any], symbol: mx.sym.Symbol) -> None:
         dict.__init__(self, graph)
         self.symbol = symbol
@@ -201,22 +153,17 @@ class LoadedGraph(dict):
         self._outputs_probe: Optional[Tuple[List[List[int]], Optional[mx.sym.Symbol]]] = None
 
 
-#: A graph as `load_graph` reads it: an ``mx.sym.Symbol``, its JSON text, or the parsed
-#: JSON (a dict, such as a `LoadedGraph`).
+#: A graph as `load_graph` reads it: a Symbol, its JSON text, or the parsed JSON (a dict).
 GraphLike = Union[mx.sym.Symbol, str, Dict[str, Any]]
 
 
 def load_graph(source: GraphLike) -> LoadedGraph:
-    """Return the parsed JSON graph of `source` (Symbol, JSON text or dict), upgraded to 1.x form.
-
-    The result is a `LoadedGraph`: it also holds the Symbol, so that passing it
-    on costs no second load (a `LoadedGraph` comes back as it is).
+    """The `LoadedGraph` of `source` (Symbol, JSON text or dict), upgraded to 1.x form.
 
     Raises
     ------
     GraphError
-        Invalid JSON, JSON that is not a symbol, unregistered operators, nodes
-        holding fused subgraphs.
+        Invalid JSON, not a symbol, unregistered operators, fused subgraphs.
     """
     if isinstance(source, LoadedGraph):
         return source
@@ -274,12 +221,8 @@ def load_graph(source: GraphLike) -> LoadedGraph:
 
 @contextlib.contextmanager
 def _quiet_upgrade(graph):
-    """Silence the notes MXNet's loader writes while upgrading a graph saved by an older MXNet.
-
-    They are C++ ``LOG(INFO)`` lines written straight to file descriptor 2, out of
-    Python's reach, so the descriptor itself points at /dev/null meanwhile (a
-    write to stderr from another thread in that window is lost too).
-    """
+    """Silence the C++ ``LOG(INFO)`` notes MXNet's loader writes on fd 2 while upgrading an
+    old graph: fd 2 points at /dev/null meanwhile (other threads' writes are lost too)."""
     if (graph.get('attrs') or {}).get('mxnet_version') == ['int', _MXNET_VERSION]:
         yield       # nothing to upgrade, nothing written
         return
@@ -303,13 +246,8 @@ def _valid_entry(entry, limit):
 
 
 def error_line(err: BaseException) -> str:
-    """The informative line of an exception's message, for one-line errors.
-
-    An MXNetError's message spans a C++ traceback: the line naming the failed
-    check or the error is kept, else the last line that is not traceback; the
-    log prefixes of MXNet's C++ (``MXNetError:``, ``[12:34:56]
-    ../src/operator/nn/convolution.cc:151:``) are left out.
-    """
+    """The informative line of an exception's message, for one-line errors: of an MXNetError's
+    C++ traceback, the failed check or error, without MXNet's log prefixes."""
     lines = [line.strip() for line in str(err).splitlines()
              if line.strip() and not line.strip().startswith(('Traceback', 'File ', '[bt]', 'Stack trace'))]
     chosen = next((line for line in lines if 'Check failed' in line or 'Error' in line),
@@ -335,9 +273,8 @@ def _output_counts(graph):
 
 
 def _outputs_probe(graph):
-    """``(heads, Symbol)``: every output of every op node of `graph` as a graph output,
-    for MXNet's type and shape inference of all entries at once.  Built once per
-    `LoadedGraph` (kept on it: both inferences of a conversion share it)."""
+    """``(heads, Symbol)``: every op output of `graph` as a graph output, for inferring all
+    entries at once; built once per `LoadedGraph` (kept on it)."""
     probe = getattr(graph, '_outputs_probe', None)
     if probe is not None:
         return probe
@@ -357,11 +294,8 @@ def _outputs_probe(graph):
 
 def infer_entry_types(graph: Mapping[str, Any], input_types: Optional[Mapping[str, DTypeLike]] = None
                       ) -> Dict[Tuple[int, int], Optional[str]]:
-    """Dtype name (or None when unknown or not floating) of every entry of `graph`.
-
-    Returns ``{(node index, output index): name}``.  Variables take their
-    ``__dtype__`` attribute, else `input_types` (name to dtype), else float32.
-    """
+    """``{(node, output): dtype name or None}`` of `graph`; variables take ``__dtype__``, else
+    `input_types` (name to dtype), else float32."""
     nodes = graph['nodes']
     heads, symbol = _outputs_probe(graph)
     types = {}
@@ -391,13 +325,8 @@ def infer_entry_types(graph: Mapping[str, Any], input_types: Optional[Mapping[st
 
 def infer_variable_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str, Sequence[int]]] = None
                           ) -> Dict[int, Tuple[int, ...]]:
-    """Known shapes of the variables of `graph`: ``{node index: shape}``.
-
-    `shapes` maps variable names (parameters, inputs) to shapes; MXNet's partial
-    inference completes them with what the graph determines (``__shape__``
-    attributes included).  Shapes with unknown (0) dimensions are left out;
-    a graph whose shapes do not infer gives what `shapes` states.
-    """
+    """Known shapes of the variables of `graph`, ``{node index: shape}``: `shapes` (by name)
+    completed by MXNet's partial inference; what `shapes` states if it fails."""
     nodes = graph['nodes']
     given = {name: tuple(shape) for name, shape in (shapes or {}).items()
              if shape is not None and all(shape)}
@@ -417,13 +346,8 @@ def infer_variable_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str
 
 def infer_entry_shapes(graph: Mapping[str, Any], shapes: Optional[Mapping[str, Sequence[int]]] = None
                        ) -> Dict[Tuple[int, int], Tuple[int, ...]]:
-    """Known shapes of the op outputs of `graph`: ``{(node index, output index): shape}``.
-
-    From `shapes` (variable names to shapes, as for `infer_variable_shapes`) by
-    MXNet's partial inference; outputs with unknown (0) dimensions are left
-    out, and a graph whose shapes do not infer gives none.  The policy reads a
-    convolution's data shape from them (`mxamp.policy.Policy.layout`).
-    """
+    """Known shapes of the op outputs of `graph`, ``{(node, output): shape}``, inferred from
+    `shapes` as `infer_variable_shapes`'s; none if the inference fails."""
     given = {name: tuple(shape) for name, shape in (shapes or {}).items()
              if shape is not None and all(shape)}
     if not given:
@@ -464,22 +388,13 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         The JSON node: ``'op'``, ``'name'`` and optionally ``'attrs'``.
     policy : mxamp.policy.Policy
     input_states : list
-        Per input, ``'float32'``, ``policy.dtype`` or None (not floating): the
-        precision the input has where it reaches the node, before any cast the
-        plan asks for.
+        Per input, ``'float32'``, ``policy.dtype`` or None (not floating), before casts.
     input_shapes : list
-        Per input, its shape when known (variables only), else None.
+        Per input, its shape when known, else None.
     float_outputs : list of bool
-        Per output, whether it is a floating tensor that takes part in the rewrite.
+        Per output, whether it is floating and takes part in the rewrite.
     post_op : bool
-        Whether MXNet's oneDNN backend would fuse the node into the convolution
-        it reads (`convolution_post_ops`): then, under an inference policy, an
-        activation `Policy.fuses_into_convolution` names computes in the
-        precision of its data.
-
-    Returns
-    -------
-    NodePlan
+        Whether oneDNN would fuse the node into the convolution it reads (`convolution_post_ops`).
 
     Examples
     --------
@@ -501,14 +416,12 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     fused = post_op and input_states[0] == low and policy.fuses_into_convolution(
         op, attrs, node['name'])
     if fused:
-        # Fused into the bfloat16 convolution it reads: computed by that kernel, before
-        # its output is rounded (see Policy.fuses_into_convolution).
+        # Computed by the bfloat16 convolution's kernel, before its output is rounded.
         precision = low
     elif cls == LOW and policy.follows_data(op) and input_states[0] == 'float32':
         precision = 'float32'   # its data stays FP32 (see Policy.follows_data)
     elif cls == LOW:
-        # Stored parameters keep their low precision under an FP32 layout (read
-        # through an exact cast), so they do not depend on whether shapes were known.
+        # Stored parameters stay low under an FP32 layout (exact casts): shapes cannot change them.
         precision = 'float32' if layout == FLOAT32 else low
     elif cls != FLOAT32 and floating and all(input_states[pos] == low for pos in floating):
         precision = low     # widest / neutral: low precision only when every floating input is
@@ -572,10 +485,8 @@ class _Builder(object):
                                CAST_SUFFIX + target)
             while name in self.names:
                 name += '_'
-            # Activations and the network's inputs take the faster amp_cast (see
-            # the module docstring).  Parameters do not: one may hold a blocked
-            # oneDNN layout that amp_cast's reorder rejects (see
-            # mxamp.dtypes.amp_cast), and they are small.
+            # Parameters take no amp_cast: one may hold a blocked oneDNN layout amp_cast's reorder
+            # rejects (mxamp.dtypes.amp_cast), and they are small.
             source = self.nodes[entry[0]]
             fast = not self.portable and (source['op'] != 'null' or source['name'] in self.data_inputs)
             if fast or (self.state[entry], target) != ('float32', 'bfloat16'):
@@ -583,8 +494,7 @@ class _Builder(object):
                                 'attrs': {'dtype': target},
                                 'inputs': [[entry[0], entry[1], 0]]}, [target])
             else:
-                # Cast truncates to bfloat16: the rounded narrowing instead, whose
-                # helper steps compute in float32.
+                # Cast truncates to bfloat16: the rounded narrowing instead (steps in float32).
                 steps = bfloat16_rounding_nodes(entry, len(self.nodes), name)
                 for step in steps[:-1]:
                     self.add(step, ['float32'])
@@ -595,8 +505,7 @@ class _Builder(object):
         return self.cast_cache[key]
 
     def keep_unfolded(self, entry):
-        """`entry` (a bfloat16 convolution's output) through the identity ``amp_cast``
-        of NO_FOLD_SUFFIX; returns the new entry and the node's name."""
+        """`entry` through the identity ``amp_cast`` of NO_FOLD_SUFFIX, and the node's name."""
         name = self.nodes[entry[0]]['name'] + NO_FOLD_SUFFIX
         while name in self.names:
             name += '_'
@@ -605,12 +514,8 @@ class _Builder(object):
         return (nid, 0), name
 
     def pad_channels(self, entry, name, zero_shape=None):
-        """`entry` (N, C, ...) with a zero channel appended: (N, C + 1, ...).
-
-        The zero channel has `zero_shape` when given, else the shape of `entry`'s
-        first channel (known only when the graph runs).  Returns the padded
-        entry and the names of the nodes added, the Concat giving it last.
-        """
+        """`entry` (N, C, ...) with a zero channel appended (of `zero_shape`, else of its first
+        channel's shape), and the names of the nodes added, the Concat last."""
         state = self.state[entry]
         if zero_shape is not None:
             zero = [self.add({'op': '_zeros', 'name': name + '_zero',
@@ -627,13 +532,9 @@ class _Builder(object):
         return (nid, 0), tuple(self.nodes[i]['name'] for i in zero + [nid])
 
     def pad_convolution(self, name, inputs, weight_shape):
-        """A convolution's `inputs` with a zero input channel appended to data and weight (exact).
-
-        `weight_shape` is the shape of the unpadded weight.  Returns the new
-        inputs and, per input, the names of the nodes padding it (see `pad_channels`).
-        """
-        # MXNet infers no shape backwards through Concat: the weight variable
-        # declares its shape (Gluon's deferred initialisation reads it there).
+        """A convolution's `inputs` with a zero input channel appended to data and weight
+        (exact), and per input the padding nodes' names; `weight_shape`: the unpadded weight's."""
+        # MXNet infers no shape backwards through Concat: the weight declares its shape.
         variable = self.nodes[self.cast_source.get(inputs[1], inputs[1])[0]]
         if variable['op'] == 'null':
             variable['attrs']['__shape__'] = str(tuple(weight_shape))
@@ -647,17 +548,12 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
                     params: Collection[str]) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
 
-    Decided on operator classes and kernels alone, not on shapes, the device
-    or the CPU class, so that a network has the same parameters, in the same
-    dtypes, wherever it runs, and they can be decided before any graph is
-    converted.
-    `graph` is a parsed graph (`load_graph`); returns a set of names.
-    """
+    Decided on operator classes and kernels alone (not shapes, device or CPU class), so that
+    a network has the same parameters in the same dtypes wherever it runs."""
     nodes = graph['nodes']
-    # Whether a node's output is read in FP32: by an FP32 operator, as a fixed input, by an
-    # operator no CPU computes in bfloat16 (RNN, dot: a cast to FP32 at every use,
-    # and values rounded for nothing), or through operators that pass it on (an RNN's
-    # weights reach it through _rnn_param_concat).  Graphs list producers first.
+    # Read in FP32: by an FP32 operator, as a fixed input, by an operator no CPU computes in
+    # bfloat16 (RNN, dot), or through operators that pass it on (RNN weights reach it through
+    # _rnn_param_concat).  Graphs list producers first.
     read_in_float32 = [False] * len(nodes)
     for nid in reversed(range(len(nodes))):
         node = nodes[nid]
@@ -675,8 +571,7 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
 
 
 def entry_uses(graph: Mapping[str, Any]) -> Counter[Tuple[int, int]]:
-    """How many readers each entry ``(node index, output)`` of `graph` has: node inputs and
-    graph outputs."""
+    """The readers (node inputs, graph outputs) of each entry ``(node, output)`` of `graph`."""
     uses: Counter[Tuple[int, int]] = collections.Counter(
         (src, k) for node in graph['nodes'] for src, k, _ in node['inputs'])
     uses.update((nid, k) for nid, k, _ in graph['heads'])
@@ -689,20 +584,13 @@ _FUSED_BEFORE_ACTIVATION = ('elemwise_add', 'BatchNorm')
 
 
 def convolution_post_ops(graph: Mapping[str, Any]) -> FrozenSet[int]:
-    """The op nodes of `graph` that MXNet's oneDNN backend can fuse into a convolution.
+    """The op nodes of `graph` that MXNet's oneDNN backend can fuse into a convolution: those
+    reading its output directly or through a BatchNorm then an elemwise_add (either operand),
+    each tensor on the way with no other reader (and the `NO_FOLD_SUFFIX` identity looked
+    through).  Whether it fuses is `Policy.fuses_into_convolution`'s question.
 
-    A node whose data input is a Convolution's output, directly or through a
-    BatchNorm and then an elemwise_add (either operand), every tensor on the
-    way read by that one consumer alone (the backend stops at a branch); the
-    identity a Symbol-front graph puts before a BatchNorm (`NO_FOLD_SUFFIX`) is
-    looked through.  Whether the node fuses is the backend's business (an
-    activation it supports); `plan_node` asks `Policy.fuses_into_convolution`.
-
-    Example
-    -------
     >>> x = mx.sym.Convolution(mx.sym.var('data'), kernel=(1, 1), num_filter=16, name='conv')
-    >>> y = mx.sym.clip(mx.sym.BatchNorm(x, name='bn'), 0, 6, name='relu6')
-    >>> graph = load_graph(y)
+    >>> graph = load_graph(mx.sym.clip(mx.sym.BatchNorm(x, name='bn'), 0, 6, name='relu6'))
     >>> [graph['nodes'][nid]['name'] for nid in sorted(convolution_post_ops(graph))]
     ['bn', 'relu6']
     """
@@ -723,8 +611,7 @@ def convolution_post_ops(graph: Mapping[str, Any]) -> FrozenSet[int]:
         return fuses(node, allowed)
 
     def fuses(node, allowed):
-        # What may come between this node and the convolution, and the operands that may
-        # lead there (either of an elemwise_add; the backend swaps them).
+        # Either operand of an elemwise_add may lead there (the backend swaps them).
         if node['op'] in allowed:
             allowed = allowed[allowed.index(node['op']) + 1:]
         operands = node['inputs'] if node['op'] == 'elemwise_add' else node['inputs'][:1]
@@ -747,34 +634,20 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     source : mx.sym.Symbol, str or dict
         The FP32 graph (a Symbol or its JSON, any MXNet 0.8 to 1.9 format).
     policy : mxamp.policy.Policy
-        The precision decisions; ``policy.dtype`` is the target.
     params : iterable of str
-        Variables that are parameters.  Those consumed only in low precision are
-        declared in the target dtype (see ``Conversion.lp_params``).  Every other
-        variable is an input the converted graph accepts in FP32.
+        Variables that are parameters (`storable_params` are declared in the target dtype);
+        the others are inputs accepted in FP32.
     input_types : dict, optional
-        Dtypes of inputs that are not float32 (e.g. ``{'tokens': 'int32'}``).
+        Dtypes of inputs that are not float32 (``{'tokens': 'int32'}``).
     shapes : dict, optional
-        Known shapes of parameters and inputs, by name.  Under bfloat16 they
-        choose each convolution's layout (`mxamp.policy.Policy.layout`): a zero
-        input channel for an RGB stem, FP32 where oneDNN has no blocked bfloat16
-        kernel.  Without them (and without ``__shape__`` attributes) every
-        convolution runs in bfloat16 as it is.
+        Known shapes of parameters and inputs, by name: under bfloat16 they choose each
+        convolution's layout (`mxamp.policy.Policy.layout`).
     portable : bool
-        True: every cast is a ``Cast`` node, so the graph survives MXNet's
-        ``save``/``tojson``/``save_checkpoint`` with their defaults.  False:
-        activations are cast with ``amp_cast`` (much faster on CPU); such a graph
-        must be saved with ``remove_amp_cast=False``.
+        True: every cast a ``Cast``, kept by MXNet's ``save``; False: ``amp_cast`` for activations.
     keep_batchnorm : bool
-        True: each BatchNorm reads a bfloat16 convolution through an identity
-        (NO_FOLD_SUFFIX), so that MXNet's oneDNN backend, wherever it
-        partitions the graph (``Module`` bound for inference), cannot fold
-        them with truncated values.  For graphs that leave mxamp (the Symbol
-        front); it costs about 2.5% of a training step (ResNet-50, AMX Xeon).
+        Put the `NO_FOLD_SUFFIX` identity before each BatchNorm reading a bfloat16 convolution.
     data_inputs : iterable of str
-        Variables that are the network's inputs (a new array at every call),
-        not parameters: with ``portable=False`` they are cast with
-        ``amp_cast``, as activations are.
+        The network's inputs, cast like activations under ``portable=False``.
 
     Returns
     -------
@@ -805,8 +678,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
             if node['name'] in lp_params:
                 state = low
             if state is not None:
-                # MXNet infers no type backwards through a Cast: every floating
-                # variable declares its dtype, so the graph type-infers on its own.
+                # MXNet infers no type backwards through a Cast: every floating variable declares it.
                 node['attrs']['__dtype__'] = str(type_flag(state))
             new_entry[(nid, 0)] = (out.add(node, [state]), 0)
             continue
@@ -828,8 +700,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         new_node = dict(node, inputs=[[e[0], e[1], 0] for e in inputs])
         if plan.activation is not None:
             new_node = _as_onednn_activation(new_node, plan.activation)
-        # A node computing in FP32 between casts writes FP32; its consumers read
-        # a cast of it to the low-precision storage the plan gives its outputs.
+        # A node computing in FP32 between casts writes FP32, read through casts to low.
         written = ['float32' if plan.compute_fp32 and state else state for state in plan.outputs]
         new_id = out.add(new_node, written)
         for k, state in enumerate(plan.outputs):
@@ -840,8 +711,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
 
     heads = [out.to(new_entry[(nid, k)], 'float32') for nid, k, _ in graph['heads']]
     converted, kept = assemble_graph(out.nodes, heads, graph.get('attrs'))
-    # Every node and variable of the FP32 graph feeds an output, so the
-    # converted graph keeps them all; of the casts, those nothing reads are gone.
+    # Every FP32 node feeds an output and is kept; casts nothing reads are gone.
     return Conversion(symbol=_symbol_from_graph(converted), dtype=low, lp_params=frozenset(lp_params),
                       nodes=tuple(records),
                       cast_nodes=tuple(out.casts[nid] for nid in kept if nid in out.casts),
@@ -851,13 +721,9 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
 
 def assemble_graph(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Tuple[int, int]],
                    attrs: Optional[Mapping[str, Any]]) -> Tuple[Dict[str, Any], List[int]]:
-    """A JSON graph of the part of `nodes` that `heads` reach, and the old indices kept.
-
-    `nodes` are JSON nodes in topological order, whose inputs are ``[node, output,
-    version]`` entries; `heads` are ``(node, output)`` pairs; `attrs` the graph's
-    attributes (MXNet 1.9.1's version when None).  Unreachable nodes (dead casts,
-    the variables of a folded BatchNorm) are dropped and the rest renumbered.
-    """
+    """The JSON graph of what `heads` (``(node, output)`` pairs) reach of `nodes` (topological,
+    with ``[node, output, version]`` inputs), renumbered, and the old indices kept; `attrs`:
+    the graph's (None: MXNet 1.9.1's version)."""
     reachable = set()
     stack = [nid for nid, _ in heads]
     while stack:
@@ -877,150 +743,10 @@ def assemble_graph(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Tuple[int
     return graph, order
 
 
-def check_graph(converted: Union[Conversion, GraphLike], policy: policy_mod.Policy,
-                input_types: Optional[Mapping[str, DTypeLike]] = None,
-                shapes: Optional[Mapping[str, Sequence[int]]] = None) -> List[str]:
-    """Invariant violations of a converted graph, as a list of strings (empty: all hold).
-
-    Types come from MXNet's own inference with every non-declared input in FP32.
-    Every op node receives each floating input in the dtype `plan_node` asks
-    for, given the types the node receives: no FP32 op receives a low-precision
-    input, a low-precision op receives low-precision data (FP32 for BatchNorm
-    statistics and for ops computing in FP32 between casts), an op whose
-    floating inputs must agree receives one dtype.  No Cast converts a tensor
-    to the dtype it has, no Cast feeds another Cast, no tensor is cast twice to
-    the same dtype, every output is FP32 when the FP32 graph's was.  `shapes`
-    (as given to `convert_graph`) tell which convolutions run in FP32.
-
-    Parameters
-    ----------
-    converted : Conversion, mx.sym.Symbol, str or dict
-        A `Conversion`: its record says which nodes are mxamp's casts, and is
-        checked against its graph too (see `_record_problems`).  A graph alone
-        (e.g. loaded from a file): its casts are found by name (`find_casts`).
-    policy : mxamp.policy.Policy
-    input_types, shapes : dict, optional
-        As given to `convert_graph`.
-    """
-    record = converted if isinstance(converted, Conversion) else None
-    graph = load_graph(record.symbol if record else converted)
-    nodes = graph['nodes']
-    types = infer_entry_types(graph, input_types)
-    counts = _output_counts(graph)
-    variable_shapes = infer_variable_shapes(graph, shapes)
-    entry_shapes = infer_entry_shapes(graph, shapes)
-    low = policy.dtype
-    cast_names = {cast.name for cast in (record.cast_nodes if record else find_casts(graph, types))}
-    problems = _record_problems(record, graph, types, low) if record else []
-    post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
-    seen_casts = set()
-    for nid, node in enumerate(nodes):
-        if node['op'] == 'null':
-            continue
-        op, name = node['op'], node['name']
-        if ROUNDING_SUFFIX in name:
-            continue    # a step of a cast's rounded narrowing: checked as that cast
-        states = [_state(types.get((src, k)), low) for src, k, _ in node['inputs']]
-        if name in cast_names:
-            src = cast_input(nodes, node)
-            states[0] = _state(types.get(src), low)
-            target = node['attrs']['dtype']
-            if states[0] == target:
-                problems.append("cast '%s' converts a %s tensor to %s" % (name, target, target))
-            if nodes[src[0]]['name'] in cast_names:
-                problems.append("cast '%s' feeds cast '%s' (cast chain)" % (nodes[src[0]]['name'], name))
-            if (src, target) in seen_casts:
-                problems.append("tensor %s is cast to %s twice" % (nodes[src[0]]['name'], target))
-            seen_casts.add((src, target))
-            continue
-        # A cast of a low-precision weight reads as that weight's shape.
-        input_shapes = [variable_shapes.get(_through_casts(nodes, src, cast_names))
-                        or entry_shapes.get((src, k)) for src, k, _ in node['inputs']]
-        plan = plan_node(node, policy, states, input_shapes,
-                         [_state(types.get((nid, k)), low) is not None for k in range(counts[nid])],
-                         post_op=nid in post_ops)
-        bad = [pos for pos, (state, dtype) in enumerate(zip(states, plan.inputs))
-               if dtype not in (None, state)]
-        if bad:
-            runs_in = 'float32 between %s casts' % low if plan.compute_fp32 else plan.precision
-            received = ', '.join('%s at input %s' % (got, [pos for pos in bad if states[pos] == got])
-                                 for got in sorted({states[pos] for pos in bad}))
-            problems.append("'%s' (%s) runs in %s but receives %s" % (name, op, runs_in, received))
-    for nid, k, _ in graph['heads']:
-        if types.get((nid, k)) == low:
-            problems.append("output '%s' is %s, not float32" % (nodes[nid]['name'], low))
-    return problems
-
-
-def _record_problems(record, graph, types, low):
-    """Where the record of a `Conversion` does not describe its graph `graph`.
-
-    Every recorded cast is a cast node reading the recorded output and giving
-    the recorded dtypes; every recorded node runs the recorded operator, reads
-    each input through the recorded cast and padding, and writes the dtypes its
-    plan gives; every graph output reads its recorded cast; and the graph has no
-    op node the record does not name.
-    """
-    nodes = graph['nodes']
-    index = {node['name']: nid for nid, node in enumerate(nodes)}
-    problems = []
-    named = set()
-    for cast in record.cast_nodes:
-        node = nodes[index[cast.name]] if cast.name in index else None
-        named.add(cast.name)
-        if node is None or policy_mod.canonical(node['op']) not in policy_mod.CAST_OPS:
-            problems.append("recorded cast '%s' is not a cast node of the graph" % cast.name)
-            continue
-        src, k = cast_input(nodes, node)
-        named.update(nodes[step]['name'] for step in _rounding_steps(nodes, node))
-        found = (nodes[src]['name'], k, _state(types.get((src, k)), low), node['attrs'].get('dtype'))
-        if found != (cast.source, cast.output, cast.from_dtype, cast.to_dtype):
-            problems.append("cast '%s' is recorded as %s[%d] %s->%s but casts %s[%d] %s->%s"
-                            % ((cast.name, cast.source, cast.output, cast.from_dtype, cast.to_dtype)
-                               + found))
-    for record_node in record.nodes:
-        name = record_node.name
-        nid = index.get(name)
-        named.add(name)
-        if nid is None or nodes[nid]['op'] != record_node.op:
-            problems.append("recorded node '%s' (%s) is not in the graph" % (name, record_node.op))
-            continue
-        for pos, (entry, read) in enumerate(zip(nodes[nid]['inputs'], record_node.inputs)):
-            named.update(read.pad)
-            if read.no_fold:
-                named.add(read.no_fold)
-            expected = (read.no_fold or (read.pad[-1] if read.pad else None)
-                        or (read.cast.name if read.cast else read.source))
-            if nodes[entry[0]]['name'] != expected:
-                problems.append("'%s' input %d is recorded as reading '%s' but reads '%s'"
-                                % (name, pos, expected, nodes[entry[0]]['name']))
-        for k, state in enumerate(record_node.plan.outputs):
-            written = 'float32' if state is not None and record_node.plan.compute_fp32 else state
-            if state is not None and types.get((nid, k)) is not None and \
-                    _state(types[(nid, k)], low) != written:
-                problems.append("'%s' output %d is recorded as %s but is %s"
-                                % (name, k, written, types[(nid, k)]))
-    for (nid, _, _), cast in zip(graph['heads'], record.output_casts):
-        if cast is not None and nodes[nid]['name'] != cast.name:
-            problems.append("output '%s' is recorded as cast by '%s'" % (nodes[nid]['name'], cast.name))
-    problems.extend("'%s' (%s) is not in the conversion's record" % (node['name'], node['op'])
-                    for node in nodes if node['op'] != 'null' and node['name'] not in named)
-    return problems
-
-
 def find_casts(graph: Mapping[str, Any],
                types: Mapping[Tuple[int, int], Optional[str]]) -> List[CastRecord]:
-    """The casts mxamp inserted in a converted graph, found by their names.
-
-    Only for graphs without their `Conversion` (a file converted earlier, a
-    symbol handed over): `convert_graph` records its casts.  `graph` is a
-    parsed graph (as from `load_graph`), `types` its `infer_entry_types`.
-
-    Returns
-    -------
-    list of CastRecord
-        In graph order.
-    """
+    """The `CastRecord` of each cast mxamp inserted in parsed `graph`, in graph order, found by
+    name: for graphs without their `Conversion`.  `types`: its `infer_entry_types`."""
     nodes = graph['nodes']
     found = []
     for node in nodes:
@@ -1033,45 +759,18 @@ def find_casts(graph: Mapping[str, Any],
     return found
 
 
-def _state(dtype, low):
-    """The precision state of a tensor of type `dtype` in a graph converted to `low`."""
-    return dtype if dtype in ('float32', low) else None
-
-
 def cast_input(nodes: Sequence[Mapping[str, Any]], cast: Mapping[str, Any]) -> Tuple[int, int]:
-    """The entry (node index, output) a cast node of mxamp's converts: its input, or
-    for a rounded narrowing (`mxamp.dtypes.bfloat16_rounding_nodes`) the input of the
-    helper nodes that lead to it."""
+    """The entry (node, output) a cast of mxamp's converts, through the helper nodes of a
+    rounded narrowing (`mxamp.dtypes.bfloat16_rounding_nodes`)."""
     src, k = cast['inputs'][0][:2]
     while ROUNDING_SUFFIX in nodes[src]['name']:
         src, k = nodes[src]['inputs'][0][:2]
     return src, k
 
 
-def _rounding_steps(nodes, cast):
-    """The indices of the helper nodes of `cast`'s rounded narrowing (none for a plain cast)."""
-    steps, pending = [], [src for src, _, _ in cast['inputs']]
-    while pending:
-        nid = pending.pop()
-        if ROUNDING_SUFFIX in nodes[nid]['name'] and nid not in steps:
-            steps.append(nid)
-            pending.extend(src for src, _, _ in nodes[nid]['inputs'])
-    return steps
-
-
-def _through_casts(nodes, nid, cast_names):
-    while nodes[nid]['name'] in cast_names:
-        nid = cast_input(nodes, nodes[nid])[0]
-    return nid
-
-
 def format_report(conversion: Conversion) -> str:
-    """A text table: per operator, how many nodes compute in which precision; then the casts.
-
-    A node computing in FP32 between low-precision casts (float16 on a CPU)
-    counts as float32, the precision it computes in; a line after the table
-    says how many of them store their data in low precision.
-    """
+    """A text table: per operator, how many nodes compute in which precision (FP32 between
+    low-precision casts counts as float32, with a line saying how many); then the casts."""
     low = conversion.dtype
     per_op: Dict[str, Counter[str]] = collections.OrderedDict()
     for node in sorted(conversion.nodes, key=lambda n: n.op):

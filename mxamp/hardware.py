@@ -1,67 +1,15 @@
-"""Hardware detection and the CPU fast-path set-up.
+"""Hardware facts and the CPU fast-path set-up.
 
-This module answers three questions for the rest of mxamp (which precision
-``'auto'`` means, from its answers, is :func:`mxamp.dtypes.resolve_dtype`'s):
+What the machine can do (CPU flags, usable CPUs, GPUs), how its CPU computes bfloat16
+(`cpu_class`: four classes, capped by ``DNNL_MAX_CPU_ISA`` as oneDNN caps itself;
+docs/hardware.rst), making oneDNN use AMX (`enable_amx`), and the OpenMP threads MXNet
+computes with (`mxnet_openmp_threads`).  Which precision ``'auto'`` means is `mxamp.dtypes`'.
 
-* what the machine can do: CPU flags (``/proc/cpuinfo``), the CPUs this process may use
-  and the number of GPUs;
-* how the CPU computes bfloat16 (:func:`cpu_class`): one of four classes,
-  capped by a user's ``DNNL_MAX_CPU_ISA`` as oneDNN caps itself;
-* how to make oneDNN use the AMX bfloat16 kernels (:func:`enable_amx`);
-* how many OpenMP threads MXNet computes with in this process
-  (:func:`mxnet_openmp_threads`), and the environment variables that change it.
-
-CPU classes
------------
-oneDNN 2.4.4, inside MXNet 1.9.1, decides what bfloat16 can do on a CPU from
-its instruction set; mxamp names the four cases after it:
-
-``'avx2'``
-    No AVX-512 (AVX2 and older, or a ``DNNL_MAX_CPU_ISA`` below
-    ``AVX512_CORE``): oneDNN has no bfloat16 primitives.  Convolution,
-    FullyConnected, BatchNorm, Pooling and Activation raise in bfloat16;
-    elementwise ops fall to reference kernels, many times slower than FP32.
-``'avx512'``
-    AVX-512 (``avx512_core``) without AVX512-BF16: oneDNN emulates bfloat16,
-    by its own estimate slower than FP32.
-``'avx512_bf16'``
-    AVX512-BF16 instructions: native bfloat16, convolutions faster than FP32
-    on the AMD EPYCs measured. An AMX CPU whose tiles are left off lands here
-    too, and there they are not faster (:func:`bfloat16_pays`).
-``'amx'``
-    AMX tiles, enabled by :func:`enable_amx`: native bfloat16 on AMX kernels.
-
-mxamp computes in bfloat16 only in the last two classes; in the first two a
-bfloat16 network keeps its bfloat16 parameters and computes in FP32 between
-casts (see :mod:`mxamp.policy`).
-
-AMX
----
-oneDNN 2.4.4, built into MXNet 1.9.1, has AMX bfloat16 kernels but only uses them
-when ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` is in the environment, and Linux only
-lets a process execute AMX tile instructions after it asked for them with
-``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``; the variable without the
-permission kills the process with SIGILL.  :func:`enable_amx` (called when mxamp
-is imported) asks for the permission and sets the variable only if the kernel
-granted it.
-
-oneDNN reads ``DNNL_MAX_CPU_ISA`` once, when the process creates its first
-oneDNN primitive (the first convolution, fully connected layer, ...), not when
-libmxnet is loaded: importing mxnet before mxamp is fine, running an MXNet
-operator before importing mxamp is not (the setting is then silently ignored).
-libmxnet.so does not export oneDNN's C API (``dnnl_set_max_cpu_isa``,
-``dnnl_get_effective_cpu_isa``), so the environment variable is the only handle
-and whether it arrived in time cannot be queried; ``DNNL_VERBOSE=1`` shows it
-(AMX convolutions print ``avx512_core_amx`` in their kernel name).
-
-Environment variables
----------------------
-MXAMP_AMX
-    ``0`` (or ``false``, ``no``, ``off``) stops mxamp from touching AMX: no
-    permission request, no ``DNNL_MAX_CPU_ISA``.
-DNNL_MAX_CPU_ISA
-    When the user set it, mxamp leaves it alone (it still asks for the AMX
-    permission, which a user value of ``AVX512_CORE_AMX`` needs).
+oneDNN 2.4.4 in MXNet 1.9.1 uses its AMX kernels only under
+``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX``, read once at its first primitive (not at ``import
+mxnet``); Linux runs tile instructions only after ``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XFEATURE_XTILEDATA)``, else SIGILL.  libmxnet.so does not export oneDNN's C API: the
+variable is the only handle.  ``MXAMP_AMX=0`` leaves AMX alone; a user's value is kept.
 """
 import ctypes
 import functools
@@ -82,8 +30,7 @@ __all__ = ['cpu_flags', 'cpu_model', 'has_avx512_bf16', 'has_amx_bf16', 'usable_
 logger = logging.getLogger('mxamp')
 
 _AMX_ISA = 'AVX512_CORE_AMX'
-# Linux x86-64 ABI: arch_prctl syscall number, its "request extended state
-# permission" command and the XSAVE feature number of the AMX tile data.
+# Linux x86-64 ABI: arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA.
 _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
@@ -122,11 +69,7 @@ _CLASS_TEXT = {
 
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> FrozenSet[str]:
-    """The CPU feature flags of ``/proc/cpuinfo``, as a frozenset.
-
-    Empty when the file is missing or unreadable (non-Linux systems), so every
-    feature then reads as absent.
-    """
+    """The CPU feature flags of ``/proc/cpuinfo`` (empty where it cannot be read)."""
     try:
         with open('/proc/cpuinfo') as cpuinfo:
             for line in cpuinfo:
@@ -172,10 +115,7 @@ def _hardware_class():
 
 
 def isa_cap() -> Optional[str]:
-    """The class ``DNNL_MAX_CPU_ISA`` limits oneDNN to, or None when unset or unknown.
-
-    oneDNN ignores a value it does not know, and so does this function.
-    """
+    """The class ``DNNL_MAX_CPU_ISA`` limits oneDNN to; None when unset or unknown to oneDNN."""
     value = os.environ.get('DNNL_MAX_CPU_ISA')
     if value is None:
         return None
@@ -185,14 +125,8 @@ def isa_cap() -> Optional[str]:
 def cpu_class() -> str:
     """How this CPU computes bfloat16: ``'avx2'``, ``'avx512'``, ``'avx512_bf16'`` or ``'amx'``.
 
-    The class of the CPU's flags (``'amx'`` only once :func:`enable_amx`
-    enabled AMX), lowered to what ``DNNL_MAX_CPU_ISA`` allows: a user who sets
-    ``DNNL_MAX_CPU_ISA=AVX2`` on an AVX-512 machine gets ``'avx2'``, which is
-    what oneDNN then computes.  oneDNN reads the variable once, at its first
-    primitive; this function reads it at each call, so change it only before
-    the process runs its first MXNet operator.  See the module documentation
-    for what each class means.  No host sync, no MXNet call.
-    """
+    Its flags' class (``'amx'`` once `enable_amx` enabled it), lowered to what
+    ``DNNL_MAX_CPU_ISA`` allows, read at each call (oneDNN reads it at its first primitive)."""
     found = _hardware_class()
     cap = isa_cap()
     if cap is not None and CPU_CLASSES.index(cap) < CPU_CLASSES.index(found):
@@ -206,34 +140,20 @@ def computes_bfloat16(klass: Optional[str] = None) -> bool:
 
 
 def amx_left_off() -> bool:
-    """Whether this CPU has AMX tiles that oneDNN does not use (:func:`class_lowered_by` says why).
-
-    Then its class is ``'avx512_bf16'``: bfloat16 runs on the AVX512-BF16
-    kernels, which on this silicon are no faster than FP32's AVX-512 ones.
-    """
+    """Whether this CPU has AMX tiles oneDNN does not use (`class_lowered_by` says why): its
+    class is then ``'avx512_bf16'``, whose kernels are no faster than FP32 on this silicon."""
     return has_amx_bf16() and cpu_class() == AVX512_BF16
 
 
 def bfloat16_pays() -> bool:
-    """Whether computing in bfloat16 is faster than FP32 on this CPU: what ``'auto'`` follows.
-
-    :func:`computes_bfloat16`, except on a CPU with AMX tiles left off
-    (:func:`amx_left_off`). There the AVX512-BF16 kernels trained ResNet-50 v1
-    at 0.77x FP32 (a 16-core Xeon with AMX capped to ``AVX512_CORE_BF16``, 2
-    threads, batch 16: MXNet's bfloat16 convolutions alone took longer than
-    the whole FP32 step; docs/hardware.rst). The CPUs the class was measured
-    on, AMD EPYC with AVX512-BF16, ran bfloat16 convolutions at 2x FP32.
-    """
+    """Whether bfloat16 computes faster than FP32 here, which ``'auto'`` follows:
+    `computes_bfloat16`, but not with AMX left off (docs/hardware.rst)."""
     return computes_bfloat16() and not amx_left_off()
 
 
 def describe_cpu_class(klass: Optional[str] = None) -> str:
-    """One phrase naming CPU class `klass` (default: this CPU's) and its bfloat16 support.
-
-    Mentions ``DNNL_MAX_CPU_ISA`` only when that variable is what lowered this
-    CPU's class (on an AMX machine mxamp itself sets it, to a value that lowers
-    nothing), and, for this CPU, AMX tiles left off (:func:`amx_left_off`).
-    """
+    """One phrase naming CPU class `klass` (default: this CPU's, with a ``DNNL_MAX_CPU_ISA``
+    that lowered it or AMX left off) and its bfloat16 support."""
     if klass is None:
         klass = cpu_class()
         if _lowered_by_isa_cap():
@@ -253,12 +173,8 @@ def _lowered_by_isa_cap() -> bool:
 
 
 def class_lowered_by() -> List[str]:
-    """What keeps this CPU's class below the class of its flags, in words; empty when nothing.
-
-    ``DNNL_MAX_CPU_ISA`` when it lowered the class, and on a CPU with AMX
-    tiles, AMX left off (``MXAMP_AMX=0``, a user's ``DNNL_MAX_CPU_ISA``, or
-    Linux refusing the tile permission: :func:`enable_amx`).
-    """
+    """What keeps this CPU's class below its flags', in words (``DNNL_MAX_CPU_ISA``, AMX
+    left off); empty when nothing."""
     why = []
     if _lowered_by_isa_cap():
         why.append('DNNL_MAX_CPU_ISA=%s' % os.environ.get('DNNL_MAX_CPU_ISA'))
@@ -282,8 +198,7 @@ def gpu_count() -> int:
         return 0
 
 
-# Environment variables that change how MXNet computes (prefixes): the benchmark
-# records them, `mxamp info` shows them.
+# Prefixes of the variables that change how MXNet computes (benchmarks, `mxamp info`).
 PERFORMANCE_VARIABLES = ('OMP_', 'KMP_', 'GOMP_', 'MXNET_', 'DNNL_', 'MKLDNN_', 'MXAMP_',
                          'LD_PRELOAD')
 # The OpenMP runtimes libmxnet.so links (GNU, Intel), by soname.
@@ -291,13 +206,10 @@ MXNET_OPENMP_SONAMES = ('libgomp.so.1', 'libiomp5.so')
 
 
 def launch_environment() -> Dict[str, str]:
-    """The environment this process was started with (``/proc/self/environ``).
+    """The environment this process was started with (``/proc/self/environ``, else os.environ).
 
-    Not ``os.environ``: packages set variables of their own when imported
-    (scikit-learn, which ``import mxnet`` loads, sets ``KMP_DUPLICATE_LIB_OK``
-    and ``KMP_INIT_AT_FORK``), and mxamp itself may set ``DNNL_MAX_CPU_ISA``
-    (:func:`enable_amx`).  ``os.environ`` where ``/proc`` is missing.
-    """
+    Not ``os.environ``: scikit-learn (loaded by ``import mxnet``) sets ``KMP_*`` variables
+    when imported, and `enable_amx` may set ``DNNL_MAX_CPU_ISA``."""
     try:
         with open('/proc/self/environ', 'rb') as handle:
             raw = handle.read()
@@ -326,17 +238,8 @@ def _mapped_files() -> List[str]:
 
 
 def mxnet_openmp_runtime(paths: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
-    """Which of the mapped `paths` is the OpenMP runtime libmxnet.so uses.
-
-    Other packages map their own copies beside it (scikit-learn's
-    ``scikit_learn.libs/libgomp-<hash>.so.1.0.0``), with settings of their
-    own: only a file named after a soname libmxnet.so links counts.
-
-    Returns
-    -------
-    tuple
-        ``(path, None)``, or ``(None, why)`` when there is none or more than one.
-    """
+    """``(path, None)``: which mapped `paths` is the OpenMP runtime libmxnet.so links (by
+    soname: packages map their own copies beside it), or ``(None, why)`` for none or several."""
     runtimes = [p for p in paths if os.path.basename(p).startswith(MXNET_OPENMP_SONAMES)]
     if len(runtimes) == 1:
         return runtimes[0], None
@@ -350,17 +253,9 @@ def mxnet_openmp_runtime(paths: Sequence[str]) -> Tuple[Optional[str], Optional[
 def mxnet_openmp_threads() -> Dict[str, Any]:
     """The number of OpenMP threads MXNet computes with in this process.
 
-    libmxnet.so fixes it when it loads (``OMP_NUM_THREADS``, or half the
-    logical CPUs when unset) by setting the loading thread's OpenMP count:
-    asked on the main thread, after ``import mxnet``.
-
-    Returns
-    -------
-    dict
-        ``openmp_threads`` (``omp_get_max_threads()`` of MXNet's OpenMP runtime,
-        or None), ``openmp_runtime`` (its path, or None) and, when the count is
-        None, ``openmp_unknown`` (why).
-    """
+    libmxnet.so fixes it on load (``OMP_NUM_THREADS``, else half the logical CPUs) for the
+    loading thread: ask on the main thread.  Returns ``openmp_threads`` (or None),
+    ``openmp_runtime`` (a path or None) and, when the count is None, ``openmp_unknown``."""
     path, why = mxnet_openmp_runtime(_mapped_files())
     if path is not None:
         try:
@@ -373,12 +268,8 @@ def mxnet_openmp_threads() -> Dict[str, Any]:
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` of ``warnings.warn`` that points at the first frame outside mxamp and MXNet.
-
-    mxamp's notes come from deep inside a conversion or a first forward pass
-    (MXNet's Gluon machinery calls back into mxamp); they should name the
-    user's line.
-    """
+    """The ``stacklevel`` of ``warnings.warn`` that names the first frame outside mxamp and
+    MXNet: mxamp's notes come from deep inside a conversion, about the user's line."""
     import mxnet
     # Two packages, both loaded from files: their __file__ is set.
     skip = tuple(os.path.dirname(os.path.abspath(cast(str, module.__file__))) + os.sep
@@ -409,19 +300,11 @@ def _request_amx_permission():
 
 
 def enable_amx() -> bool:
-    """Let oneDNN use the AMX bfloat16 kernels, when the CPU has them.
+    """Let oneDNN use the AMX bfloat16 kernels, when the CPU has them; True when it will.
 
-    Asks Linux for AMX tile permission and, only when it was granted, sets
-    ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` unless the user set
-    ``DNNL_MAX_CPU_ISA`` already.  Does nothing when the CPU lacks amx_bf16 or
-    ``MXAMP_AMX=0``.  Only the first call acts; later calls return its result.
-    It must run before the process's first oneDNN primitive (any MXNet
-    convolution, fully connected layer...); ``import mxnet`` before it is fine.
-
-    Returns
-    -------
-    bool
-        True when the permission is granted and ``DNNL_MAX_CPU_ISA`` selects AMX.
+    Asks Linux for the tile permission and, if granted, sets ``DNNL_MAX_CPU_ISA`` unless the
+    user did.  Nothing under ``MXAMP_AMX=0``.  Only the first call acts.  Call it before the
+    process's first oneDNN primitive; ``import mxnet`` before it is fine.
     """
     global _amx_enabled
     if _amx_enabled is None:
@@ -458,16 +341,8 @@ def _enable_amx_once():
 
 
 def describe() -> Dict[str, Any]:
-    """What mxamp found, for benchmarks and ``mxamp.summary``.
-
-    Returns
-    -------
-    dict
-        ``avx512_bf16``, ``amx_bf16``, ``amx_enabled`` (bools; ``amx_enabled`` is
-        the result of :func:`enable_amx`, False before it ran), ``cpu_class``
-        (:func:`cpu_class`), ``dnnl_max_cpu_isa`` (the variable, or None) and
-        ``gpus`` (int).
-    """
+    """What mxamp found, for benchmarks and ``mxamp.summary``: ``avx512_bf16``, ``amx_bf16``,
+    ``amx_enabled`` (`enable_amx`'s result), ``cpu_class``, ``dnnl_max_cpu_isa``, ``gpus``."""
     return {'avx512_bf16': has_avx512_bf16(), 'amx_bf16': has_amx_bf16(),
             'amx_enabled': bool(_amx_enabled), 'cpu_class': cpu_class(),
             'dnnl_max_cpu_isa': os.environ.get('DNNL_MAX_CPU_ISA'), 'gpus': gpu_count()}

@@ -1,38 +1,10 @@
 """What mxamp keeps on a Gluon network it has seen, and the moves it allows.
 
-One object per block, `NetworkState`, holds everything mxamp decided about a
-network and everything it remembers of it; this module is the only place that
-attaches it (``_mxamp_state``, mxamp's one attribute on a block) and the only
-place that changes it.  The Gluon front (`mxamp.gluon`, `mxamp.inference`)
-drives it; readers below the fronts (`mxamp.diagnose`, and through it the
-trainers' overflow reports) read it without importing a front.
-
-The life cycle of a network, each move a method here::
-
-    FP32 net --mxamp.convert(dtype)-----------> CONVERTED (Settings shared by its tree)
-             --mxamp.convert('float32' or
-               'auto' on a CPU without bf16)---> KEPT_FLOAT32 (the reason, for summary)
-    KEPT_FLOAT32 --mxamp.convert(dtype)-------> CONVERTED
-    FP32 net that cannot become a graph
-             --mxamp.convert(dtype)-----------> CONVERTED_IN_PART (its largest subtrees that
-                                                can are CONVERTED, each its own tree; the
-                                                blocks above them stay FP32, with why)
-    CONVERTED or CONVERTED_IN_PART
-              --mxamp.convert(...)------------> ValueError: already converted
-    CONVERTED: graph built for a device type (graph_built); a child registered
-               anywhere in the tree (child_registered) makes every graph built
-               before it stale; a converted child joins the tree (join)
-    either --mxamp.for_inference--------------> the same stage, fused_for_inference
-                                                set (what was fused; training refused);
-                                                of an FP32 net, the FP32 values its
-                                                BatchNorm folds start from (float32_originals,
-                                                dropped by load_parameters)
-
-Per parameter, the precision a parameter of a converted tree is stored in is
-decided once; `mxamp.gluon` keeps it on the parameter (``_mxamp_precision``,
-read by `mxamp.dtypes.param_precision`), and `mxamp.fusion` marks the
-parameters of a fused net: those two marks belong to a parameter, not to a
-network, and have one writer each.
+One `NetworkState` per block holds what mxamp decided about a network and remembers of it;
+this module alone attaches it (``_mxamp_state``, mxamp's one attribute on a block) and
+changes it.  The Gluon front drives it; `mxamp.diagnose` reads it without importing a front.
+Stages and moves: docs/gluon.rst, "What mxamp keeps on a network".  A parameter's own marks
+(`mxamp.gluon`'s ``_mxamp_precision``, `mxamp.fusion`'s) are not kept here.
 """
 import collections
 import enum
@@ -45,37 +17,25 @@ from .policy import Condition, Policy, emulates_float16
 __all__ = ['Stage', 'Settings', 'Tree', 'NetworkState', 'state_of', 'converted_state', 'seen_state', 'attach',
            'describe_block', 'check_convertible']
 
-# mxamp's one attribute on a block.
 _ATTRIBUTE = '_mxamp_state'
 
 
 class Stage(enum.Enum):
     """Where a network `mxamp.convert` has seen stands."""
-    #: convert was asked for float32, or 'auto' found no bfloat16 kernels: the net is untouched.
+    #: asked for float32, or 'auto' found no bfloat16 kernels: the net is untouched.
     KEPT_FLOAT32 = 'kept float32'
     #: the net computes under a precision policy (its class swapped, see `mxamp.gluon`).
     CONVERTED = 'converted'
-    #: the net cannot become a graph: its largest subtrees that can are converted (each
-    #: CONVERTED), the blocks above them compute in FP32.
+    #: its largest subtrees that can become a graph are CONVERTED, the rest runs in FP32.
     CONVERTED_IN_PART = 'converted in part'
 
 
 class Settings(collections.namedtuple('Settings', [
-        'dtype',            # the target precision
-        'fp32_ops',         # tuple of operator names forced to FP32
-        'lp_ops',           # tuple of operator names forced to low precision
-        'exclude',          # tuple of node-name patterns kept in FP32
-        'lp_ops_only',      # tuple replacing the default low-precision ops, or None (contrib.amp's
-                            # target_dtype_ops, see mxamp.migration)
-        'fp32_conditions',  # tuple of (op, attribute, values) run in FP32 (conditional_fp32_ops)
-        'lp_params',        # frozenset of the parameter names stored in `dtype`
-])):
-    """What one `mxamp.convert` call decided, before converting any block; shared by the whole tree.
+        'dtype', 'fp32_ops', 'lp_ops', 'exclude', 'lp_ops_only', 'fp32_conditions', 'lp_params'])):
+    """What one `mxamp.convert` call decided, before converting any block; shared by the tree.
 
-    `rules` makes the settings of a call (lp_params still empty);
-    `decided_for` decides, with those rules, which parameters of a graph
-    are stored in low precision.
-    """
+    Fields as `mxamp.policy.Policy`'s, in tuples; ``lp_params``: the parameters stored in
+    ``dtype``, which `decided_for` fills in (`rules` leaves it empty)."""
     __slots__ = ()
 
     @classmethod
@@ -95,10 +55,8 @@ class Settings(collections.namedtuple('Settings', [
                       lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions)
 
     def decided_for(self, fp32_graph: dict, params: Collection[str]) -> 'Settings':
-        """These rules, with the parameters of `fp32_graph` (parsed, `mxamp.graph.load_graph`)
-        among `params` that are stored in low precision."""
-        # Which parameters are stored in low precision depends on operator
-        # classes alone (see storable_params): the policy of any device decides it.
+        """These rules, with the parameters of parsed `fp32_graph` stored in low precision."""
+        # Operator classes alone decide it (storable_params): any device's policy will do.
         return self._replace(lp_params=frozenset(
             graph_mod.storable_params(fp32_graph, self._any_policy(), params)))
 
@@ -131,16 +89,10 @@ class Settings(collections.namedtuple('Settings', [
 
 
 class Tree(object):
-    """What the blocks of one converted tree share: how many children were registered in it.
+    """The count of children registered in one converted tree, which its blocks share.
 
-    A block's graph includes the code of its descendants, and MXNet rebuilds
-    only the graph of the block a child is registered into; each converted
-    block remembers the count its graph was built at
-    (`NetworkState.graph_is_stale`).  Two trees that come to share a block (a
-    converted child added to a second net, or a net converted around a block
-    another converted net holds) merge: one count serves both, since an edit
-    under the shared block changes the graphs of both.
-    """
+    Each block remembers the count its graph was built at (`NetworkState.graph_is_stale`);
+    trees that come to share a block merge (docs/gluon.rst, "What mxamp keeps on a network")."""
     __slots__ = ('_edits', '_merged_into')
 
     def __init__(self) -> None:
@@ -174,49 +126,13 @@ class Tree(object):
 class NetworkState(object):
     """What mxamp keeps on one block of a network `mxamp.convert` has seen.
 
-    Made by `kept_float32` or `converted`, attached with `attach`, read with
-    `state_of`.  Illegal moves raise RuntimeError naming the stage.
-
-    Attributes
-    ----------
-    stage : Stage
-    settings : Settings
-        The tree's settings (CONVERTED; RuntimeError otherwise).
-    tree : Tree
-        The tree's edit count (CONVERTED; RuntimeError otherwise).
-    float32_reason : str or None
-        Why the net stayed FP32 (KEPT_FLOAT32).
-    parts : tuple of (str, Block)
-        The converted subtrees of a net converted in part, by child path
-        (CONVERTED_IN_PART; empty otherwise).
-    float32_blocks : tuple of (str, Block, str)
-        The blocks of a net converted in part that stay FP32: child path,
-        block, and why (CONVERTED_IN_PART; empty otherwise).
-    built_for : str or None
-        Device type of the graph built last (CONVERTED), None before the first.
-    fused_for_inference : str or None
-        What `mxamp.for_inference` fused, when it made this net.
-    inference_only : bool
-        Whether the block's graph is built for inference alone
-        (`mxamp.for_inference`, from its first build on): converted under the
-        inference policy (`Settings.policy`'s `inference`).
-    float32_originals : dict of str to NDArray
-        For a net `mxamp.for_inference` converted from FP32: the FP32 values of
-        the low-precision parameters its BatchNorm folds start from
-        (`mxamp.fusion.fold_batchnorm`); empty otherwise.
-    runtime : mxamp.graph.Conversion or None
-        The conversion of the graph the block's CachedOp runs, with the records
-        of the passes after the precision pass (`mxamp.pipeline`); None before
-        the first build.
-    cached_ops : dict
-        The CachedOps (with their argument lists) kept for the other modes
-        while the block runs in one, by ``'training'`` / ``'training with
-        input gradients'`` / ``'inference'``: a block with channels-last
-        regions trains on one graph (another when its inputs take gradients)
-        and predicts on MXNet's (see `mxamp.gluon`).
-    cached_for : str or None
-        The mode(s) the block's current CachedOp serves: one of those,
-        ``'both'`` (every mode), or None before it is built.
+    Made by `kept_float32`, `converted` or `converted_in_part`, attached with `attach`, read
+    with `state_of`; `settings` and `tree` raise RuntimeError unless CONVERTED.  ``parts``,
+    ``float32_blocks``: a net converted in part's ``(child path, block[, why])``.
+    ``inference_only``: the graph is built under the inference policy (`for_inference`).
+    ``runtime``: the `Conversion` the CachedOp runs, with the later passes' records.
+    ``cached_ops``: the CachedOps kept for the other modes (``'training'``, ``'training with
+    input gradients'``, ``'inference'``); ``cached_for``: the mode(s) of the current one.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', 'parts', 'float32_blocks', '_tree',
                  '_conversions', 'built_for',
@@ -231,8 +147,7 @@ class NetworkState(object):
         self.parts: Tuple[Tuple[str, Any], ...] = ()
         self.float32_blocks: Tuple[Tuple[str, Any, str], ...] = ()
         self._tree = tree
-        # device type -> (identity of the FP32 graph and policy, its Conversion); see
-        # mxamp.gluon._conversion
+        # device type -> (identity of the FP32 graph and policy, its Conversion)
         self._conversions: Dict[str, Tuple[Tuple[str, bool, bool], graph_mod.Conversion]] = {}
         self.built_for: Optional[str] = None
         self._built_at = 0
@@ -256,9 +171,7 @@ class NetworkState(object):
     @classmethod
     def converted_in_part(cls, settings: Settings, parts: Iterable[Tuple[str, Any]],
                           float32_blocks: Iterable[Tuple[str, Any, str]]) -> 'NetworkState':
-        """The state of a net that cannot become a graph, whose `parts` (child path, block)
-        were converted under `settings` and whose `float32_blocks` (child path, block, why)
-        stay FP32."""
+        """A net converted in part: `parts` (path, block), `float32_blocks` (path, block, why)."""
         state = cls(Stage.CONVERTED_IN_PART, settings=settings)
         state.parts = tuple(parts)
         state.float32_blocks = tuple(float32_blocks)
@@ -283,7 +196,6 @@ class NetworkState(object):
     def tree(self) -> Tree:
         return self._require_converted('sharing its tree')[1]
 
-    # -- the graph --------------------------------------------------------
     def graph_built(self, device_type: str) -> None:
         """Record that the block's graph was (re)built for `device_type`, after every edit so far."""
         tree = self._require_converted('building a graph')[1]
@@ -291,8 +203,7 @@ class NetworkState(object):
         self._built_at = tree.edits
 
     def graph_is_stale(self, device_type: Optional[str] = None) -> bool:
-        """Whether the graph built last was for another device type than `device_type`
-        (when given), or before a child was registered somewhere in the tree."""
+        """Whether the last graph was built for another device type, or before an edit."""
         tree = self._require_converted('checking a graph')[1]
         return bool(device_type and device_type != self.built_for) or self._built_at != tree.edits
 
@@ -308,7 +219,6 @@ class NetworkState(object):
         own.merge_into(theirs)
         self._tree = theirs
 
-    # -- conversions ------------------------------------------------------
     def conversion_for(self, device_type: str
                        ) -> Optional[Tuple[Tuple[str, bool, bool], graph_mod.Conversion]]:
         """``(identity, Conversion)`` made last for `device_type`, or None; the identity is
@@ -331,7 +241,6 @@ class NetworkState(object):
         """The block's CachedOp now runs `runtime` (`mxamp.pipeline.run`'s result)."""
         self.runtime = runtime
 
-    # -- inference --------------------------------------------------------
     def mark_fused_for_inference(self, line: str) -> None:
         """`mxamp.for_inference` made this net: `line` says what it fused."""
         self.fused_for_inference = line
@@ -365,8 +274,7 @@ def converted_state(block: object) -> NetworkState:
 
 
 def seen_state(block: object) -> NetworkState:
-    """The state of `block`, which `mxamp.convert` has seen: converted or kept float32
-    (TypeError otherwise)."""
+    """The state of `block`, which `mxamp.convert` has seen (TypeError otherwise)."""
     state = state_of(block)
     if state is None:
         raise TypeError('%s was never seen by mxamp.convert' % describe_block(block))

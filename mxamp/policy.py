@@ -1,57 +1,21 @@
 """The precision policy: which operators run in low precision, which in FP32.
 
-Every operator registered in MXNet 1.9.1 falls in exactly one class per target
-dtype (``'float16'`` or ``'bfloat16'``):
+Every operator MXNet 1.9.1 registers is in one class per target dtype: ``'low'`` (the
+GEMMs tensor cores and AMX accelerate, and BatchNorm; its floating inputs cast to the target
+dtype but those it wants in FP32), ``'float32'`` (numerically sensitive), ``'widest'``
+(inputs that must agree: low only when all are) or ``'neutral'`` (follows its input, never
+cast).  ``'conditional'`` ops resolve by attribute; backward ops are ``'neutral'``.
 
-``'low'``
-    Runs in the target dtype: the compute-bound ops that tensor cores and AMX
-    accelerate (Convolution, FullyConnected, RNN, dot, batch_dot...).  All its
-    floating inputs are cast to the target dtype, except inputs the op itself
-    wants in FP32 (BatchNorm's gamma/beta/moving statistics).
-``'float32'``
-    Always FP32: numerically sensitive ops (softmax, normalisation, reductions,
-    exp/log, losses, detection post-processing, linear algebra, samplers).
-``'widest'``
-    Several floating inputs that must share a dtype (Concat, elementwise and
-    broadcast arithmetic, add_n, where): runs in low precision only when every
-    input already is, otherwise the low-precision inputs are cast up.
-``'neutral'``
-    Follows its input (relu, Pooling, Reshape, slicing...): no cast is ever
-    inserted for it; several floating inputs are unified like ``'widest'``.
+Low precision is chosen only where MXNet 1.9.1 has a kernel that pays: under bfloat16 the
+operators of ``BFLOAT16_CPU_OPS``, which decide the parameters stored in bfloat16 on every
+CPU, while what computes in bfloat16 depends on the CPU class (``BFLOAT16_CPU_OPS_BY_CLASS``);
+float16 GEMMs compute in FP32 between casts off GPUs (`emulates_float16`).  `Policy`'s
+options adjust it per conversion; `policy_lists` lists it (docs/policy.rst).
 
-``'conditional'`` ops (``Activation`` softrelu, ``LeakyReLU`` elu/selu/gelu,
-sum/Lp ``Pooling``) resolve to ``'float32'`` or ``'neutral'`` from their
-attributes.  Backward operators (``_backward_*``) never appear in forward graphs
-and are ``'neutral'``.
-
-Low precision is only chosen where MXNet 1.9.1 has a kernel for it that pays:
-on the CPU bfloat16 runs through oneDNN for a measured set of operators
-(``BFLOAT16_CPU_OPS``: those with a kernel, ``BFLOAT16_CPU_KERNELS``, minus
-those whose generic kernel is slower than FP32, ``BFLOAT16_CPU_SLOW``); every
-other op runs in FP32 under the bfloat16 target.  Those sets decide which
-parameters a bfloat16 network stores in bfloat16, the same on every CPU.  What
-then *computes* in bfloat16 depends on the CPU class the graph is built for
-(`mxamp.hardware.cpu_class`; ``BFLOAT16_CPU_OPS_BY_CLASS``): on CPUs without
-native bfloat16 every op computes in FP32 and reads bfloat16 parameters
-through exact casts.
-Under float16 every op has GPU kernels; on a CPU the GEMM-based ones
-(``FLOAT16_CPU_EMULATED``) have none and compute in FP32 between float16 casts
-(float16 storage, FP32 accumulation), which the graph rewrite does when asked
-(`emulates_float16`: for every graph that may run on a device that is not a GPU).
-
-A conversion adjusts the policy with `Policy`'s options: operators forced to
-FP32 or to low precision, nodes excluded, the low-precision list replaced
-(``lp_ops_only``) and conditions added (``fp32_conditions``); the last two are
-what MXNet contrib.amp's ``target_dtype_ops`` and ``conditional_fp32_ops``
-become (`mxamp.migration`).  `policy_lists` reads the default policy as
-sorted lists of operators per dtype and CPU class, the answer to
-contrib.amp's ``list_lp16_ops`` and friends.
-
-MXNet internals relied on: the operator registry's C API
-(``MXListAllOpNames``, ``NNGetOpHandle``, ``MXSymbolGetAtomicSymbolInfo``) for
-operator names, aliases and attributes, with MXNet's text description of
-each attribute's type (``"{'relu', 'sigmoid'}, required"``) for the values an
-attribute takes.
+MXNet internals relied on: the operator registry's C API (``MXListAllOpNames``,
+``NNGetOpHandle``, ``MXSymbolGetAtomicSymbolInfo``) for operator names, aliases and
+attributes, with MXNet's text description of each attribute's type
+(``"{'relu', 'sigmoid'}, required"``) for the values an attribute takes.
 """
 import ctypes
 import fnmatch
@@ -86,9 +50,8 @@ def _names(text):
     return frozenset(text.split())
 
 
-# The GEMM-based ops: compute-bound, the ops low precision pays for.
-# (_mxamp_convolution: mxamp's own oneDNN 3 convolution, registered in MXNet once
-# mxamp.kernels.operators loads its library; it has bfloat16 kernels where Convolution does.)
+# The GEMM-based ops, compute-bound: what low precision pays for.  _mxamp_convolution is
+# mxamp's own (mxamp.kernels.operators), with bfloat16 kernels where Convolution has them.
 _GEMM = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm
     _linalg_gemm2
@@ -97,18 +60,14 @@ _GEMM = _names('''
     _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
 ''')
 
-# Ops run in low precision: the GEMMs, and BatchNorm on their outputs (its
-# statistics stay FP32, see _FLOAT32_INPUTS); _mxamp_batch_norm is mxamp's own
-# (mxamp.kernels.operators), for channels-last data.
+# The GEMMs, and BatchNorm on their outputs (statistics FP32: _FLOAT32_INPUTS);
+# _mxamp_batch_norm is mxamp's own, for channels-last data.
 _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNorm '
                       '_mxamp_batch_norm')
 
-# Numerically sensitive: softmax, normalisation, reductions, exp/log/pow, losses,
-# detection post-processing, coordinates, linear algebra, samplers, legacy ops
-# without low-precision kernels, custom Python ops, quantization; and
-# _mxamp_follow_weight and _mxamp_sgd_step, mxamp's master-weight kernels
-# (mxamp.kernels.operators), which update FP32 master copies in the optimizer and are
-# never part of a graph.
+# Numerically sensitive (softmax, norms, reductions, exp/log/pow, losses, detection, linear
+# algebra, samplers), legacy ops without low-precision kernels, custom ops, quantization; and
+# mxamp's master-weight kernels, which update FP32 masters and are never in a graph.
 _FLOAT32 = _names('''
     _mxamp_follow_weight _mxamp_sgd_step
     softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm GroupNorm InstanceNorm
@@ -185,9 +144,8 @@ _WIDEST = _names('''
     _npi_insert_tensor
 ''')
 
-# Follow their input: layout, slicing, selection, unary elementwise, scalar
-# arithmetic, creation (no floating input: they produce FP32), casts, optimizer
-# updates (never in a forward graph) and control flow (refused by the rewrite).
+# Follow their input: layout, slicing, selection, unary and scalar arithmetic, creation (FP32
+# out), casts, optimizer updates (never in a forward graph), control flow (refused anyway).
 _NEUTRAL = _names('''
     relu sigmoid tanh softsign hard_sigmoid abs negative sign ceil floor fix rint round trunc
     sqrt cbrt degrees radians clip logical_not Dropout BlockGrad
@@ -247,8 +205,7 @@ _CONDITIONAL = {
     'Pooling': ('pool_type', ('sum', 'lp')),
 }
 
-# Inputs an op consumes as indices, conditions or shapes: never cast, never
-# counted when deciding the precision of its data.
+# Inputs read as indices, conditions or shapes: never cast, never deciding the data's precision.
 _INDEX_INPUTS = {
     'Embedding': (0,), '_contrib_SparseEmbedding': (0,), 'take': (1,), 'batch_take': (1,),
     'pick': (1,), 'gather_nd': (1,), 'one_hot': (0,), 'where': (0,), '_npi_where': (0,),
@@ -269,10 +226,9 @@ _FLOAT32_OUTPUTS = {
     '_mxamp_batch_norm': (1, 2),
 }
 
-# Ops with a bfloat16 CPU kernel in MXNet 1.9.1, forward and backward, measured
-# op by op on a CPU with avx512_bf16.  Absent on purpose: transpose (double
-# free on 4-D input), Dropout, dot/batch_dot/linalg, RNN, Embedding, LayerNorm,
-# UpSampling, Crop, softmax-output losses (all fail).
+# Ops with a bfloat16 CPU kernel in MXNet 1.9.1, forward and backward, tried op by op on
+# avx512_bf16.  Absent on purpose, as they fail: transpose (double free on 4-D input), Dropout,
+# dot/batch_dot/linalg, RNN, Embedding, LayerNorm, UpSampling, Crop, softmax-output losses.
 BFLOAT16_CPU_KERNELS = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
     _mxamp_batch_norm Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
@@ -288,11 +244,8 @@ BFLOAT16_CPU_KERNELS = _names('''
     max min _rnn_param_concat Cast amp_cast amp_multicast SliceChannel slice slice_axis
 ''')
 
-# Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), measured slower
-# than the FP32 op between two amp_casts, op by op on avx512_bf16 (docs/policy.rst
-# has the method and the factors).  The oneDNN-backed ops
-# (Activation, LeakyReLU, Pooling, Concat, stack, elemwise_add, add_n, reshapes,
-# slices, SequenceMask) measured faster in bfloat16: they stay there.
+# Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), slower than the FP32 op
+# between two amp_casts (docs/policy.rst); the oneDNN-backed ones are faster and stay.
 BFLOAT16_CPU_SLOW = _names('''
     softsign _contrib_AdaptiveAvgPooling2D _contrib_BilinearResize2D
     broadcast_like broadcast_axis broadcast_to elemwise_sub elemwise_mul elemwise_div
@@ -306,24 +259,15 @@ BFLOAT16_CPU_SLOW = _names('''
 # The ops that run in bfloat16 on a CPU.
 BFLOAT16_CPU_OPS = BFLOAT16_CPU_KERNELS - BFLOAT16_CPU_SLOW
 
-# The ops that compute in bfloat16, per CPU class (mxamp.hardware.CPU_CLASSES).
-# 'avx2' (no AVX-512), measured op by op on an AMD EPYC with AVX2 only and with
-# DNNL_MAX_CPU_ISA=AVX2 on AVX-512 machines: Convolution, FullyConnected,
-# Deconvolution, BatchNorm, Pooling, Activation and LeakyReLU raise ("could not
-# create a primitive descriptor iterator"); elementwise ops, Concat and softmax
-# run through reference kernels, many times slower than FP32
-# (docs/hardware.rst).  'avx512' (no AVX512-BF16): oneDNN emulates bfloat16,
-# slower than FP32 by oneDNN's own estimate (not measured on such a CPU by this
-# project).  Both therefore compute nothing in bfloat16.  'amx' uses the table
-# measured on 'avx512_bf16': the project's AMX measurements (docs/hardware.rst,
-# docs/performance.rst) ran with it.  Which classes compute bfloat16 at all is
-# mxamp.hardware's answer (computes_bfloat16), so that 'auto', the scripts and
-# this table agree.
+# The ops that compute in bfloat16, per CPU class.  On 'avx2' oneDNN's GEMMs, BatchNorm,
+# Pooling and activations raise in bfloat16 and the rest runs reference kernels; on 'avx512'
+# oneDNN emulates bfloat16, slower than FP32: both compute none (docs/hardware.rst).  'amx'
+# takes 'avx512_bf16''s table.  mxamp.hardware.computes_bfloat16 decides, as for 'auto'.
 BFLOAT16_CPU_OPS_BY_CLASS = {
     klass: BFLOAT16_CPU_OPS if computes_bfloat16(klass) else frozenset() for klass in CPU_CLASSES}
 
-# Ops whose bfloat16 CPU kernel exists only for some attributes (measured; the
-# others fall back to MXNet's own kernels, which reject bfloat16).
+# Ops whose bfloat16 CPU kernel exists only for some attributes (the others fall back to
+# MXNet's own kernels, which reject bfloat16).
 _BFLOAT16_CPU_CONDITIONS = {
     'LeakyReLU': lambda attrs: attrs.get('act_type', 'leaky') in ('leaky', 'gelu'),
     'Activation': lambda attrs: attrs.get('act_type') in ('relu', 'sigmoid', 'tanh', 'softrelu'),
@@ -333,19 +277,16 @@ _BFLOAT16_CPU_CONDITIONS = {
     and attrs.get('pooling_convention', 'valid') != 'same',
 }
 
-# BatchNorm runs in the precision of its data input (when its data is allowed
-# in low precision at all): on FP32 data (MXNet's ResNets normalise the input
-# image first) it stays FP32, where casting its input would hand oneDNN a
-# plain-layout bfloat16 tensor (its slow BatchNorm kernel).
+# BatchNorm runs in the precision of its data: on FP32 data (MXNet's ResNets normalise the
+# image first) a cast would hand oneDNN a plain-layout bfloat16 tensor (its slow kernel).
 _FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_SyncBatchNorm',
                            '_mxamp_batch_norm'))
 
 
-# Activations MXNet 1.9.1's oneDNN backend fuses into the convolution whose output they
-# read (SgMKLDNNConvSelector: Convolution, then BatchNorm, then elemwise_add, then one of
-# these), whose bfloat16 kernel alone is MXNet's slow generic one (BFLOAT16_CPU_SLOW): a
-# ReLU6 is a clip from 0, which oneDNN fuses as its bounded ReLU.  Per op, the attributes
-# under which it fuses.
+# Activations with a slow bfloat16 kernel alone (BFLOAT16_CPU_SLOW) that MXNet 1.9.1's
+# oneDNN backend fuses into the convolution they read (SgMKLDNNConvSelector: Convolution,
+# BatchNorm, elemwise_add, then these), with the attributes that fuse: a ReLU6 (clip from 0)
+# is oneDNN's bounded ReLU.
 _FUSED_SLOW_ACTIVATIONS = {
     'clip': lambda attrs: _float_attr(attrs.get('a_min')) == 0.0,
 }
@@ -362,51 +303,18 @@ BLOCKED, PAD_CHANNELS = 'blocked', 'pad_channels'
 
 
 def _bfloat16_conv_layout(attrs, input_shapes, cpu_class, training=True):
-    """How a bfloat16 Convolution gets oneDNN's blocked-layout kernels.
+    """How a bfloat16 Convolution meets oneDNN 2.4's kernels (docs/policy.rst, "Convolution
+    layouts under bfloat16"): ``'blocked'`` (bfloat16; also when shapes are unknown),
+    ``'pad_channels'`` (after an exact zero input channel) or ``'float32'``.
 
-    Measured on oneDNN 2.4.4 (MXNet 1.9.1), avx512_core_bf16: unless the
-    channels per group are multiples of 16 (depthwise: the channels), oneDNN
-    falls back to a GEMM convolution in plain NCHW layouts, and the BatchNorm
-    after it to its slow plain-layout kernel; with fewer than 16 input channels
-    an even count still gets the blocked kernel (an odd one does not).  The
-    fallback is slower than FP32: an RGB stem runs fastest in bfloat16 on 4
-    channels, and ResNeXt-50's grouped convolutions (4 and 8 channels per
-    group) fastest in FP32 (docs/policy.rst, "Convolution layouts under
-    bfloat16", has the measurements).
-
-    A convolution whose input is smaller than its stride in some spatial
-    dimension (SSD's 3x3 stride-2 convolutions of a 1x1 map) gets a broken
-    bfloat16 weight gradient from oneDNN, 2.4 and 3.2 alike: NaN, or values
-    up to 1e36, changing from run to run, for the taps that see only padding
-    (measured on an AMX Xeon: ssd_300_mobilenet0.25 at 128x128 gets NaN
-    gradients in two layers at every step).  It runs in FP32, at no cost worth
-    naming: such maps are a few values.
-
-    On an AMX CPU oneDNN 2.4's AMX kernel for a 1x1, stride-1 convolution
-    corrupts the heap when the map has 27, 33, 36, 39, 42, 45 or 48 positions
-    (`_amx_1x1_kernel_breaks`): the process dies, forward or backward (a 6x6
-    map: ResNet-50's third stage on 96x96 images).  It runs in FP32.
-
-    On an AMX CPU (`cpu_class` ``'amx'``) oneDNN 2.4's AMX kernels compute
-    in the channels-last layout, and only some convolutions
-    (`_amx_kernel_takes`); the others run its AVX512-BF16 kernels, in the
-    blocked ``nChw16c`` layout.  Where the two meet at a BatchNorm (one
-    convolution writes its input, the other the gradient of its output), the
-    BatchNorm's backward gets two layouts and runs oneDNN's reference kernel:
-    16 ms instead of 0.14 ms for a 64x16x16x16 tensor, which made bfloat16
-    training 3.6x slower than FP32 for ResNet-20 on 16x16 images and 15x for
-    MobileNet 0.5.  On AMX CPUs those convolutions run in FP32
-    (docs/policy.rst has the measurements) when `training`.  A graph for
-    inference alone runs no backward, and MXNet's oneDNN backend folds its
-    BatchNorms into the convolutions: there they compute in bfloat16, as on
-    an AVX512-BF16 CPU (MobileNet 1.0 fused, batch 16, with the ReLU6 of
-    `Policy.fuses_into_convolution`: 3.5 times the images per second,
-    docs/inference.rst).
-
-    Returns ``'blocked'`` (run it in bfloat16; also when shapes are unknown),
-    ``'pad_channels'`` (an odd number of input channels below 16 with output
-    channels a multiple of 16: add a zero input channel, exact) or
-    ``'float32'``.
+    Blocked kernels need channels per group in multiples of 16 (depthwise: the channels) or
+    an even count below 16 input channels; the fallback, a plain-layout GEMM, and the
+    BatchNorm after it are slower than FP32.  FP32 also for an input smaller than the stride
+    (oneDNN 2.4 and 3.2 give NaN weight gradients for the taps that see only padding), for
+    `_amx_1x1_kernel_breaks`, and on ``'amx'`` when `training` for what the AMX kernels do not
+    take (`_amx_kernel_takes`): their channels-last layout meets the AVX512-BF16 kernels'
+    blocked one at a BatchNorm, whose backward then runs oneDNN's reference kernel.  Inference
+    runs no backward and folds BatchNorm (`Policy.fuses_into_convolution`).
     """
     if attrs.get('layout', 'None') not in CHANNELS_FIRST_LAYOUTS:
         return BLOCKED    # channels-last: not oneDNN's path in MXNet 1.9.1, left alone
@@ -460,24 +368,14 @@ def _amx_1x1_kernel_breaks(attrs, data):
 
 
 def _amx_kernel_takes(out_per_group, in_per_group):
-    """Whether oneDNN 2.4 runs a bfloat16 convolution (not depthwise) on AMX (channels-last) kernels.
-
-    Measured on an AMX Xeon, forward and both backward primitives (oneDNN
-    verbose): channels per group that are multiples of 32, in and out (3x3 and
-    1x1, strides 1 and 2), run AMX kernels, and so does an RGB stem (fewer
-    than 16 input channels); 16 or 48 channels in or out, and depthwise
-    convolutions, run AVX512-BF16 ones in some of the three primitives.
-    """
+    """Whether oneDNN 2.4 runs a bfloat16 convolution (not depthwise) on AMX kernels in all three
+    primitives (oneDNN verbose): channels per group in multiples of 32 (in: or an RGB stem's)."""
     return out_per_group % 32 == 0 and (in_per_group < 16 or in_per_group % 32 == 0)
 
 
 def int_tuple(text: Any) -> Tuple[int, ...]:
-    """A tuple attribute of a graph node (``'(3, 3)'``, ``'[3,3]'``, a tuple) as ints.
+    """A tuple attribute of a graph node as ints; MXNet's defaults (None, ``'()'``) give ``()``.
 
-    None, ``'None'`` and ``'()'`` (an attribute left at MXNet's default) give ``()``.
-
-    Example
-    -------
     >>> int_tuple('(3, 3)'), int_tuple(None)
     ((3, 3), ())
     """
@@ -503,32 +401,16 @@ FLOAT16_CPU_EMULATED = _GEMM
 
 
 def emulates_float16(device_types: Iterable[str]) -> bool:
-    """Whether a float16 graph for `device_types` computes its GEMMs in FP32 between casts.
+    """Whether a float16 graph for `device_types` (``'cpu'``, ``'gpu'``...) computes its GEMMs
+    in FP32 between casts: MXNet 1.9.1 has float16 GEMMs on GPUs only, and one graph runs on
+    every device it is bound on.  No device at all means a GPU (graph files target GPUs).
 
-    The one rule both fronts follow (`mxamp.symbol.make_policy` with the
-    contexts given, `mxamp.convert` with the device of each graph build).
-    MXNet 1.9.1 has float16 GEMM kernels on GPUs only (`FLOAT16_CPU_EMULATED`).
-    One graph is bound on every device it is for, so it must run on all of
-    them: with mixed contexts (a CPU and a GPU) the GEMMs compute in FP32
-    between float16 casts everywhere (on the GPU: correct, only slower) rather
-    than fail on the CPU.  No device type at all means a GPU: graph files
-    target GPUs unless told otherwise.
-
-    Parameters
-    ----------
-    device_types : iterable of str
-        MXNet device types (``Context.device_type``: ``'cpu'``, ``'gpu'``,
-        ``'cpu_pinned'``...).
-
-    Examples
-    --------
     >>> emulates_float16(['gpu', 'cpu']), emulates_float16(['gpu']), emulates_float16([])
     (True, False, False)
     """
     return any(device != 'gpu' for device in device_types)
 
-# Ops whose output dtype is an attribute, not their input's.  (amp_multicast is
-# not one: it outputs its widest input's dtype, so it is unified like 'widest'.)
+# Ops whose output dtype is an attribute (amp_multicast's is its widest input's: 'widest').
 CAST_OPS = frozenset(('Cast', 'amp_cast'))
 
 
@@ -544,12 +426,8 @@ def registered_ops() -> Dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def _registry_entry(name):
-    """``(canonical name, ((argument, type description), ...))`` of operator `name`.
-
-    An alias and its operator share one nnvm Op; AtomicSymbolInfo gives the
-    real name and the arguments with MXNet's descriptions of their types
-    (``"{'relu', 'sigmoid'}, required"``, ``'NDArray-or-Symbol'``...).
-    """
+    """``(canonical name, ((argument, type description), ...))`` of operator `name`; an alias
+    and its operator share one nnvm Op, whose AtomicSymbolInfo gives the real name."""
     handle = OpHandle()
     check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
     real, desc, key_var = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
@@ -567,13 +445,8 @@ def _registry_entry(name):
 
 
 def attributes(op: str) -> Dict[str, Optional[Tuple[str, ...]]]:
-    """The attributes of operator `op` (an alias allowed), as MXNet's registry lists them.
-
-    Maps each attribute name to the values it takes when they are a fixed set
-    (``Activation``'s ``act_type``: ``('relu', 'sigmoid', ...)``), else to None.
-    Tensor inputs (``data``, ``weight``) are not attributes.  Raises KeyError
-    for an unregistered operator.
-    """
+    """The attributes of operator `op` (an alias allowed; KeyError if unregistered), each mapped
+    to the values it takes when they are a fixed set, else to None; tensor inputs left out."""
     out: Dict[str, Optional[Tuple[str, ...]]] = {}
     for argument, description in _registry_entry(canonical(op))[1]:
         if description.startswith('NDArray-or-Symbol'):
@@ -591,11 +464,8 @@ def canonical(op: str) -> str:
 
 
 def canonical_ops(ops: Iterable[str], what: str) -> List[str]:
-    """Canonical names of operator names `ops`; ValueError naming `what` for an unknown one.
-
-    `what` is the option as the caller's interface spells it (``'fp32_ops'`` in
-    Python, ``'--fp32-ops'`` on the command line).
-    """
+    """Canonical names of operator names `ops`; ValueError naming option `what` (as the
+    caller's interface spells it) for an unknown one."""
     if isinstance(ops, str):
         raise ValueError('%s: expected a list of operator names, got the string %r' % (what, ops))
     out = []
@@ -608,21 +478,15 @@ def canonical_ops(ops: Iterable[str], what: str) -> List[str]:
     return out
 
 
-#: A condition of ``conditional_fp32_ops`` form: ``(operator, attribute, values)``:
-#: a node of the operator whose attribute has one of the values runs in FP32.
+#: ``(operator, attribute, values)`` (``conditional_fp32_ops``' form): such a node runs in FP32.
 Condition = Tuple[str, str, Tuple[str, ...]]
 
 
 def canonical_conditions(conditions: Iterable[Tuple[str, str, Iterable[str]]], what: str
                          ) -> Tuple[Condition, ...]:
-    """`conditions` checked, with canonical operator names and values as sorted tuples.
-
-    Each entry is ``(operator, attribute, values)``, as contrib.amp's
-    ``conditional_fp32_ops`` spells it: ``('Activation', 'act_type', ['softrelu'])``.
-    Raises ValueError naming option `what` for an entry of another form, an
-    unregistered operator, an attribute the operator does not have, and a value
-    outside the fixed set an attribute takes (such a condition would never hold).
-    """
+    """`conditions` (``('Activation', 'act_type', ['softrelu'])``...) checked, with canonical
+    operator names and values as sorted tuples.  ValueError naming option `what` for another
+    form, an unknown operator or attribute, or a value the attribute never takes."""
     if isinstance(conditions, (str, bytes)) or not isinstance(conditions, abc.Iterable):
         raise ValueError('%s: expected a list of (operator, attribute, values) triples, got %r'
                          % (what, conditions))
@@ -654,7 +518,7 @@ def base_class(op: str) -> str:
     if op in _CONDITIONAL:
         return 'conditional'
     if op.startswith('_backward') or op.startswith('_npi_backward'):
-        # Gradient ops are created by autograd from a forward op and follow its dtypes.
+        # Autograd makes them from a forward op, whose dtypes they follow.
         return NEUTRAL
     for cls, members in ((LOW, _LOW), (FLOAT32, _FLOAT32), (WIDEST, _WIDEST), (NEUTRAL, _NEUTRAL)):
         if op in members:
@@ -670,19 +534,14 @@ def _runs_in_bfloat16_on_cpu(op, attrs):
 
 
 def exclude_matches(node_name: str, entry: str) -> bool:
-    """Whether `entry` of an ``exclude`` list (a node name or an ``fnmatch`` pattern)
-    names the node `node_name`."""
+    """Whether `entry` of an ``exclude`` list (a name or ``fnmatch`` pattern) names `node_name`."""
     return node_name == entry or fnmatch.fnmatchcase(node_name, entry)
 
 
 def default_lp_ops(dtype: DTypeLike) -> FrozenSet[str]:
-    """The operators a `Policy` for `dtype` runs in low precision by their name alone.
-
-    The GEMM-based ops (under bfloat16: those with a bfloat16 CPU kernel that
-    pays, `BFLOAT16_CPU_OPS`); not BatchNorm, which runs in the precision of
-    its data.  This is the list that ``lp_ops_only`` (contrib.amp's
-    ``target_dtype_ops``) replaces.
-    """
+    """The operators a `Policy` for `dtype` runs in low precision by their name alone (under
+    bfloat16 those of `BFLOAT16_CPU_OPS`; not BatchNorm, which follows its data): the list
+    ``lp_ops_only`` replaces."""
     name = dtype_name(dtype, allowed=LOW_PRECISION)
     return frozenset(op for op in _LOW - _FOLLOWS_DATA
                      if name != 'bfloat16' or op in BFLOAT16_CPU_OPS)
@@ -701,61 +560,36 @@ class Policy(object):
     ----------
     dtype : str
         ``'float16'`` or ``'bfloat16'`` (or an equivalent numpy/MXNet dtype).
-    fp32_ops : iterable of str, optional
-        Operator names (aliases allowed) forced to FP32.
-    lp_ops : iterable of str, optional
-        Operator names forced to low precision (the user vouches for the kernel).
+    fp32_ops, lp_ops : iterable of str, optional
+        Operators (aliases allowed) forced to FP32 / to low precision (the user vouches).
     exclude : iterable of str, optional
         Node names, or ``fnmatch`` patterns such as ``'stage4_*'``, kept in FP32.
     batchnorm_data : {'low', 'float32'}
-        Whether BatchNorm's data input stays in low precision (default: its
-        statistics and parameters are FP32 either way) or gets an FP32 cast.
+        Whether BatchNorm's data stays in low precision or gets an FP32 cast.
     emulate_float16 : bool
-        Whether float16 GEMM ops compute in FP32 between float16 casts, as
-        MXNet has no float16 GEMM on a CPU.  The callers set it by
-        `emulates_float16`.
+        Whether float16 GEMMs compute in FP32 between casts (`emulates_float16`).
     cpu_class : str
-        Under bfloat16, the CPU class the graph is for (see
-        `mxamp.hardware.cpu_class`): ``'avx512_bf16'`` (default) and ``'amx'``
-        compute in bfloat16; on ``'avx2'`` and ``'avx512'`` every op computes in
-        FP32 and the parameters the other classes store in bfloat16 stay stored
-        in bfloat16 (read through exact casts), so a network has the same
-        parameters, in the same dtypes, on every CPU.
+        Under bfloat16, the CPU class the graph is for: ``'avx512_bf16'`` (default) and
+        ``'amx'`` compute in bfloat16; on ``'avx2'`` and ``'avx512'`` every op computes in
+        FP32, with the same parameters stored in bfloat16.
     lp_ops_only : iterable of str, optional
-        Replaces the operators this policy runs in low precision by their name
-        alone (`default_lp_ops`; contrib.amp's ``target_dtype_ops``): those
-        not named run in FP32, and named ones outside them are forced to low
-        precision like `lp_ops`.  None (default): the policy's own.
+        Replaces `default_lp_ops` (contrib.amp's ``target_dtype_ops``): those not named run
+        in FP32, named ones outside it are forced to low precision.
     fp32_conditions : iterable of (str, str, iterable of str), optional
-        ``(operator, attribute, values)`` triples (contrib.amp's
-        ``conditional_fp32_ops``): a node of the operator whose attribute has
-        one of the values runs in FP32.  Added to the policy's own conditions
-        (Activation softrelu, LeakyReLU elu/selu/gelu, sum/Lp Pooling); an
-        operator may not be both conditional here and in `lp_ops`.
+        `Condition` triples added to the policy's own (contrib.amp's ``conditional_fp32_ops``).
     inference : bool
-        Whether the graph is for inference alone, fused by MXNet's oneDNN
-        backend (`mxamp.for_inference`, ``convert_model(...,
-        for_inference=True)``).  Then the bfloat16 rules that exist for
-        training only are off (on ``'amx'``, the convolutions its AMX kernels
-        do not take compute in bfloat16 too: see `_bfloat16_conv_layout`), and
-        a ReLU6 that oneDNN fuses into the bfloat16 convolution before it
-        computes there (`fuses_into_convolution`) instead of in FP32 between
-        two casts, which would keep the two apart.
+        A graph for inference alone, fused by oneDNN: training-only bfloat16 rules are off
+        (`_bfloat16_conv_layout`), and `fuses_into_convolution` applies.
     kernel_ops : iterable of str
-        Operators a later pass puts on a kernel with fast bfloat16 loops
-        (`mxamp.pipeline.low_precision_kernel_ops`): they compute in bfloat16
-        where the CPU class computes bfloat16, though MXNet's own kernel for
-        them is a slow generic loop (`BFLOAT16_CPU_SLOW`).
+        Operators a later pass puts on fast bfloat16 kernels of mxamp's
+        (`mxamp.pipeline.low_precision_kernel_ops`), though MXNet's are slow.
 
     Examples
     --------
     >>> policy = Policy('bfloat16', exclude=['fc1'], fp32_ops=['Pooling'])
-    >>> policy.op_class('Convolution', {}, 'conv0')
-    'low'
-    >>> policy.op_class('Convolution', {}, 'fc1')
-    'float32'
+    >>> policy.op_class('Convolution', {}, 'conv0'), policy.op_class('Convolution', {}, 'fc1')
+    ('low', 'float32')
     """
-
     def __init__(self, dtype: DTypeLike, fp32_ops: Iterable[str] = (), lp_ops: Iterable[str] = (),
                  exclude: Iterable[str] = (), batchnorm_data: str = 'low',
                  emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
@@ -805,11 +639,8 @@ class Policy(object):
 
     def op_class(self, op: str, attrs: Optional[Mapping[str, str]] = None,
                  node_name: Optional[str] = None) -> str:
-        """Class of one node: ``'low'``, ``'float32'``, ``'widest'`` or ``'neutral'``.
-
-        `op` may be an alias; `attrs` (the node's string attributes) resolve the
-        conditional ops; `node_name` applies `exclude`.
-        """
+        """Class of one node (`op` may be an alias; `attrs` resolve conditions, `node_name`
+        applies `exclude`): ``'low'``, ``'float32'``, ``'widest'`` or ``'neutral'``."""
         op = canonical(op)
         if self._user_keeps_float32(op, attrs, node_name):
             return FLOAT32
@@ -829,21 +660,14 @@ class Policy(object):
 
     @property
     def bfloat16_storage_only(self) -> bool:
-        """Whether this is a bfloat16 policy for a CPU that computes no bfloat16.
-
-        Then nothing computes in bfloat16 (`computes_low` is False for every
-        node): low-precision parameters are stored in bfloat16 and cast to FP32
-        where they are used.
-        """
+        """Whether this is a bfloat16 policy for a CPU that computes no bfloat16: parameters
+        are stored in bfloat16 and cast to FP32 where used."""
         return self.dtype == 'bfloat16' and not computes_bfloat16(self.cpu_class)
 
     def computes_low(self, op: str, attrs: Optional[Mapping[str, str]] = None) -> bool:
-        """Whether a node that `op_class` puts in low precision computes in it on the target.
-
-        Under float16 always (GPU kernels; CPU emulation is `computes_in_float32`);
-        under bfloat16 when the CPU class has a bfloat16 kernel for the op.  The
-        user's `lp_ops` are honoured on CPUs that compute bfloat16 at all.
-        """
+        """Whether a node `op_class` puts in low precision computes in it on the target: always
+        under float16 (see `computes_in_float32`); under bfloat16 where the CPU class has a
+        kernel, or for the user's `lp_ops` on a class that computes bfloat16."""
         if self.dtype != 'bfloat16':
             return True
         op = canonical(op)
@@ -852,17 +676,15 @@ class Policy(object):
         return op in BFLOAT16_CPU_OPS_BY_CLASS[self.cpu_class]
 
     def computes_low_nowhere(self, op: str) -> bool:
-        """Whether no CPU class computes `op` in the target dtype: bfloat16 (a CPU-only
-        target) and no bfloat16 kernel of MXNet 1.9.1 (or only a slow one) for it.  Such a
-        node computes in FP32 wherever the net runs (`computes_low`)."""
+        """Whether no CPU class computes `op` in the target dtype (bfloat16, and no bfloat16
+        kernel of MXNet 1.9.1 that pays): such a node computes in FP32 wherever it runs."""
         op = canonical(op)
         return self.dtype == 'bfloat16' and op not in BFLOAT16_CPU_OPS and \
             op not in self.lp_ops and op not in self.kernel_ops
 
     def _user_keeps_float32(self, op: str, attrs: Optional[Mapping[str, str]],
                             node_name: Optional[str]) -> bool:
-        """Whether `exclude`, `fp32_ops` or `fp32_conditions` keep the node (`op`
-        canonical) in FP32."""
+        """Whether `exclude`, `fp32_ops` or `fp32_conditions` keep the node in FP32."""
         if node_name is not None and self.is_excluded(node_name):
             return True
         return op in self.fp32_ops or any((attrs or {}).get(attribute) in values
@@ -874,14 +696,8 @@ class Policy(object):
 
     def layout(self, op: str, attrs: Optional[Mapping[str, str]] = None,
                input_shapes: Optional[Sequence[Optional[Tuple[int, ...]]]] = None) -> str:
-        """How a low-precision node meets oneDNN's blocked bfloat16 kernels.
-
-        ``'blocked'``: as it is.  ``'pad_channels'``: after a zero input channel
-        is added (exact; the graph rewrite does it).  ``'float32'``: it runs in
-        FP32 (its weights may still be stored in low precision: a cast to FP32
-        is exact).  `input_shapes` holds one shape or None per input, when known;
-        only bfloat16 Convolutions depend on them (see `_bfloat16_conv_layout`).
-        """
+        """How a low-precision node meets oneDNN's blocked bfloat16 kernels (`_bfloat16_conv_layout`;
+        `input_shapes`: one shape or None per input)."""
         op = canonical(op)
         rule = _BFLOAT16_CPU_LAYOUT_RULES.get(op)
         if self.bfloat16_storage_only:
@@ -893,14 +709,9 @@ class Policy(object):
     def fuses_into_convolution(self, op: str, attrs: Optional[Mapping[str, str]] = None,
                                node_name: Optional[str] = None) -> bool:
         """Whether the node computes in bfloat16 when it reads a bfloat16 convolution that
-        MXNet's oneDNN backend fuses it into (see `mxamp.graph.convolution_post_ops`).
-
-        Only under an `inference` bfloat16 policy for a CPU class that computes
-        bfloat16, and only for an activation whose unfused bfloat16 kernel is
-        slower than FP32 (a ReLU6: ``clip`` from 0); fused, it costs nothing,
-        while FP32 puts two casts, with their layout reorders, around it.
-        The user's `fp32_ops` and `exclude` still keep it in FP32.
-        """
+        oneDNN fuses it into (`mxamp.graph.convolution_post_ops`): under an `inference`
+        policy, for an activation whose unfused bfloat16 kernel is slow (a ReLU6), unless the
+        user keeps it in FP32.  Fused it costs nothing; FP32 would put casts around it."""
         if not (self.inference and self.dtype == 'bfloat16' and computes_bfloat16(self.cpu_class)):
             return False
         op, attrs = canonical(op), attrs or {}
@@ -935,51 +746,17 @@ class Policy(object):
 class PolicyLists(NamedTuple):
     """mxamp's precision policy for one dtype and CPU class, as sorted lists of operators.
 
-    Made by `policy_lists`.  Every forward operator MXNet 1.9.1 registers is
-    in exactly one of `low`, `float32`, `widest` and `neutral` (by its
-    canonical name: aliases such as ``_Plus`` are not listed; nor are the
-    ``_backward_*`` operators autograd makes, which follow their forward op).
-    The contrib.amp function each list answers is named; contrib.amp's other
-    two have no list here: its loss outputs (``list_loss_output_functions``)
-    are in `float32`, and BatchNorm's FP32 parameters
-    (``list_lp16_use_fp32_params``) are `Policy.float32_inputs`.
-
-    Attributes
-    ----------
-    dtype : str
-        ``'float16'`` or ``'bfloat16'``.
-    cpu_class : str
-        The CPU class the lists are for (`mxamp.hardware.CPU_CLASSES`).
-    low : tuple of str
-        Run in `dtype`: their floating inputs are cast to it, and parameters
-        only they read are stored in it (contrib.amp's ``list_lp16_ops``).
-        BatchNorm is here and runs in the precision of its data (FP32 data
-        keeps it in FP32), its statistics and parameters in FP32.
-    float32 : tuple of str
-        Always FP32 (contrib.amp's ``list_fp32_ops``).  Under bfloat16 also
-        every operator without a bfloat16 CPU kernel that pays.
-    widest : tuple of str
-        Several floating inputs that must share a dtype: low precision when
-        every input is, else the low-precision inputs are cast up (contrib.amp's
-        ``list_widest_type_cast``).
-    neutral : tuple of str
-        Run in their input's precision, no cast inserted (contrib.amp's
-        ``list_lp16_fp32_ops``).
-    conditional : tuple of (str, str, tuple of str)
-        ``(operator, attribute, values)``: a node of the operator whose
-        attribute has one of the values runs in FP32; otherwise the operator's
-        list above decides (contrib.amp's ``list_conditional_fp32_ops``, the
-        form ``conditional_fp32_ops`` takes).  Under bfloat16 these include the
-        attribute values oneDNN has no bfloat16 kernel for; there a Pooling
-        node without an explicit kernel (global pooling written without one)
-        also runs in FP32.
-    computes_in_dtype : bool
-        Whether `low` computes in `dtype` on this CPU class.  False for
-        bfloat16 on ``'avx2'`` and ``'avx512'``: the same parameters are
-        stored in bfloat16 and every operator computes in FP32.  Always True
-        for float16, whose lists are those of a GPU: on a CPU the GEMM-based
-        operators (`FLOAT16_CPU_EMULATED`) compute in FP32 between float16
-        casts.
+    Made by `policy_lists`.  Every forward operator MXNet 1.9.1 registers (canonical names;
+    ``_backward_*`` ops follow their forward op) is in one of:
+    ``low`` (contrib.amp's ``list_lp16_ops``; BatchNorm follows its data, statistics FP32),
+    ``float32`` (``list_fp32_ops``; under bfloat16 also the ops without a kernel that pays,
+    and the losses of ``list_loss_output_functions``), ``widest``
+    (``list_widest_type_cast``) and ``neutral`` (``list_lp16_fp32_ops``).  ``conditional``
+    holds `Condition` triples (``list_conditional_fp32_ops``; under bfloat16 also the values
+    oneDNN lacks a kernel for).  ``computes_in_dtype``: whether ``low`` computes in the dtype
+    on the class (False for bfloat16 on ``'avx2'`` and ``'avx512'``; float16's lists are a
+    GPU's).  BatchNorm's FP32 parameters (``list_lp16_use_fp32_params``) are
+    `Policy.float32_inputs`.
     """
     dtype: str
     cpu_class: str
@@ -992,43 +769,25 @@ class PolicyLists(NamedTuple):
 
 
 def policy_lists(dtype: DTypeLike = 'bfloat16', *, cpu_class: Optional[str] = None) -> PolicyLists:
-    """mxamp's precision policy for `dtype` on a CPU class, as lists (the answer to
-    contrib.amp's ``list_lp16_ops``, ``list_fp32_ops``, ``list_widest_type_cast``,
-    ``list_lp16_fp32_ops`` and ``list_conditional_fp32_ops``).
-
-    The lists are those of the default policy, before a conversion's own
-    ``fp32_ops``, ``lp_ops``, ``exclude``...
+    """The default policy for `dtype` on a CPU class, as lists (contrib.amp's ``list_*_ops``).
 
     Parameters
     ----------
     dtype : str
-        ``'bfloat16'`` (default) or ``'float16'`` (aliases ``'bf16'``,
-        ``'fp16'``, ``'half'``).
+        ``'bfloat16'`` (default) or ``'float16'`` (or an alias).
     cpu_class : str, optional
-        None or ``'auto'`` (default): this machine's class
-        (`mxamp.hardware.cpu_class`); or one of `mxamp.hardware.CPU_CLASSES`
-        (``'avx2'``, ``'avx512'``, ``'avx512_bf16'``, ``'amx'``).
-
-    Returns
-    -------
-    PolicyLists
-        An immutable named tuple: ``low``, ``float32``, ``widest``,
-        ``neutral``, ``conditional`` and ``computes_in_dtype``.
+        None or ``'auto'``: this machine's class; or one of `mxamp.hardware.CPU_CLASSES`.
 
     Raises
     ------
     ValueError
-        An unknown dtype (``'float32'`` included: it converts nothing) or CPU class.
+        An unknown dtype (``'float32'`` included) or CPU class.
 
     Examples
     --------
     >>> lists = mxamp.policy_lists('float16')
     >>> 'Convolution' in lists.low, 'softmax' in lists.float32, 'Concat' in lists.widest
     (True, True, True)
-    >>> [c for c in lists.conditional if c[0] == 'Activation']
-    [('Activation', 'act_type', ('softrelu',))]
-    >>> mxamp.policy_lists('bfloat16', cpu_class='avx2').computes_in_dtype
-    False
     """
     name = dtype_name(dtype, allowed=LOW_PRECISION)
     if cpu_class is None or (isinstance(cpu_class, str) and cpu_class.lower() == 'auto'):
@@ -1041,9 +800,7 @@ def policy_lists(dtype: DTypeLike = 'bfloat16', *, cpu_class: Optional[str] = No
     return _policy_lists(name, klass)
 
 
-# Attributes a probe of `_probed_conditions` sets besides the one it probes: a
-# bfloat16 Pooling runs in bfloat16 only with an explicit kernel
-# (_BFLOAT16_CPU_CONDITIONS), which would otherwise decide every probe.
+# Set beside the probed attribute: without an explicit kernel a bfloat16 Pooling is always FP32.
 _PROBE_ATTRS = {'Pooling': {'kernel': '(2, 2)'}}
 
 
@@ -1068,13 +825,8 @@ def _policy_lists(dtype: str, klass: str) -> PolicyLists:
 
 
 def _probed_conditions(policy, op):
-    """The ``(op, attribute, values)`` under which `policy` runs `op` in FP32.
-
-    Each attribute of `op` that takes a fixed set of values is tried value by
-    value (`attributes`); the values that put the op in FP32 form a condition
-    when some, not all, of them do.  Only the operators with conditions in the
-    policy are tried.
-    """
+    """The `Condition` triples under which `policy` runs `op` in FP32: per attribute with a
+    fixed set of values, those that put it in FP32, when some but not all do."""
     if op not in _CONDITIONAL and op not in _BFLOAT16_CPU_CONDITIONS:
         return []
     base = _PROBE_ATTRS.get(op, {})

@@ -47,6 +47,10 @@ BESIDE = ('training', 'fronts')
 # The modules that may import the kernel wing: the pass pipeline and the optimizer's fast
 # step (the core's two doors into it), and the tools that report on it or measure it.
 WING_DOORS = {'pipeline', 'optimizer', 'system_info', 'cli'}
+# The most lines a module of mxamp/ (the wing's included) may have.
+MAX_LINES = 1000
+
+
 def _modules():
     """``(room, path)`` of every Python module: mxamp/x.py is room x; the wing's are 'kernels'."""
     for name in sorted(os.listdir(PACKAGE)):
@@ -94,6 +98,12 @@ def test_only_the_doors_import_the_kernel_wing():
     importers = {source for source, target in _edges() if target == 'kernels' and source != 'kernels'}
     assert importers <= WING_DOORS, 'import the wing through mxamp.pipeline: %s' % (
         sorted(importers - WING_DOORS))
+
+
+def test_no_module_is_too_long():
+    long = ['%s: %d lines' % (os.path.relpath(path, ROOT), count) for path, count in
+            ((path, sum(1 for _ in open(path))) for _, path in _modules()) if count > MAX_LINES]
+    assert not long, 'over %d lines: %s' % (MAX_LINES, ', '.join(long))
 
 
 def test_imports_run_down_the_layers():

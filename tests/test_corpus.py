@@ -13,7 +13,7 @@ import mxnet as mx
 from conftest import CORPUS, corpus_rows, input_shapes, require_corpus
 from mxamp import convert_symbol, convert_with_record
 from mxamp.dtypes import to_float32_numpy
-from mxamp.graph import check_graph
+from mxamp.graph_check import check_graph
 from mxamp.symbol import make_policy
 
 ROWS = corpus_rows()

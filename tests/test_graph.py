@@ -11,8 +11,9 @@ import mxnet as mx
 from conftest import needs_bfloat16_compute
 from mxamp import convert_model, convert_symbol, convert_with_record, hardware
 from mxamp.dtypes import BFLOAT16, ROUNDING_SUFFIX, cast, to_float32_numpy, type_flag
-from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, cast_input, check_graph,
-                         convert_graph, format_report, load_graph, plan_node)
+from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, cast_input, convert_graph,
+                         format_report, load_graph, plan_node)
+from mxamp.graph_check import check_graph
 from mxamp.policy import Policy
 from mxamp.symbol import make_policy
 

@@ -14,7 +14,8 @@ import mxnet as mx
 
 from mxamp.dtypes import BFLOAT16, to_float32_numpy
 from mxamp.diagnose import _unfused
-from mxamp.graph import check_graph, convert_graph
+from mxamp.graph import convert_graph
+from mxamp.graph_check import check_graph
 from mxamp.symbol import make_policy
 
 SHAPE = (2, 4, 5, 5)  # every op below keeps this shape, so any DAG of them is valid

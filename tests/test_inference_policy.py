@@ -21,7 +21,8 @@ import mxamp.gluon as mg
 from conftest import needs_bfloat16_compute
 from mxamp import hardware, inference
 from mxamp.dtypes import ROUNDING_SUFFIX
-from mxamp.graph import NO_FOLD_SUFFIX, check_graph, convert_graph, convolution_post_ops, load_graph
+from mxamp.graph import NO_FOLD_SUFFIX, convert_graph, convolution_post_ops, load_graph
+from mxamp.graph_check import check_graph
 from mxamp.policy import Policy
 
 pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')

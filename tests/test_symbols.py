@@ -13,7 +13,8 @@ import mxamp
 from conftest import CORPUS, corpus_rows, input_shapes, require_corpus
 from mxamp import hardware
 from mxamp.dtypes import BFLOAT16, dtype_name, to_float32_numpy
-from mxamp.graph import CAST_SUFFIX, check_graph
+from mxamp.graph import CAST_SUFFIX
+from mxamp.graph_check import check_graph
 from mxamp.symbol import ParameterError, make_policy
 
 # symbols/ is a directory of network definitions beside the package, not installed
