@@ -95,15 +95,16 @@ class _Converted(Float32Checkpoints):
         inputs, symbol = self._get_graph(*args)
         training = autograd.is_training()
         mode = _mode_name(training, _inputs_take_gradients(args))
-        runtime, modes_differ = _runtime_graph(self, symbol, args, mode)
-        self._cached_graph = inputs, runtime
+        runtime = _runtime_graph(self, symbol, args, mode)
+        graph = symbol if runtime is None else runtime.symbol
+        self._cached_graph = inputs, graph
         try:
             super(_Converted, self)._build_cache(*args)
         finally:
-            if self._cached_graph and self._cached_graph[1] is runtime:
+            if self._cached_graph and self._cached_graph[1] is graph:
                 self._cached_graph = inputs, symbol
-        state = converted_state(self)
-        state.cached_for = mode if modes_differ else 'both'
+        converted_state(self).cache_built(mode, runtime, runtime is not None and any(
+            record.training_only and record.nodes for record in runtime.passes))
         sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
@@ -121,9 +122,7 @@ class _Converted(Float32Checkpoints):
     # _cached_op_args; the CachedOp kept for the other mode goes with them.
     def _clear_cached_op(self):
         super(_Converted, self)._clear_cached_op()
-        state = converted_state(self)
-        state.cached_ops = {}
-        state.cached_for = None
+        converted_state(self).cache_cleared()
 
     # MXNet 1.9.1: Block.__setattr__ refuses a Block attribute that is not an instance
     # of the attribute's class, here the generated one, so net.output = nn.Dense(10)
@@ -438,24 +437,18 @@ def _use_cached_op_for(block, mode):
     MXNet 1.9.1's ``_call_cached_op`` runs ``_cached_op`` with the arrays
     ``_cached_op_args`` names, and builds both when ``_cached_op`` is None.
     """
-    state = converted_state(block)
-    if block._cached_op is None or state.cached_for in ('both', mode):
-        return
-    state.cached_ops[state.cached_for] = block._cached_op, block._cached_op_args
-    block._cached_op, block._cached_op_args = state.cached_ops.pop(mode, (None, []))
-    state.cached_for = mode if block._cached_op is not None else None
+    block._cached_op, block._cached_op_args = converted_state(block).cached_op_for(
+        mode, (block._cached_op, block._cached_op_args))
 
 
 def _runtime_graph(block, symbol, args, mode):
-    """The graph `block`'s CachedOp runs in `mode` (`_mode_name`), and whether it differs
-    between modes: `symbol` after the later passes (`mxamp.pipeline`), whose record
-    the block's state keeps (see `_kernel_gradient_added`)."""
+    """The `Conversion` `block`'s CachedOp runs in `mode` (`_mode_name`): `symbol` after the
+    later passes (`mxamp.pipeline`); None before any conversion for the device."""
     state = converted_state(block)
     device = _device_type(args) or _params_device_type(block)
     cached = state.conversion_for(device)
     if cached is None:
-        state.ran(None)
-        return symbol, False
+        return None
     conversion = cached[1]._replace(symbol=symbol)
     shapes = dict(conversion.shapes)
     inputs, _ = block._cached_graph
@@ -466,12 +459,9 @@ def _runtime_graph(block, symbol, args, mode):
     def writes_gradient(name):
         return name not in params or params[name].grad_req != 'add'
 
-    runtime = pipeline.run(passes.PassContext(
+    return pipeline.run(passes.PassContext(
         conversion, mode, shapes, frozenset(params.keys()), writes_gradient,
         state.settings.policy(device).cpu_class, device, block._backend is not None))
-    state.ran(runtime)
-    return runtime.symbol, any(record.training_only and record.nodes
-                               for record in runtime.passes)
 
 
 def _kernel_gradient_added(block):

@@ -166,13 +166,13 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     net.__class__ = mixed_class(_InferenceOnly, base)
     try:
         # The graph converts under the inference policy (Policy's inference) from now on.
-        state.inference_only = True
+        state.build_for_inference(True)
         # HybridBlock's own: a converted block's hybridize refuses a backend to its users.
         HybridBlock.hybridize(net, True, backend=backend, clear=True, **flags)
         net._build_cache(*inputs)
     except Exception:
         net.__class__ = base
-        state.inference_only = False
+        state.build_for_inference(False)
         raise
     if not backend:
         seen_state(net).mark_fused_for_inference(

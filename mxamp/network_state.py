@@ -8,7 +8,7 @@ Stages and moves: docs/gluon.rst, "What mxamp keeps on a network".  A parameter'
 """
 import collections
 import enum
-from typing import Any, Collection, Dict, Iterable, Optional, Tuple
+from typing import Any, Collection, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from . import graph as graph_mod
 from . import hardware
@@ -123,6 +123,10 @@ class Tree(object):
             theirs._edits = max(mine._edits, theirs._edits) + 1
 
 
+# What a conversion is kept for: the FP32 graph's identity, the policy's inference and kernel_ops.
+Identity = Tuple[str, bool, FrozenSet[str]]
+
+
 class NetworkState(object):
     """What mxamp keeps on one block of a network `mxamp.convert` has seen.
 
@@ -131,13 +135,14 @@ class NetworkState(object):
     ``float32_blocks``: a net converted in part's ``(child path, block[, why])``.
     ``inference_only``: the graph is built under the inference policy (`for_inference`).
     ``runtime``: the `Conversion` the CachedOp runs, with the later passes' records.
-    ``cached_ops``: the CachedOps kept for the other modes (``'training'``, ``'training with
-    input gradients'``, ``'inference'``); ``cached_for``: the mode(s) of the current one.
+    ``cached_ops``: the CachedOps kept for the other modes (`mxamp.passes`' modes);
+    ``cached_for``: the mode(s) of the current one, ``'both'`` when its graph serves all.
+    This module is their only writer: the fronts move them through the methods below.
     """
     __slots__ = ('stage', '_settings', 'float32_reason', 'parts', 'float32_blocks', '_tree',
                  '_conversions', 'built_for',
-                 '_built_at', 'fused_for_inference', 'inference_only', 'float32_originals',
-                 'runtime', 'cached_ops', 'cached_for')
+                 '_built_at', 'fused_for_inference', '_inference_only', 'float32_originals',
+                 '_runtime', '_cached_ops', '_cached_for')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -148,15 +153,15 @@ class NetworkState(object):
         self.float32_blocks: Tuple[Tuple[str, Any, str], ...] = ()
         self._tree = tree
         # device type -> (identity of the FP32 graph and policy, its Conversion)
-        self._conversions: Dict[str, Tuple[Tuple[str, bool, bool], graph_mod.Conversion]] = {}
+        self._conversions: Dict[str, Tuple[Identity, graph_mod.Conversion]] = {}
         self.built_for: Optional[str] = None
         self._built_at = 0
         self.fused_for_inference: Optional[str] = None
-        self.inference_only = False
+        self._inference_only = False
         self.float32_originals: Dict[str, Any] = {}
-        self.runtime: Optional[graph_mod.Conversion] = None
-        self.cached_ops: Dict[str, Tuple[Any, Any]] = {}
-        self.cached_for: Optional[str] = None
+        self._runtime: Optional[graph_mod.Conversion] = None
+        self._cached_ops: Dict[str, Tuple[Any, Any]] = {}
+        self._cached_for: Optional[str] = None
 
     @classmethod
     def kept_float32(cls, reason: str) -> 'NetworkState':
@@ -220,12 +225,12 @@ class NetworkState(object):
         self._tree = theirs
 
     def conversion_for(self, device_type: str
-                       ) -> Optional[Tuple[Tuple[str, bool, bool], graph_mod.Conversion]]:
+                       ) -> Optional[Tuple[Identity, graph_mod.Conversion]]:
         """``(identity, Conversion)`` made last for `device_type`, or None; the identity is
         the FP32 graph's and the policy's `inference` and `kernel_ops`."""
         return self._conversions.get(device_type)
 
-    def remember_conversion(self, device_type: str, identity: Tuple[str, bool, bool],
+    def remember_conversion(self, device_type: str, identity: Identity,
                             conversion: graph_mod.Conversion) -> None:
         """Keep `conversion` (of the graph and policy `identity`) for `device_type`."""
         self._require_converted('converting a graph')
@@ -237,9 +242,50 @@ class NetworkState(object):
             return None
         return self._conversions[self.built_for][1], self.built_for
 
-    def ran(self, runtime: Optional[graph_mod.Conversion]) -> None:
-        """The block's CachedOp now runs `runtime` (`mxamp.pipeline.run`'s result)."""
-        self.runtime = runtime
+    # -- the graphs the block runs ------------------------------------------
+    @property
+    def inference_only(self) -> bool:
+        return self._inference_only
+
+    def build_for_inference(self, inference_only: bool) -> None:
+        """From now on the block's graph converts under the inference policy, or not."""
+        self._inference_only = bool(inference_only)
+
+    @property
+    def runtime(self) -> Optional[graph_mod.Conversion]:
+        return self._runtime
+
+    @property
+    def cached_for(self) -> Optional[str]:
+        return self._cached_for
+
+    @property
+    def cached_ops(self) -> Mapping[str, Tuple[Any, Any]]:
+        return dict(self._cached_ops)
+
+    def cache_built(self, mode: str, runtime: Optional[graph_mod.Conversion],
+                    modes_differ: bool) -> None:
+        """The block's CachedOp was built in `mode` to run `runtime` (`mxamp.pipeline.run`'s
+        result); it serves every mode unless `modes_differ`."""
+        self._runtime = runtime
+        self._cached_for = mode if modes_differ else 'both'
+
+    def cache_cleared(self) -> None:
+        """MXNet dropped the block's CachedOp: the ones kept for other modes go too."""
+        self._cached_ops = {}
+        self._cached_for = None
+
+    def cached_op_for(self, mode: str, current: Tuple[Any, Any]) -> Tuple[Any, Any]:
+        """The ``(CachedOp, its arguments)`` to run in `mode`, given the `current` pair:
+        `current` when it serves `mode` or is none yet; else the pair kept for `mode`
+        (``(None, [])``: MXNet builds one), `current` kept for its own mode."""
+        kept_for = self._cached_for
+        if current[0] is None or kept_for is None or kept_for in ('both', mode):
+            return current
+        self._cached_ops[kept_for] = current
+        chosen = self._cached_ops.pop(mode, (None, []))
+        self._cached_for = mode if chosen[0] is not None else None
+        return chosen
 
     def mark_fused_for_inference(self, line: str) -> None:
         """`mxamp.for_inference` made this net: `line` says what it fused."""
