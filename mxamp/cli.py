@@ -21,7 +21,7 @@ layer by layer, and prints the report with its verdicts (`mxamp.profile`);
 ``mxamp measure-conv IN-symbol.json --input-shape data=16,3,224,224 -o TABLE.json``
 measures, for each bfloat16 convolution of the converted graph, whether mxamp's
 own oneDNN 3 operator is faster than MXNet's here, and writes the table
-``MXAMP_OWN_CONV_TABLE`` points converted Gluon networks at
+``MXAMP_KERNELS_TABLE`` points converted Gluon networks at
 (`mxamp.kernels.choice`).
 """
 import argparse
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "convolutions, BatchNorm and ReLU on either side, as in a network) with "
                     "MXNet's Convolution and with mxamp's own operator in the middle, print one "
                     "row per case and merge the measurements into "
-                    "OUT.json. Point MXAMP_OWN_CONV_TABLE at it: converted Gluon networks then run "
+                    "OUT.json. Point MXAMP_KERNELS_TABLE at it: converted Gluon networks then run "
                     "the own operator where it measured faster on this CPU class at this OpenMP "
                     "thread count and batch size.")
     measure.add_argument('symbol', metavar='IN-symbol.json', help='FP32 symbol file')

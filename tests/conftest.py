@@ -272,7 +272,7 @@ def region_verdicts_table(path, faster):
     """Write a table (`mxamp.kernels.choice.ChoiceTable`) at `path` holding only a verdict on
     channels-last regions for every CPU class: measured `faster` or not; returns the path.
 
-    Pointed at by ``MXAMP_OWN_CONV_TABLE``, it turns regions on or off while the
+    Pointed at by ``MXAMP_KERNELS_TABLE``, it turns regions on or off while the
     convolutions stay on the measured choice (what ``MXAMP_KERNELS=all`` or ``0``
     would change too).  Every class, so that a child process, which sees the real
     CPU class and not a simulated one, reads the same verdict.
@@ -289,7 +289,7 @@ def regions_measured(monkeypatch, tmp_path):
     (`region_verdicts_table`); convolutions stay measured."""
     def measured(faster):
         path = tmp_path / ('regions-%s.json' % ('faster' if faster else 'slower'))
-        monkeypatch.setenv('MXAMP_OWN_CONV_TABLE', region_verdicts_table(path, faster))
+        monkeypatch.setenv('MXAMP_KERNELS_TABLE', region_verdicts_table(path, faster))
     return measured
 
 

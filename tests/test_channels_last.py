@@ -151,7 +151,7 @@ def test_mxamp_info_says_where_regions_apply(monkeypatch, regions_measured):
     regions_measured(False)
     assert choice.describe_regions(measured).startswith(
         'channels-last regions in training: off for this CPU class (%s), measured slower '
-        '(shipped table and MXAMP_OWN_CONV_TABLE=' % measured)
+        '(shipped table and MXAMP_KERNELS_TABLE=' % measured)
     monkeypatch.setenv('MXAMP_KERNELS', 'all')
     assert 'on wherever bfloat16 computes (MXAMP_KERNELS=all)' in choice.describe_regions('avx2')
     monkeypatch.setenv('MXAMP_KERNELS', '0')
@@ -540,7 +540,7 @@ def test_the_stem_computes_its_data_gradient_only_for_inputs_that_take_one(tmp_p
     # oneDNN's verbose log: the stem's convolution (3 channels padded to 4, 64 filters)
     # computes a data gradient only in the step whose input has a gradient attached.
     stdout = run_python(_STEM_SCRIPT, ONEDNN_VERBOSE='1', OMP_NUM_THREADS='1',
-                        MXAMP_OWN_CONV_TABLE=region_verdicts_table(tmp_path / 't.json', True))
+                        MXAMP_KERNELS_TABLE=region_verdicts_table(tmp_path / 't.json', True))
     counts, count = [], 0
     for line in stdout.splitlines():
         if line.startswith('PHASE'):

@@ -132,7 +132,7 @@ def test_the_users_table_goes_over_the_shipped_one(tmp_path, monkeypatch):
         mine_too if v.cpu_class == verdict.cpu_class else v for v in shipped.region_verdicts()]
     assert set(choice.table().notes) == set(shipped.notes)
     monkeypatch.setenv(choice.TABLE_ENV, str(tmp_path / 'missing.json'))
-    with pytest.raises(ValueError, match='MXAMP_OWN_CONV_TABLE=.*missing.json: no such file'):
+    with pytest.raises(ValueError, match='MXAMP_KERNELS_TABLE=.*missing.json: no such file'):
         choice.table()
 
 

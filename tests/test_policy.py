@@ -448,7 +448,7 @@ def test_a_converted_1x1_convolution_of_a_6x6_map_trains_on_an_amx_cpu(tmp_path)
     # regions off (a table of the user's saying they do not pay): MXNet's kernel is the one meant.
     table = region_verdicts_table(tmp_path / 'regions-off.json', False)
     result = subprocess.run([sys.executable, '-c', _AMX_1X1_CHILD], capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, MXAMP_OWN_CONV_TABLE=table))
+                            timeout=300, env=dict(os.environ, MXAMP_KERNELS_TABLE=table))
     assert result.returncode == 0 and result.stdout.strip().endswith('ok'), result.stderr[-1500:]
 
 

@@ -119,5 +119,5 @@ def test_the_own_convolution_choice_is_one_line_whatever_the_switch(monkeypatch,
     assert ('%d of %d cases measured on this CPU class (%s) at %d OpenMP threads run on it'
             % ((faster, measured) + here) in choice.describe())
     monkeypatch.setenv(choice.TABLE_ENV, str(tmp_path / 'gone.json'))
-    assert choice.describe() == ('own convolution choice: unknown, MXAMP_OWN_CONV_TABLE=%s: '
+    assert choice.describe() == ('own convolution choice: unknown, MXAMP_KERNELS_TABLE=%s: '
                                           'no such file' % (tmp_path / 'gone.json'))

@@ -13,7 +13,7 @@ switch ``MXAMP_KERNELS`` (`mxamp.kernels.operators.mode`):
   (`mxamp.hardware.cpu_class`), thread count and :class:`ConvCase`, MXNet's and the own
   operator's time for a chain around the convolution; per CPU class, whether its regions trained
   faster than MXNet's graph (:class:`RegionVerdict`); the shipped ``choice_table.json``, with
-  ``MXAMP_OWN_CONV_TABLE=FILE``'s over it;
+  ``MXAMP_KERNELS_TABLE=FILE``'s over it;
 * the **rules**: regions of at least `MIN_REGION_CONVOLUTIONS` convolutions compute channels last
   on a class whose verdict says faster (:func:`choose_regions`); a convolution outside them runs
   on the own operator where the table measured that very case here at least 5% faster
@@ -66,7 +66,7 @@ FASTER_BY = 0.95
 MIN_REGION_CONVOLUTIONS = 3
 
 #: Environment variable naming a table file of the user's own measurements.
-TABLE_ENV = 'MXAMP_OWN_CONV_TABLE'
+TABLE_ENV = 'MXAMP_KERNELS_TABLE'
 
 _TABLE_FORMAT = 1
 _SHIPPED_NAME = 'choice_table.json'
@@ -298,14 +298,14 @@ _tables: Dict[Tuple[str, Optional[float]], ChoiceTable] = {}
 
 
 def table() -> ChoiceTable:
-    """The shipped table, with ``MXAMP_OWN_CONV_TABLE``'s measurements and verdicts over it.
+    """The shipped table, with ``MXAMP_KERNELS_TABLE``'s measurements and verdicts over it.
 
     Read again when that variable or its file changes.
 
     Raises
     ------
     ValueError
-        When the file ``MXAMP_OWN_CONV_TABLE`` names is missing or malformed:
+        When the file ``MXAMP_KERNELS_TABLE`` names is missing or malformed:
         one line naming it.
     """
     user = os.environ.get(TABLE_ENV, '').strip()
