@@ -45,8 +45,8 @@
 // gradients are always written, never added (grad_req='add' is not honoured), and a gradient
 // MXNet does not want is computed anyway unless MXNet passes no array for it.
 //
-// Besides the ABI, three C functions for mxamp.own_conv (ctypes): the oneDNN version, its
-// instruction set on this CPU, and the kernels a given convolution runs.
+// Besides the ABI, three C functions for mxamp.kernels.operators (ctypes): the oneDNN
+// version, its instruction set on this CPU, and the kernels a given convolution runs.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -1446,7 +1446,7 @@ int _passCallGraphPass(mxnet::ext::graphPass_t, const char*, char**, const char*
   return 0;
 }
 
-// For mxamp.own_conv (ctypes).  Strings live until the next call on the same thread.
+// For mxamp.kernels.operators (ctypes).  Strings live until the next call on the same thread.
 const char* mxamp_own_conv_onednn_version() {
   static const std::string version = mxamp::onednn_version();
   return version.c_str();
