@@ -103,8 +103,7 @@ class _Converted(Float32Checkpoints):
         finally:
             if self._cached_graph and self._cached_graph[1] is graph:
                 self._cached_graph = inputs, symbol
-        converted_state(self).cache_built(mode, runtime, runtime is not None and any(
-            record.training_only and record.nodes for record in runtime.passes))
+        converted_state(self).cache_built(mode, runtime)
         sync_params(self)
 
     # MXNet 1.9.1: _call_cached_op(*args) builds the cache if self._cached_op is
@@ -470,8 +469,7 @@ def _kernel_gradient_added(block):
     ``grad_req`` may change after the CachedOp was made; the own operators
     always write gradients, so the graph is then rebuilt without them there.
     """
-    runtime = converted_state(block).runtime
-    names = runtime.gradients_written if runtime is not None else ()
+    names = converted_state(block).gradients_written
     if not names:
         return False
     params = block.collect_params()

@@ -138,6 +138,11 @@ class Conversion(collections.namedtuple('Conversion', [
                                    if record.name == pass_name))
 
     @property
+    def differs_by_mode(self) -> bool:
+        """Whether a later pass changed the training graph alone (inference keeps MXNet's)."""
+        return any(record.training_only and record.nodes for record in self.passes)
+
+    @property
     def gradients_written(self) -> FrozenSet[str]:
         """The parameters whose gradients the later passes' operators write (never add)."""
         return frozenset().union(*(record.params for record in self.passes))

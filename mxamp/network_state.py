@@ -142,7 +142,7 @@ class NetworkState(object):
     __slots__ = ('stage', '_settings', 'float32_reason', 'parts', 'float32_blocks', '_tree',
                  '_conversions', 'built_for',
                  '_built_at', 'fused_for_inference', '_inference_only', 'float32_originals',
-                 '_runtime', '_cached_ops', '_cached_for')
+                 '_runtime', '_gradients_written', '_cached_ops', '_cached_for')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -160,6 +160,7 @@ class NetworkState(object):
         self._inference_only = False
         self.float32_originals: Dict[str, Any] = {}
         self._runtime: Optional[graph_mod.Conversion] = None
+        self._gradients_written: FrozenSet[str] = frozenset()
         self._cached_ops: Dict[str, Tuple[Any, Any]] = {}
         self._cached_for: Optional[str] = None
 
@@ -263,12 +264,17 @@ class NetworkState(object):
     def cached_ops(self) -> Mapping[str, Tuple[Any, Any]]:
         return dict(self._cached_ops)
 
-    def cache_built(self, mode: str, runtime: Optional[graph_mod.Conversion],
-                    modes_differ: bool) -> None:
+    @property
+    def gradients_written(self) -> FrozenSet[str]:
+        """`runtime`'s ``gradients_written``, kept: read at every call of the block."""
+        return self._gradients_written
+
+    def cache_built(self, mode: str, runtime: Optional[graph_mod.Conversion]) -> None:
         """The block's CachedOp was built in `mode` to run `runtime` (`mxamp.pipeline.run`'s
-        result); it serves every mode unless `modes_differ`."""
+        result); it serves every mode unless the runtime graph differs by mode."""
         self._runtime = runtime
-        self._cached_for = mode if modes_differ else 'both'
+        self._gradients_written = runtime.gradients_written if runtime is not None else frozenset()
+        self._cached_for = mode if runtime is not None and runtime.differs_by_mode else 'both'
 
     def cache_cleared(self) -> None:
         """MXNet dropped the block's CachedOp: the ones kept for other modes go too."""

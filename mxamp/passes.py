@@ -81,6 +81,10 @@ class GraphPass(object):
     name = ''
     same_values = False
 
+    def applies(self, context: PassContext) -> bool:
+        """Whether the pass may change this graph: checked before the graph is parsed."""
+        return True
+
     def computes_low(self) -> FrozenSet[str]:
         """Operators this pass puts on kernels with fast low-precision loops here."""
         return frozenset()

@@ -42,11 +42,13 @@ def low_precision_kernel_ops() -> FrozenSet[str]:
 def run(context: PassContext, passes: Optional[Sequence[GraphPass]] = None) -> Conversion:
     """`context.conversion` after `passes` (the wing's, by default) on its graph.
 
-    The graph is parsed once and loaded once; a pass list that changes nothing
-    returns the conversion's own Symbol.
+    Only the passes that apply to the context run, and record; the graph is parsed
+    once and loaded once, and a pass list that changes nothing returns the
+    conversion's own Symbol.
     """
     conversion = context.conversion
-    todo = kernel_passes() if passes is None else passes
+    todo = [graph_pass for graph_pass in (kernel_passes() if passes is None else passes)
+            if graph_pass.applies(context)]
     if not todo:
         return conversion
     source = passes_mod.parse(conversion.symbol)

@@ -46,9 +46,10 @@ def _record(earlier: Sequence[PassRecord], name: str) -> PassRecord:
 class ChannelsLastRegions(GraphPass):
     name = 'channels-last regions'
 
+    def applies(self, context):
+        return _applies(context) and choice.may_choose_regions(context.cpu_class)
+
     def run(self, graph, context, earlier):
-        if not (_applies(context) and choice.may_choose_regions(context.cpu_class)):
-            return PassRecord(self.name)
         source = context.source
         low = [record.name for record in context.conversion.nodes
                if record.computes_in == 'bfloat16']
@@ -71,8 +72,11 @@ class ChannelsLastRegions(GraphPass):
 class StemWithoutDataGradient(GraphPass):
     name = 'stem without data gradient'
 
+    def applies(self, context):
+        return context.mode == TRAINING and _applies(context)
+
     def run(self, graph, context, earlier):
-        if context.mode != TRAINING or not _record(earlier, ChannelsLastRegions.name).nodes:
+        if not _record(earlier, ChannelsLastRegions.name).nodes:
             return PassRecord(self.name)
         return PassRecord(self.name, frozenset(
             channels_last.without_input_data_gradients(graph, context.parameters)),
@@ -82,16 +86,17 @@ class StemWithoutDataGradient(GraphPass):
 class OwnConvolutions(GraphPass):
     name = 'own convolutions'
 
+    def applies(self, context):
+        return _applies(context) and choice.may_choose_convolutions(
+            context.cpu_class, choice.running_threads())
+
     def run(self, graph, context, earlier):
-        threads = choice.running_threads()
-        if not (_applies(context) and choice.may_choose_convolutions(context.cpu_class, threads)):
-            return PassRecord(self.name)
         in_regions = _record(earlier, ChannelsLastRegions.name).nodes if context.training \
             else frozenset()
         names = [name for name in choice.bfloat16_convolutions(context.conversion)
                  if name not in in_regions]
         sites = choice.conv_sites(context.source, context.shapes, names, 'bfloat16')
-        chosen = choice.choose_convolutions(sites, context.cpu_class, threads,
+        chosen = choice.choose_convolutions(sites, context.cpu_class, choice.running_threads(),
                                             context.writes_gradient)
         if not chosen:
             return PassRecord(self.name)
@@ -110,9 +115,10 @@ class OwnClips(GraphPass):
     def computes_low(self):
         return frozenset(['clip']) if operators.available() else frozenset()
 
+    def applies(self, context):
+        return _applies(context) and operators.available()
+
     def run(self, graph, context, earlier):
-        if not (_applies(context) and operators.available()):
-            return PassRecord(self.name)
         nodes = graph['nodes']
         clips = [node for node in nodes
                  if node['op'] == 'clip' and nodes[node['inputs'][0][0]]['op'] != 'null']
@@ -123,6 +129,9 @@ class OwnClips(GraphPass):
 
 class FanOuts(GraphPass):
     name = 'fan-outs'
+
+    def applies(self, context):
+        return _applies(context)
 
     def run(self, graph, context, earlier):
         own = _record(earlier, OwnConvolutions.name).nodes
