@@ -42,7 +42,7 @@ from .gluon_parameters import Float32Checkpoints, ensure_fp32_var, mixed_class, 
 from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
                             converted_state, describe_block, state_of)
 from .migration import from_contrib_amp
-from .policy import exclude_matches
+from .policy import Rules, exclude_matches
 
 __all__ = ['convert', 'is_converted']
 
@@ -605,17 +605,17 @@ def _float32_params(block):
             if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
 
 
-def _decided(rules, parts):
-    """`rules` (`mxamp.network_state.Settings`) with the parameters stored in low precision
+def _decided(settings, parts):
+    """`settings` (`mxamp.network_state.Settings`) with the parameters stored in low precision
     decided on the FP32 graphs of `parts` (``(path, block, graph)``): a parameter two parts
     read (tied weights) only where both would store it so."""
     wanted, refused = set(), set()
     for _, block, graph in parts:
         params = _float32_params(block)
-        low = rules.decided_for(graph, params).lp_params
+        low = settings.decided_for(graph, params).lp_params
         wanted |= low
         refused |= params - low
-    return rules._replace(lp_params=frozenset(wanted - refused))
+    return settings._replace(lp_params=frozenset(wanted - refused))
 
 
 # --------------------------------------------------------------------------
@@ -625,7 +625,7 @@ def _decided(rules, parts):
 _Excluded = Union[Block, Type[Block], str]
 
 def _exclude_patterns(net, exclude, node_names, option='exclude'):
-    """Node-name patterns for Policy(exclude=...) from blocks, block types and names;
+    """Node-name patterns for `mxamp.policy.Rules`' exclude from blocks, block types and names;
     errors name the keyword the caller used (`option`: exclude, excluded_sym_names)."""
     if exclude is None:
         return []
@@ -784,9 +784,9 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
                         'to convert' % (describe_block(net), float32_blocks[0][2]))
     node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, options.exclude, node_names, options.exclude_option)
-    rules = Settings.rules(name, options.fp32_ops, options.lp_ops, patterns,
-                           lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
-    settings = _decided(rules, parts)
+    rules = Rules.of(fp32_ops=options.fp32_ops, lp_ops=options.lp_ops, exclude=patterns,
+                     lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
+    settings = _decided(Settings.of(name, rules), parts)
     for _, part, _ in parts:   # all refusals before any block changes
         _check_shared(part, settings, net)
     for _, part, _ in parts:

@@ -6,13 +6,12 @@ changes it.  The Gluon front drives it; `mxamp.diagnose` reads it without import
 Stages and moves: docs/gluon.rst, "What mxamp keeps on a network".  A parameter's own marks
 (`mxamp.gluon`'s ``_mxamp_precision``, `mxamp.fusion`'s) are not kept here.
 """
-import collections
 import enum
-from typing import Any, Collection, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
+from typing import Any, Collection, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional, Tuple
 
 from . import graph as graph_mod
 from . import hardware
-from .policy import Condition, Policy, emulates_float16
+from .policy import Policy, Rules, emulates_float16
 
 __all__ = ['Stage', 'Settings', 'Tree', 'NetworkState', 'state_of', 'converted_state', 'seen_state', 'attach',
            'describe_block', 'check_convertible']
@@ -30,29 +29,25 @@ class Stage(enum.Enum):
     CONVERTED_IN_PART = 'converted in part'
 
 
-class Settings(collections.namedtuple('Settings', [
-        'dtype', 'fp32_ops', 'lp_ops', 'exclude', 'lp_ops_only', 'fp32_conditions', 'lp_params'])):
+class Settings(NamedTuple):
     """What one `mxamp.convert` call decided, before converting any block; shared by the tree.
 
-    Fields as `mxamp.policy.Policy`'s, in tuples; ``lp_params``: the parameters stored in
-    ``dtype``, which `decided_for` fills in (`rules` leaves it empty)."""
-    __slots__ = ()
+    ``dtype`` and the user's ``rules`` (`mxamp.policy.Rules`, ``exclude`` as node-name
+    patterns); ``lp_params``: the parameters stored in ``dtype``, which `decided_for` fills
+    in (`of` leaves it empty)."""
+    dtype: str
+    rules: Rules
+    lp_params: FrozenSet[str]
 
     @classmethod
-    def rules(cls, dtype: str, fp32_ops: Iterable[str] = (), lp_ops: Iterable[str] = (),
-              exclude: Iterable[str] = (), lp_ops_only: Optional[Iterable[str]] = None,
-              fp32_conditions: Iterable[Condition] = ()) -> 'Settings':
-        """The settings of one convert call, checked (ValueError for an unknown operator)."""
-        settings = cls(dtype, tuple(fp32_ops), tuple(lp_ops), tuple(exclude),
-                       None if lp_ops_only is None else tuple(lp_ops_only),
-                       tuple((op, attribute, tuple(values)) for op, attribute, values in fp32_conditions),
-                       frozenset())
+    def of(cls, dtype: str, rules: Rules = Rules()) -> 'Settings':
+        """The settings of one convert call, checked (ValueError for a dtype no policy takes)."""
+        settings = cls(dtype, rules, frozenset())
         settings._any_policy()  # raises here, before any block is touched
         return settings
 
     def _any_policy(self) -> Policy:
-        return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops, exclude=self.exclude,
-                      lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions)
+        return Policy(self.dtype, self.rules)
 
     def decided_for(self, fp32_graph: dict, params: Collection[str]) -> 'Settings':
         """These rules, with the parameters of parsed `fp32_graph` stored in low precision."""
@@ -64,26 +59,28 @@ class Settings(collections.namedtuple('Settings', [
                kernel_ops: Iterable[str] = ()) -> Policy:
         """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...); with
         `inference`, of a graph `mxamp.for_inference` fuses; `kernel_ops` as `Policy`'s."""
-        return Policy(self.dtype, fp32_ops=self.fp32_ops, lp_ops=self.lp_ops,
-                      exclude=self.exclude, emulate_float16=emulates_float16([device_type]),
+        return Policy(self.dtype, self.rules, emulate_float16=emulates_float16([device_type]),
                       cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class(),
-                      lp_ops_only=self.lp_ops_only, fp32_conditions=self.fp32_conditions,
                       inference=inference, kernel_ops=kernel_ops)
 
     def same_policy(self, other: 'Settings') -> bool:
         """Whether a block converted with `self` may join a tree converted with `other`:
         same dtype and operator rules, and no exclude pattern beyond `other`'s."""
-        def rules(settings):
-            only = None if settings.lp_ops_only is None else set(settings.lp_ops_only)
-            return (settings.dtype, set(settings.fp32_ops), set(settings.lp_ops), only,
-                    set(settings.fp32_conditions))
-        return rules(self) == rules(other) and set(self.exclude) <= set(other.exclude)
+        def operator_rules(settings):
+            rules = settings.rules
+            only = None if rules.lp_ops_only is None else set(rules.lp_ops_only)
+            return (settings.dtype, set(rules.fp32_ops), set(rules.lp_ops), only,
+                    set(rules.fp32_conditions))
+        return (operator_rules(self) == operator_rules(other)
+                and set(self.rules.exclude) <= set(other.rules.exclude))
 
     def text(self) -> str:
-        """The settings as the arguments of `mxamp.convert` that made them (those given)."""
-        given = [('fp32_ops', self.fp32_ops), ('lp_ops', self.lp_ops), ('exclude', self.exclude),
-                 ('target_dtype_ops', self.lp_ops_only),
-                 ('conditional_fp32_ops', self.fp32_conditions)]
+        """The settings as the arguments of the conversion that made them (those given); the
+        rules only `mxamp.contrib_amp` gives under the names its functions take them by."""
+        rules = self.rules
+        given = [('fp32_ops', rules.fp32_ops), ('lp_ops', rules.lp_ops), ('exclude', rules.exclude),
+                 ('target_dtype_ops', rules.lp_ops_only),
+                 ('conditional_fp32_ops', rules.fp32_conditions)]
         return ', '.join([self.dtype] + ['%s=%s' % (key, list(value)) for key, value in given
                                          if value])
 

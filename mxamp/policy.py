@@ -9,8 +9,8 @@ cast).  ``'conditional'`` ops resolve by attribute; backward ops are ``'neutral'
 Low precision is chosen only where MXNet 1.9.1 has a kernel that pays: under bfloat16 the
 operators of ``BFLOAT16_CPU_OPS``, which decide the parameters stored in bfloat16 on every
 CPU, while what computes in bfloat16 depends on the CPU class (``BFLOAT16_CPU_OPS_BY_CLASS``);
-float16 GEMMs compute in FP32 between casts off GPUs (`emulates_float16`).  `Policy`'s
-options adjust it per conversion; `policy_lists` lists it (docs/policy.rst).
+float16 GEMMs compute in FP32 between casts off GPUs (`emulates_float16`).  A conversion's
+`Rules` (the user's) and `Policy`'s options adjust it; `policy_lists` lists it (docs/policy.rst).
 
 MXNet internals relied on: the operator registry's C API (``MXListAllOpNames``,
 ``NNGetOpHandle``, ``MXSymbolGetAtomicSymbolInfo``) for operator names, aliases and
@@ -34,7 +34,7 @@ from .hardware import cpu_class as this_cpu_class
 
 __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
            'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS', 'CLASSES',
-           'FLOAT16_CPU_EMULATED', 'Condition', 'Policy',
+           'FLOAT16_CPU_EMULATED', 'Condition', 'Policy', 'Rules',
            'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
            'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
            'int_tuple', 'policy_lists', 'registered_ops']
@@ -553,6 +553,46 @@ def _refuse_overlap(first, first_name, second, second_name):
         raise ValueError('operators both %s and %s: %s' % (first_name, second_name, ', '.join(sorted(both))))
 
 
+class Rules(NamedTuple):
+    """The user's rules of one conversion, which a `Policy` adds to its own: operators forced
+    to FP32 (`fp32_ops`) or to low precision (`lp_ops`), node names or ``fnmatch`` patterns
+    kept in FP32 (`exclude`), and contrib.amp's two rules (`mxamp.contrib_amp` alone gives
+    them): `lp_ops_only`, None or the operators that replace `default_lp_ops` (those not
+    named run in FP32, named ones outside it are forced to low precision), and
+    `fp32_conditions`, `Condition` triples added to the policy's own.
+
+    Made by `of`, which checks them; ``Rules()`` is no rule at all.
+
+    Examples
+    --------
+    >>> Rules.of(fp32_ops=['Softmax'], exclude=['fc1'])
+    Rules(fp32_ops=('SoftmaxOutput',), lp_ops=(), exclude=('fc1',), lp_ops_only=None, fp32_conditions=())
+    """
+    fp32_ops: Tuple[str, ...] = ()
+    lp_ops: Tuple[str, ...] = ()
+    exclude: Tuple[str, ...] = ()
+    lp_ops_only: Optional[Tuple[str, ...]] = None
+    fp32_conditions: Tuple[Condition, ...] = ()
+
+    @classmethod
+    def of(cls, *, fp32_ops: Optional[Iterable[str]] = (), lp_ops: Optional[Iterable[str]] = (),
+           exclude: Optional[Iterable[str]] = (), lp_ops_only: Optional[Iterable[str]] = None,
+           fp32_conditions: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = ()) -> 'Rules':
+        """The rules with canonical operator names (None: none); ValueError naming the
+        option for an unknown operator, a malformed condition, or an operator in two
+        rules that contradict each other."""
+        fp32 = tuple(canonical_ops(fp32_ops or (), 'fp32_ops'))
+        low = tuple(canonical_ops(lp_ops or (), 'lp_ops'))
+        only = None if lp_ops_only is None else tuple(canonical_ops(lp_ops_only, 'lp_ops_only'))
+        conditions = canonical_conditions(fp32_conditions or (), 'fp32_conditions')
+        conditional = frozenset(op for op, _, _ in conditions)
+        _refuse_overlap(frozenset(fp32), 'in fp32_ops', frozenset(only or ()), 'in lp_ops_only')
+        _refuse_overlap(frozenset(fp32), 'forced to FP32', frozenset(low), 'to low precision')
+        _refuse_overlap(conditional, 'in fp32_conditions', frozenset(low), 'forced to low precision')
+        _refuse_overlap(conditional, 'in fp32_conditions', frozenset(only or ()), 'in lp_ops_only')
+        return cls(fp32, low, tuple(exclude or ()), only, conditions)
+
+
 class Policy(object):
     """Precision decisions for one target dtype.
 
@@ -560,10 +600,8 @@ class Policy(object):
     ----------
     dtype : str
         ``'float16'`` or ``'bfloat16'`` (or an equivalent numpy/MXNet dtype).
-    fp32_ops, lp_ops : iterable of str, optional
-        Operators (aliases allowed) forced to FP32 / to low precision (the user vouches).
-    exclude : iterable of str, optional
-        Node names, or ``fnmatch`` patterns such as ``'stage4_*'``, kept in FP32.
+    rules : Rules
+        The user's operator rules and excluded nodes (`Rules.of`; default: none).
     batchnorm_data : {'low', 'float32'}
         Whether BatchNorm's data stays in low precision or gets an FP32 cast.
     emulate_float16 : bool
@@ -572,11 +610,6 @@ class Policy(object):
         Under bfloat16, the CPU class the graph is for: ``'avx512_bf16'`` (default) and
         ``'amx'`` compute in bfloat16; on ``'avx2'`` and ``'avx512'`` every op computes in
         FP32, with the same parameters stored in bfloat16.
-    lp_ops_only : iterable of str, optional
-        Replaces `default_lp_ops` (contrib.amp's ``target_dtype_ops``): those not named run
-        in FP32, named ones outside it are forced to low precision.
-    fp32_conditions : iterable of (str, str, iterable of str), optional
-        `Condition` triples added to the policy's own (contrib.amp's ``conditional_fp32_ops``).
     inference : bool
         A graph for inference alone, fused by oneDNN: training-only bfloat16 rules are off
         (`_bfloat16_conv_layout`), and `fuses_into_convolution` applies.
@@ -586,33 +619,27 @@ class Policy(object):
 
     Examples
     --------
-    >>> policy = Policy('bfloat16', exclude=['fc1'], fp32_ops=['Pooling'])
+    >>> policy = Policy('bfloat16', Rules.of(exclude=['fc1'], fp32_ops=['Pooling']))
     >>> policy.op_class('Convolution', {}, 'conv0'), policy.op_class('Convolution', {}, 'fc1')
     ('low', 'float32')
     """
-    def __init__(self, dtype: DTypeLike, fp32_ops: Iterable[str] = (), lp_ops: Iterable[str] = (),
-                 exclude: Iterable[str] = (), batchnorm_data: str = 'low',
+    def __init__(self, dtype: DTypeLike, rules: Rules = Rules(), *, batchnorm_data: str = 'low',
                  emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
-                 lp_ops_only: Optional[Iterable[str]] = None,
-                 fp32_conditions: Iterable[Tuple[str, str, Iterable[str]]] = (),
                  inference: bool = False, kernel_ops: Iterable[str] = ()) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
-        fp32 = frozenset(canonical_ops(fp32_ops, 'fp32_ops'))
-        low = frozenset(canonical_ops(lp_ops, 'lp_ops'))
-        conditions: Dict[str, List[Tuple[str, FrozenSet[str]]]] = {}
-        for op, attribute, values in canonical_conditions(fp32_conditions, 'fp32_conditions'):
-            conditions.setdefault(op, []).append((attribute, frozenset(values)))
-        if lp_ops_only is not None:
-            only = frozenset(canonical_ops(lp_ops_only, 'lp_ops_only'))
-            _refuse_overlap(fp32, 'in fp32_ops', only, 'in lp_ops_only')
+        fp32, low = frozenset(rules.fp32_ops), frozenset(rules.lp_ops)
+        if rules.lp_ops_only is not None:
+            # Rules.of refused the overlaps, so neither set gains what the other holds.
+            only = frozenset(rules.lp_ops_only)
             default = default_lp_ops(self.dtype)
             fp32 |= default - only - low
             low |= only - default
-        _refuse_overlap(fp32, 'forced to FP32', low, 'to low precision')
-        _refuse_overlap(frozenset(conditions), 'in fp32_conditions', low, 'forced to low precision')
+        conditions: Dict[str, List[Tuple[str, FrozenSet[str]]]] = {}
+        for op, attribute, values in rules.fp32_conditions:
+            conditions.setdefault(op, []).append((attribute, frozenset(values)))
         self.fp32_ops, self.lp_ops = fp32, low
-        self.fp32_conditions = {op: tuple(rules) for op, rules in conditions.items()}
-        self.exclude = tuple(exclude)
+        self.fp32_conditions = {op: tuple(entries) for op, entries in conditions.items()}
+        self.exclude = tuple(rules.exclude)
         if batchnorm_data not in (LOW, FLOAT32):
             raise ValueError("batchnorm_data=%r: expected 'low' or 'float32'" % (batchnorm_data,))
         self.batchnorm_data = batchnorm_data

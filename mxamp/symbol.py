@@ -21,7 +21,7 @@ from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
 from .graph import Conversion, GraphError, GraphLike, LoadedGraph, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
 from .migration import from_contrib_amp
-from .policy import Condition, Policy, emulates_float16, exclude_matches
+from .policy import Condition, Policy, Rules, emulates_float16, exclude_matches
 
 __all__ = ['ConversionResult', 'ParameterError', 'check_params', 'convert_model', 'convert_symbol',
            'convert_with_record', 'load_params', 'make_policy', 'save_model']
@@ -37,10 +37,11 @@ def make_policy(dtype: DTypeLike, exclude: Optional[Iterable[str]] = None,
     float16 computes GEMMs in FP32 unless every context in `ctx` is a GPU (no `ctx`: a GPU)."""
     dtype = dtype_name(dtype, allowed=LOW_PRECISION)
     devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
-    return Policy(dtype, fp32_ops=fp32_ops or (), lp_ops=lp_ops or (), exclude=exclude or (),
-                  batchnorm_data=batchnorm_data, emulate_float16=emulates_float16(devices),
-                  cpu_class=target_cpu_class(cpu_class), lp_ops_only=lp_ops_only,
-                  fp32_conditions=fp32_conditions, inference=inference)
+    rules = Rules.of(fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude, lp_ops_only=lp_ops_only,
+                     fp32_conditions=fp32_conditions)
+    return Policy(dtype, rules, batchnorm_data=batchnorm_data,
+                  emulate_float16=emulates_float16(devices), cpu_class=target_cpu_class(cpu_class),
+                  inference=inference)
 
 
 def target_cpu_class(cpu_class: Optional[str]) -> str:

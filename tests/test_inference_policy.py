@@ -23,7 +23,7 @@ from mxamp import hardware, inference
 from mxamp.dtypes import ROUNDING_SUFFIX
 from mxamp.graph import NO_FOLD_SUFFIX, convert_graph, convolution_post_ops, load_graph
 from mxamp.graph_check import check_graph
-from mxamp.policy import Policy
+from mxamp.policy import Policy, Rules
 
 pytestmark = pytest.mark.usefixtures('quiet_precision_warnings')
 
@@ -143,12 +143,11 @@ def test_a_relu6_after_a_bfloat16_convolution_computes_in_it_for_inference(cpu_c
                                   'no bfloat16 kernels'])
 def test_a_relu6_stays_float32_where_it_would_not_fuse_or_the_user_says_so(case):
     symbol, shapes = _relu6_net(a_min=-1 if case == 'lower bound -1' else 0)
-    options = {'fp32_ops': ['clip']} if case == 'fp32_ops' else \
-        {'exclude': ['relu6']} if case == 'exclude' else \
-        {'exclude': ['conv0']} if case == 'FP32 convolution' else \
-        {'cpu_class': 'avx2'} if case == 'no bfloat16 kernels' else {}
-    options.setdefault('cpu_class', 'avx512_bf16')
-    conversion = _checked(symbol, Policy('bfloat16', inference=True, **options), shapes)
+    rules = Rules.of(fp32_ops=['clip']) if case == 'fp32_ops' else \
+        Rules.of(exclude=['relu6']) if case == 'exclude' else \
+        Rules.of(exclude=['conv0']) if case == 'FP32 convolution' else Rules()
+    cpu_class = 'avx2' if case == 'no bfloat16 kernels' else 'avx512_bf16'
+    conversion = _checked(symbol, Policy('bfloat16', rules, inference=True, cpu_class=cpu_class), shapes)
     assert _computes_in(conversion, 'relu6') == 'float32'
 
 

@@ -21,7 +21,7 @@ from mxamp import hardware
 from mxamp import policy as policy_mod
 from mxamp.dtypes import BFLOAT16, name_of_array, to_float32_numpy
 from mxamp.migration import from_contrib_amp
-from mxamp.policy import Policy, policy_lists
+from mxamp.policy import Policy, Rules, policy_lists
 
 from test_graph import params_of, small_cnn
 
@@ -283,8 +283,8 @@ def test_from_contrib_amp_returns_mxamps_options():
 # The policy options behind them
 
 def test_policy_lp_ops_only_and_fp32_conditions():
-    policy = Policy('float16', lp_ops_only=['Convolution', 'Pooling'],
-                    fp32_conditions=[('Activation', 'act_type', ['relu'])])
+    policy = Policy('float16', Rules.of(lp_ops_only=['Convolution', 'Pooling'],
+                                        fp32_conditions=[('Activation', 'act_type', ['relu'])]))
     assert policy.op_class('Convolution') == 'low'
     assert policy.op_class('FullyConnected') == 'float32'       # in the replaced list, not named
     assert policy.op_class('Pooling', {'pool_type': 'max'}) == 'low'
@@ -293,14 +293,35 @@ def test_policy_lp_ops_only_and_fp32_conditions():
     assert policy.op_class('Activation', {'act_type': 'tanh'}) == 'neutral'
     assert policy.op_class('Activation', {'act_type': 'softrelu'}) == 'float32'    # the policy's own
     # lp_ops still forces an operator the replaced list leaves out.
-    assert Policy('float16', lp_ops=['FullyConnected'], lp_ops_only=['Convolution']).op_class(
+    assert Policy('float16', Rules.of(lp_ops=['FullyConnected'], lp_ops_only=['Convolution'])).op_class(
         'FullyConnected') == 'low'
     assert 'fp32_conditions=[(' in repr(policy)
-    with pytest.raises(ValueError, match='^operators both in fp32_conditions and forced to low precision: '
-                                         'Activation$'):
-        Policy('float16', lp_ops=['Activation'], fp32_conditions=[('Activation', 'act_type', ['relu'])])
-    with pytest.raises(ValueError, match='^operators both in fp32_ops and in lp_ops_only: FullyConnected$'):
-        Policy('float16', fp32_ops=['FullyConnected'], lp_ops_only=['FullyConnected'])
+
+
+@pytest.mark.parametrize('rules,message', [
+    ({'lp_ops': ['Activation'], 'fp32_conditions': [('Activation', 'act_type', ['relu'])]},
+     '^operators both in fp32_conditions and forced to low precision: Activation$'),
+    ({'lp_ops_only': ['Activation'], 'fp32_conditions': [('Activation', 'act_type', ['relu'])]},
+     '^operators both in fp32_conditions and in lp_ops_only: Activation$'),
+    ({'fp32_ops': ['FullyConnected'], 'lp_ops_only': ['FullyConnected']},
+     '^operators both in fp32_ops and in lp_ops_only: FullyConnected$'),
+    ({'fp32_ops': ['Pooling'], 'lp_ops': ['Pooling']},
+     '^operators both forced to FP32 and to low precision: Pooling$'),
+    ({'lp_ops_only': ['Convolutoin']}, "^lp_ops_only: operator 'Convolutoin' is not registered"),
+    ({'fp32_conditions': [('Activation', 'act_type')]},
+     r'^fp32_conditions: expected \(operator, attribute, values\) triples'),
+])
+def test_rules_refuse_contradictions_naming_the_rules(rules, message):
+    with pytest.raises(ValueError, match=message):
+        Rules.of(**rules)
+
+
+def test_rules_are_canonical_tuples():
+    rules = Rules.of(fp32_ops=['Softmax'], lp_ops=None, exclude=['fc*'],
+                     fp32_conditions=[('LeakyReLU', 'act_type', ['selu', 'elu'])])
+    assert rules == Rules(('SoftmaxOutput',), (), ('fc*',), None,
+                          (('LeakyReLU', 'act_type', ('elu', 'selu')),))
+    assert Rules.of() == Rules()
 
 
 def test_default_lp_ops_is_what_target_dtype_ops_replaces():

@@ -19,7 +19,7 @@ def _net():
 
 
 def _settings():
-    return Settings.rules('bfloat16')
+    return Settings.of('bfloat16')
 
 
 def test_an_fp32_net_has_no_state():

@@ -13,7 +13,7 @@ from conftest import REAL_CPU_FLAGS, needs_bfloat16_compute, region_verdicts_tab
 from mxamp import hardware
 from mxamp.kernels import operators
 from mxamp import policy as policy_mod
-from mxamp.policy import CLASSES, FLOAT32, LOW, NEUTRAL, WIDEST, Policy
+from mxamp.policy import CLASSES, FLOAT32, LOW, NEUTRAL, WIDEST, Policy, Rules
 
 CANONICAL = sorted(set(policy_mod.registered_ops().values()))
 
@@ -93,7 +93,7 @@ def test_conditional_ops_follow_their_attributes():
 
 
 def test_overrides_by_op_node_and_pattern():
-    policy = Policy('bfloat16', fp32_ops=['Pooling'], lp_ops=['batch_dot'], exclude=['fc1', 'stage4_*'])
+    policy = Policy('bfloat16', Rules.of(fp32_ops=['Pooling'], lp_ops=['batch_dot'], exclude=['fc1', 'stage4_*']))
     assert policy.op_class('Pooling', {'kernel': '(2,2)'}) == FLOAT32
     assert policy.op_class('batch_dot', {}) == LOW
     assert policy.op_class('FullyConnected', {}, 'fc1') == FLOAT32
@@ -106,9 +106,9 @@ def test_policy_errors_are_precise():
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         Policy('float8')
     with pytest.raises(ValueError, match="^fp32_ops: operator 'NoSuchOp' is not registered"):
-        Policy('float16', fp32_ops=['NoSuchOp'])
+        Rules.of(fp32_ops=['NoSuchOp'])
     with pytest.raises(ValueError, match='both forced'):
-        Policy('float16', fp32_ops=['Pooling'], lp_ops=['Pooling'])
+        Rules.of(fp32_ops=['Pooling'], lp_ops=['Pooling'])
     with pytest.raises(ValueError, match='batchnorm_data'):
         Policy('float16', batchnorm_data='half')
 
@@ -139,7 +139,7 @@ def test_one_float16_on_cpu_rule_for_both_fronts():
     assert make_policy('float16', ctx=mx.cpu_pinned()).emulate_float16
     assert not make_policy('float16', ctx=[mx.gpu(0), mx.gpu(1)]).emulate_float16
     assert not make_policy('float16').emulate_float16
-    settings = Settings.rules('float16')
+    settings = Settings.of('float16')
     assert settings.policy('cpu').emulate_float16 and settings.policy('cpu_pinned').emulate_float16
     assert not settings.policy('gpu').emulate_float16
     # The emulated ops are exactly the GEMMs among the low-precision ops.
@@ -284,7 +284,7 @@ def test_cpu_classes_without_native_bfloat16_compute_nothing_in_it(klass):
     assert policy.layout('Convolution', conv, [None, (64, 64, 3, 3)]) == FLOAT32
     for op in ('Convolution', 'BatchNorm', 'Activation', 'Concat', 'elemwise_add', 'Reshape'):
         assert not policy.computes_low(op, {'act_type': 'relu'}), op
-    assert not Policy('bfloat16', cpu_class=klass, lp_ops=['Convolution']).computes_low('Convolution')
+    assert not Policy('bfloat16', Rules.of(lp_ops=['Convolution']), cpu_class=klass).computes_low('Convolution')
     assert not Policy('bfloat16', cpu_class='avx512_bf16').bfloat16_storage_only
     assert Policy('bfloat16', cpu_class='amx').computes_low('Convolution', conv)
     # float16 is not a CPU-class matter.
@@ -328,7 +328,7 @@ def test_bfloat16_convolution_layout_rule(weight, groups, expected):
     assert Policy('bfloat16').layout('Convolution', attrs, shapes) == expected
     # Only for bfloat16, and lp_ops vouches for the kernel.
     assert Policy('float16').layout('Convolution', attrs, shapes) == 'blocked'
-    assert Policy('bfloat16', lp_ops=['Convolution']).layout('Convolution', attrs, shapes) == 'blocked'
+    assert Policy('bfloat16', Rules.of(lp_ops=['Convolution'])).layout('Convolution', attrs, shapes) == 'blocked'
     assert Policy('bfloat16').layout('FullyConnected', {}, [None, (10, 3)]) == 'blocked'
 
 
@@ -366,7 +366,7 @@ def test_batchnorm_follows_its_data_only_with_low_precision_data():
 
 
 def test_policy_repr_names_its_settings():
-    text = repr(Policy('bfloat16', exclude=['fc'], fp32_ops=['Pooling']))
+    text = repr(Policy('bfloat16', Rules.of(exclude=['fc'], fp32_ops=['Pooling'])))
     assert "'bfloat16'" in text and "'Pooling'" in text and "'fc'" in text
     assert mx.__version__ == '1.9.1'
 
@@ -498,13 +498,13 @@ def test_clip_computes_in_bfloat16_on_the_own_kernel_only():
     from mxamp.graph import plan_node
     node = {'op': 'clip', 'name': 'relu6', 'attrs': {'a_min': '0', 'a_max': '6'}}
 
-    def precision(**options):
+    def precision(rules=Rules(), **options):
         options.setdefault('cpu_class', 'avx512_bf16')
-        policy = Policy('bfloat16', **options)
+        policy = Policy('bfloat16', rules, **options)
         return plan_node(node, policy, ['bfloat16'], [None], [True]).precision
     assert precision(kernel_ops=['clip']) == precision(kernel_ops=['clip'], cpu_class='amx') == 'bfloat16'
     assert precision() == 'float32'
     assert precision(kernel_ops=['clip'], cpu_class='avx2') == 'float32'     # bfloat16 storage only
-    assert precision(kernel_ops=['clip'], fp32_ops=['clip']) == 'float32'
-    assert precision(kernel_ops=['clip'], exclude=['relu6']) == 'float32'
+    assert precision(Rules.of(fp32_ops=['clip']), kernel_ops=['clip']) == 'float32'
+    assert precision(Rules.of(exclude=['relu6']), kernel_ops=['clip']) == 'float32'
     assert "kernel_ops=['clip']" in repr(Policy('bfloat16', kernel_ops=['clip']))
