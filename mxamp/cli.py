@@ -285,9 +285,8 @@ def _convert(args):
 
     from .graph import GraphError, format_report, load_graph
     from .fusion import describe_fusion
-    from .policy import canonical_ops
-    from .symbol import Names, ParameterError, load_params, save_model
-    from .symbol import _convert as convert_checked
+    from .policy import Rules, canonical_ops
+    from .symbol import Names, ParameterError, SymbolOptions, convert_checked, load_params, save_model
 
     _check_file(args.symbol, 'symbol file')
     try:
@@ -313,15 +312,17 @@ def _convert(args):
     if args.params:
         _check_file(args.params, 'params file')
         arg_params, aux_params = load_params(args.params)
+    options = SymbolOptions(dtype, Rules.of(exclude=args.exclude, fp32_ops=args.fp32_ops,
+                                            lp_ops=args.lp_ops),
+                            ctx=mx.cpu() if args.cpu else None,
+                            input_shapes=dict(args.input_shape), portable=not args.fast_casts,
+                            cpu_class=args.cpu_class, allow_missing=args.allow_missing,
+                            for_inference=args.for_inference)
     try:
         symbol, arg_params, aux_params, conversion = convert_checked(
-            graph, dtype, Names('--exclude', '--input-shape', '--allow-missing',
-                                '--for-inference', '--cpu'),
-            arg_params=arg_params, aux_params=aux_params,
-            allow_missing=args.allow_missing, exclude=args.exclude, fp32_ops=args.fp32_ops,
-            lp_ops=args.lp_ops, ctx=mx.cpu() if args.cpu else None,
-            input_shapes=dict(args.input_shape), portable=not args.fast_casts,
-            cpu_class=args.cpu_class, for_inference=args.for_inference)
+            graph, options, Names('--exclude', '--input-shape', '--allow-missing',
+                                  '--for-inference', '--cpu'),
+            arg_params=arg_params, aux_params=aux_params)
     except ParameterError as err:
         raise GraphError('%s: %s' % (args.params, err))
     written = save_model(args.output, symbol, arg_params, aux_params)

@@ -1,11 +1,13 @@
 """The Symbol-API front: `convert_symbol`, `convert_model`, `convert_with_record` and their files.
 
-User arguments (contrib.amp's keywords too, through `mxamp.migration`) become a
-`mxamp.policy.Policy`; `mxamp.graph` rewrites the graph, read once; the parameters stored in
-low precision are cast; files are written atomically.  It first refuses what would give a
-wrong graph silently: names that match nothing, unknown or missing parameters, parameter
-shapes the graph rejects (`check_params`: shapes inferred for two probe shapes of each
-input, a dimension equal under both being one the graph fixes).
+The arguments of each public function (contrib.amp's keywords too, through
+`mxamp.migration`) are gathered, once, into one `SymbolOptions` (the command line makes
+its own), which `convert_checked` reads: the options
+become a `mxamp.policy.Policy` (`make_policy`); `mxamp.graph` rewrites the graph, read once;
+the parameters stored in low precision are cast; files are written atomically.  It first
+refuses what would give a wrong graph silently: names that match nothing, unknown or missing
+parameters, parameter shapes the graph rejects (`check_params`: shapes inferred for two
+probe shapes of each input, a dimension equal under both being one the graph fixes).
 """
 import collections
 import difflib
@@ -21,27 +23,49 @@ from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
 from .graph import Conversion, GraphError, GraphLike, LoadedGraph, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
 from .migration import from_contrib_amp
-from .policy import Condition, Policy, Rules, emulates_float16, exclude_matches
+from .policy import Policy, Rules, emulates_float16, exclude_matches
 
-__all__ = ['ConversionResult', 'ParameterError', 'check_params', 'convert_model', 'convert_symbol',
-           'convert_with_record', 'load_params', 'make_policy', 'save_model']
+__all__ = ['ConversionResult', 'ParameterError', 'SymbolOptions', 'check_params',
+           'convert_checked', 'convert_model', 'convert_symbol', 'convert_with_record',
+           'load_params', 'make_policy', 'save_model']
 
 
-def make_policy(dtype: DTypeLike, exclude: Optional[Iterable[str]] = None,
-                fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
-                ctx: Optional[ContextLike] = None, batchnorm_data: str = 'low',
-                cpu_class: Optional[str] = None, lp_ops_only: Optional[Iterable[str]] = None,
-                fp32_conditions: Iterable[Condition] = (), inference: bool = False) -> Policy:
-    """The `Policy` for user arguments (`inference`: for a graph fused for inference).
+class SymbolOptions(NamedTuple):
+    """The options of one conversion of the Symbol front, made once by the function that
+    took them and read by `convert_checked` and `make_policy`.
 
-    float16 computes GEMMs in FP32 unless every context in `ctx` is a GPU (no `ctx`: a GPU)."""
-    dtype = dtype_name(dtype, allowed=LOW_PRECISION)
-    devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
-    rules = Rules.of(fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude, lp_ops_only=lp_ops_only,
-                     fp32_conditions=fp32_conditions)
-    return Policy(dtype, rules, batchnorm_data=batchnorm_data,
-                  emulate_float16=emulates_float16(devices), cpu_class=target_cpu_class(cpu_class),
-                  inference=inference)
+    As `convert_model`'s arguments of the same names, but: `rules` holds the operator rules
+    and `exclude` (`mxamp.policy.Rules`); `params`, the variables declared parameters when
+    no parameter values are given (`convert_symbol`'s); `cast_params` False keeps every
+    parameter FP32, cast in the graph (contrib.amp's ``cast_optional_params=False``).
+
+    Examples
+    --------
+    >>> SymbolOptions('float16', ctx=mx.cpu()).rules
+    Rules(fp32_ops=(), lp_ops=(), exclude=(), lp_ops_only=None, fp32_conditions=())
+    """
+    dtype: Optional[DTypeLike] = None
+    rules: Rules = Rules()
+    params: Optional[Iterable[str]] = None
+    ctx: Optional[ContextLike] = None
+    input_types: Optional[Mapping[str, DTypeLike]] = None
+    input_shapes: Optional[Mapping[str, Sequence[int]]] = None
+    portable: bool = True
+    cpu_class: Optional[str] = None
+    allow_missing: bool = False
+    for_inference: bool = False
+    cast_params: bool = True
+
+
+def make_policy(options: SymbolOptions) -> Policy:
+    """The `Policy` for `options`, whose dtype is ``'float16'`` or ``'bfloat16'``, resolved
+    (None, ``'auto'``, is refused); with ``for_inference``, for a graph fused for inference.
+
+    float16 computes GEMMs in FP32 unless every context in ``ctx`` is a GPU (no ``ctx``: a GPU)."""
+    dtype = dtype_name('auto' if options.dtype is None else options.dtype, allowed=LOW_PRECISION)
+    devices = [] if options.ctx is None else [c.device_type for c in _contexts(options.ctx)]
+    return Policy(dtype, options.rules, emulate_float16=emulates_float16(devices),
+                  cpu_class=target_cpu_class(options.cpu_class), inference=options.for_inference)
 
 
 def target_cpu_class(cpu_class: Optional[str]) -> str:
@@ -290,25 +314,24 @@ def _front(function: str, sym: GraphLike, dtype: Optional[DTypeLike],
            excluded_sym_names: Optional[Iterable[str]] = None,
            cast_optional_params: Optional[bool] = None, exclude: Optional[Iterable[str]] = None,
            fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
-           ctx: Optional[ContextLike] = None, **checked: Any) -> ConversionResult:
-    """The public functions' common part: either spelling to mxamp's, then `_convert` with
-    `checked`, its other options; no dtype means ``'auto'``."""
+           **checked: Any) -> ConversionResult:
+    """The public functions' common part: either spelling to mxamp's, gathered into one
+    `SymbolOptions` with `checked`, its other fields, for `convert_checked`."""
     options = from_contrib_amp(function, dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude,
                                target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
                                conditional_fp32_ops=conditional_fp32_ops,
                                excluded_sym_names=excluded_sym_names,
                                cast_optional_params=cast_optional_params)
-    dtype = 'auto' if options.dtype is None else options.dtype
     graph = load_graph(sym)
     if arg_params is None:
         params = _declared_params(function, graph, params, data_names, options.cast_params)
-    symbol, args, auxs, conversion = _convert(
-        graph, dtype, PYTHON_NAMES._replace(exclude=options.exclude_option), params=params,
-        arg_params=arg_params, aux_params=aux_params, exclude=options.exclude,
-        fp32_ops=options.fp32_ops, lp_ops=options.lp_ops, ctx=ctx, lp_ops_only=options.lp_ops_only,
-        fp32_conditions=options.fp32_conditions, cast_params=options.cast_params is not False,
-        **checked)
-    return ConversionResult(symbol, args, auxs, conversion)
+    rules = Rules.of(fp32_ops=options.fp32_ops, lp_ops=options.lp_ops, exclude=options.exclude,
+                     lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
+    return convert_checked(graph, SymbolOptions(options.dtype, rules, params=params,
+                                                cast_params=options.cast_params is not False,
+                                                **checked),
+                           PYTHON_NAMES._replace(exclude=options.exclude_option),
+                           arg_params=arg_params, aux_params=aux_params)
 
 
 def _declared_params(function: str, graph: LoadedGraph, params: Optional[Iterable[str]],
@@ -335,37 +358,36 @@ def _declared_params(function: str, graph: LoadedGraph, params: Optional[Iterabl
     return [name for name in symbol.list_arguments() + symbol.list_auxiliary_states() if name not in data]
 
 
-def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[Iterable[str]] = None,
-             arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
-             aux_params: Optional[Dict[str, mx.nd.NDArray]] = None, allow_missing: bool = False,
-             exclude: Optional[Iterable[str]] = None, fp32_ops: Optional[Iterable[str]] = None,
-             lp_ops: Optional[Iterable[str]] = None, ctx: Optional[ContextLike] = None,
-             input_types: Optional[Mapping[str, DTypeLike]] = None,
-             input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
-             cpu_class: Optional[str] = None, for_inference: bool = False,
-             lp_ops_only: Optional[Iterable[str]] = None, fp32_conditions: Iterable[Condition] = (),
-             cast_params: bool = True
-             ) -> Tuple[mx.sym.Symbol, Optional[Dict[str, mx.nd.NDArray]],
-                        Optional[Dict[str, mx.nd.NDArray]], Optional[Conversion]]:
-    """`convert_symbol` (no `arg_params`) and `convert_model`, with errors naming `names`:
-    ``(symbol, arg_params, aux_params, conversion)``.  `cast_params` False keeps the
-    parameters FP32 (contrib.amp's ``cast_optional_params=False``): the graph casts them."""
+def convert_checked(sym: GraphLike, options: SymbolOptions, names: Names = PYTHON_NAMES,
+                    arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
+                    aux_params: Optional[Dict[str, mx.nd.NDArray]] = None) -> ConversionResult:
+    """Check `options` against graph `sym` and convert it: `convert_symbol` (no `arg_params`)
+    and `convert_model` (the parameters cast as the graph declares them), errors naming the
+    options by `names`.  No dtype means ``'auto'``.
+
+    Examples
+    --------
+    >>> sym = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=10, name='fc')
+    >>> result = mxamp.symbol.convert_checked(sym, SymbolOptions('bfloat16'))
+    >>> result.conversion.node_precision, result.arg_params
+    ({'fc': 'bfloat16'}, None)
+    """
     graph = load_graph(sym)
     if arg_params is not None:
         aux_params = aux_params or {}
         params = list(arg_params) + list(aux_params)
     else:
-        params = list(params or ())
+        params = list(options.params or ())
         check_variables(graph, params, 'params')
-    input_shapes = check_input_shapes(graph, input_shapes, params, names.input_shapes)
-    check_variables(graph, input_types or (), 'input_types')
-    check_exclude(graph, exclude, names.exclude)
+    input_shapes = check_input_shapes(graph, options.input_shapes, params, names.input_shapes)
+    check_variables(graph, options.input_types or (), 'input_types')
+    check_exclude(graph, options.rules.exclude, names.exclude)
     if arg_params is not None:
         assert aux_params is not None
-        check_params(graph, arg_params, aux_params, input_shapes, allow_missing, names)
-    dtype = dtypes.resolve_dtype(dtype, ctx)
-    devices = [] if ctx is None else [c.device_type for c in _contexts(ctx)]
-    if for_inference and ('gpu' in devices or (dtype == 'float16' and not devices)):
+        check_params(graph, arg_params, aux_params, input_shapes, options.allow_missing, names)
+    dtype = dtypes.resolve_dtype('auto' if options.dtype is None else options.dtype, options.ctx)
+    devices = [] if options.ctx is None else [c.device_type for c in _contexts(options.ctx)]
+    if options.for_inference and ('gpu' in devices or (dtype == 'float16' and not devices)):
         raise ValueError("%s fuses with MXNet's oneDNN backend, for CPUs: a %s graph for a GPU "
                          "has nothing it can fuse%s"
                          % (names.for_inference, dtype,
@@ -374,9 +396,7 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
     if dtype == 'float32':
         symbol, conversion = graph.symbol, None
     else:
-        policy = make_policy(dtype, exclude, fp32_ops, lp_ops, ctx, cpu_class=cpu_class,
-                             lp_ops_only=lp_ops_only, fp32_conditions=fp32_conditions,
-                             inference=for_inference)
+        policy = make_policy(options._replace(dtype=dtype))
         shapes = {}
         if arg_params is not None:
             assert aux_params is not None
@@ -384,21 +404,21 @@ def _convert(sym: GraphLike, dtype: DTypeLike, names: Names, params: Optional[It
         shapes.update(input_shapes)
         # keep_batchnorm: Module's inference bind would fold BatchNorm with truncated values.
         # The inputs given shapes are the network's, not parameters (check_input_shapes).
-        conversion = convert_graph(graph, policy, params=params if cast_params else (),
-                                   input_types=input_types, shapes=shapes, portable=portable,
-                                   data_inputs=set(input_shapes),
+        conversion = convert_graph(graph, policy, params=params if options.cast_params else (),
+                                   input_types=options.input_types, shapes=shapes,
+                                   portable=options.portable, data_inputs=set(input_shapes),
                                    keep_batchnorm=True)
         symbol = conversion.symbol
         if arg_params is not None:
             originals = dict(arg_params)
             arg_params, aux_params = _cast_params(arg_params, conversion), _cast_params(aux_params, conversion)
-    if for_inference:
+    if options.for_inference:
         # BatchNorm folds start from the FP32 values, so each folded value is rounded once.
         symbol, fused_args, fused_auxs = fuse_symbol(symbol, arg_params, aux_params, input_shapes,
                                                      names.input_shapes, originals)
         if arg_params is not None:
             arg_params, aux_params = fused_args, fused_auxs
-    return symbol, arg_params, aux_params, conversion
+    return ConversionResult(symbol, arg_params, aux_params, conversion)
 
 
 def _cast_params(values, conversion):

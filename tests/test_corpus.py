@@ -14,7 +14,7 @@ from conftest import CORPUS, corpus_rows, input_shapes, require_corpus
 from mxamp import convert_symbol, convert_with_record
 from mxamp.dtypes import to_float32_numpy
 from mxamp.graph_check import check_graph
-from mxamp.symbol import make_policy
+from mxamp.symbol import SymbolOptions, make_policy
 
 ROWS = corpus_rows()
 LOADABLE = [r for r in ROWS if r['load'] == 'ok' and r['input_shapes']]
@@ -95,7 +95,7 @@ def test_convert_save_load_infer(row, dtype, tmp_path):
     assert all(t == np.float32 for t, orig in zip(out_types, symbol.infer_type(
         **{n: np.float32 for n in shapes})[1]) if orig == np.float32), out_types
     assert reloaded.infer_shape(**shapes)[1] == symbol.infer_shape(**shapes)[1]
-    policy = make_policy(dtype, ctx=mx.cpu())
+    policy = make_policy(SymbolOptions(dtype, ctx=mx.cpu()))
     assert check_graph(reloaded, policy) == []
 
 

@@ -14,8 +14,8 @@ from mxamp.dtypes import BFLOAT16, ROUNDING_SUFFIX, cast, to_float32_numpy, type
 from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, cast_input, convert_graph,
                          format_report, load_graph, plan_node)
 from mxamp.graph_check import check_graph
-from mxamp.policy import Policy
-from mxamp.symbol import make_policy
+from mxamp.policy import Policy, Rules
+from mxamp.symbol import SymbolOptions, make_policy
 
 
 def small_cnn():
@@ -181,11 +181,11 @@ def test_widest_op_casts_up_when_an_input_is_fp32():
 
 def test_exclude_and_fp32_ops_overrides():
     symbol = small_cnn()
-    conversion = convert_graph(symbol, make_policy('bfloat16', exclude=['conv1'], fp32_ops=['Pooling']))
+    conversion = convert_graph(symbol, make_policy(SymbolOptions('bfloat16', Rules.of(exclude=['conv1'], fp32_ops=['Pooling']))))
     assert conversion.node_precision['conv1'] == 'float32'
     assert conversion.node_precision['conv0'] == 'bfloat16'
     assert conversion.node_precision['pool0'] == 'float32'
-    assert check_graph(conversion.symbol, make_policy('bfloat16', exclude=['conv1'], fp32_ops=['Pooling'])) == []
+    assert check_graph(conversion.symbol, make_policy(SymbolOptions('bfloat16', Rules.of(exclude=['conv1'], fp32_ops=['Pooling'])))) == []
 
 
 def test_float16_on_cpu_computes_gemm_in_fp32_between_float16_casts():
@@ -203,7 +203,7 @@ def test_float16_on_cpu_computes_gemm_in_fp32_between_float16_casts():
     got = run(converted, c_args, c_auxs, data)[0]
     # Over 30 draws of weights and data: at most 0.0014.
     assert np.abs(got - run(symbol, args, auxs, data)[0]).max() < 0.01
-    assert check_graph(converted, make_policy('float16', ctx=mx.cpu())) == []
+    assert check_graph(converted, make_policy(SymbolOptions('float16', ctx=mx.cpu()))) == []
     # The report says what computes: the GEMMs in FP32, the rest in float16.
     lines = format_report(conversion).splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:] if line[:1].isalpha()}

@@ -16,7 +16,7 @@ from mxamp.dtypes import BFLOAT16, to_float32_numpy
 from mxamp.diagnose import _unfused
 from mxamp.graph import convert_graph
 from mxamp.graph_check import check_graph
-from mxamp.symbol import make_policy
+from mxamp.symbol import SymbolOptions, make_policy
 
 SHAPE = (2, 4, 5, 5)  # every op below keeps this shape, so any DAG of them is valid
 
@@ -82,7 +82,7 @@ def test_random_graphs_keep_invariants_and_stay_close(steps, outputs, dtype):
     symbol = build(steps, outputs)
     params = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states() if n != 'data']
     # Built for this CPU: graphs compute in bfloat16 only where it has the kernels.
-    policy = make_policy(dtype, ctx=mx.cpu(), cpu_class='auto')
+    policy = make_policy(SymbolOptions(dtype, ctx=mx.cpu(), cpu_class='auto'))
     conversion = convert_graph(symbol, policy, params=params)
     assert check_graph(conversion.symbol, policy) == []
     assert check_graph(conversion, policy) == []      # and its record is what the graph does
@@ -172,7 +172,7 @@ def assert_computes_where_the_readme_says(symbol):
     """
     params = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states() if n != 'data']
     for dtype, policy_args, computes in TARGETS:
-        converted = convert_graph(symbol, make_policy(dtype, **policy_args), params=params).symbol
+        converted = convert_graph(symbol, make_policy(SymbolOptions(dtype, **policy_args)), params=params).symbol
         internals = converted.get_internals()
         _, types, _ = internals.infer_type(data='float32')
         inferred = dict(zip(internals.list_outputs(), (DTYPE_NAMES[np.dtype(t)] for t in types)))

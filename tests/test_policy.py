@@ -132,13 +132,13 @@ def test_one_float16_on_cpu_rule_for_both_fronts():
     # Emulation unless every device is a GPU: a graph bound on a CPU and a GPU
     # must run on both.  The Symbol front reads contexts, Gluon a graph's device.
     from mxamp.network_state import Settings
-    from mxamp.symbol import make_policy
+    from mxamp.symbol import SymbolOptions, make_policy
     assert [policy_mod.emulates_float16(d) for d in (['gpu'], ['cpu'], ['cpu_pinned'], ['gpu', 'cpu'], [])] \
         == [False, True, True, True, False]
-    assert make_policy('float16', ctx=[mx.gpu(0), mx.cpu()]).emulate_float16
-    assert make_policy('float16', ctx=mx.cpu_pinned()).emulate_float16
-    assert not make_policy('float16', ctx=[mx.gpu(0), mx.gpu(1)]).emulate_float16
-    assert not make_policy('float16').emulate_float16
+    assert make_policy(SymbolOptions('float16', ctx=[mx.gpu(0), mx.cpu()])).emulate_float16
+    assert make_policy(SymbolOptions('float16', ctx=mx.cpu_pinned())).emulate_float16
+    assert not make_policy(SymbolOptions('float16', ctx=[mx.gpu(0), mx.gpu(1)])).emulate_float16
+    assert not make_policy(SymbolOptions('float16')).emulate_float16
     settings = Settings.of('float16')
     assert settings.policy('cpu').emulate_float16 and settings.policy('cpu_pinned').emulate_float16
     assert not settings.policy('gpu').emulate_float16

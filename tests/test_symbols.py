@@ -15,7 +15,7 @@ from mxamp import hardware
 from mxamp.dtypes import BFLOAT16, dtype_name, to_float32_numpy
 from mxamp.graph import CAST_SUFFIX
 from mxamp.graph_check import check_graph
-from mxamp.symbol import ParameterError, make_policy
+from mxamp.symbol import ParameterError, SymbolOptions, make_policy
 
 # symbols/ is a directory of network definitions beside the package, not installed
 # with it (as in MXNet's examples): make it importable however pytest is started.
@@ -144,11 +144,11 @@ def test_float32_graph_has_no_casts_and_auto_is_bfloat16_on_a_bfloat16_cpu():
 def test_low_precision_graph_passes_check_graph(dtype, ctx):
     sym = resnet.get_symbol(1000, 50, '3,224,224', dtype=dtype, version='1', ctx=ctx)
     # get_symbol builds bfloat16 graphs for this machine's CPU class.
-    policy = make_policy(dtype, ctx=ctx, cpu_class='auto')
+    policy = make_policy(SymbolOptions(dtype, ctx=ctx, cpu_class='auto'))
     assert check_graph(sym, policy, shapes={'data': (1, 3, 224, 224)}) == []
     if dtype == 'bfloat16':
         # The bfloat16 policy is the same with or without a CPU context.
-        assert check_graph(sym, make_policy(dtype, ctx=mx.cpu(), cpu_class='auto'),
+        assert check_graph(sym, make_policy(SymbolOptions(dtype, ctx=mx.cpu(), cpu_class='auto')),
                            shapes={'data': (1, 3, 224, 224)}) == []
     declared, outputs = _declared_types(sym)
     assert outputs == ['float32']
@@ -434,7 +434,7 @@ def test_float16_on_cpu_trains_with_loss_scaler():
     logits = resnet.get_symbol(classes, 18, '1,8,8').get_internals()['fc1_output']
     loss = -mx.sym.pick(mx.sym.log_softmax(logits), mx.sym.var('label'), axis=1)
     sym = symbols.with_dtype(loss, 'float16', ctx=mx.cpu(), inputs=('data', 'label'))
-    assert check_graph(sym, make_policy('float16', ctx=mx.cpu())) == []
+    assert check_graph(sym, make_policy(SymbolOptions('float16', ctx=mx.cpu()))) == []
     mod = _bound_module(sym, batch_size, shape, 'label')
     assert mod.get_params()[0]['conv0_weight'].dtype == np.float16
     mod.init_optimizer(optimizer=mxamp.optimizer.create(
