@@ -9,8 +9,8 @@ what they produce; `for_inference` (and ``convert_model(..., for_inference=True)
 fuses a converted network with oneDNN for inference (`mxamp.inference`).
 `convert_with_record` also returns the record of every decision, `policy_lists`
 shows the policy's operator lists, `profile` measures where a network's step
-time goes, layer by layer, and says what to change (`ProfileReport`), and `mxamp.migration` translates MXNet
-``contrib.amp``'s keywords, which the Symbol front takes with their meaning.
+time goes, layer by layer, and says what to change (`ProfileReport`), and `mxamp.contrib_amp` offers
+MXNet ``contrib.amp``'s conversion functions, with its keywords and their meaning.
 """
 import importlib
 import os
@@ -37,7 +37,7 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
     from .inference import for_inference  # noqa: E402
     from .graph import GraphError  # noqa: E402
     from .symbol import ConversionResult, convert_model, convert_symbol, convert_with_record  # noqa: E402
-    from . import migration  # noqa: E402
+    from . import contrib_amp  # noqa: E402
     from .policy import PolicyLists, policy_lists  # noqa: E402
     from .loss_scaler import LossScaler  # noqa: E402
     from .module import Float32Init, ModuleTrainer  # noqa: E402
@@ -58,5 +58,5 @@ def __getattr__(name):
 
 __all__ = ['convert', 'summary', 'for_inference', 'inference', 'convert_symbol', 'convert_model', 'Trainer', 'ModuleTrainer', 'Float32Init', 'LossScaler', 'MultiPrecision',
            'GraphError', 'diagnose', 'optimizer', 'convert_with_record', 'ConversionResult',
-           'policy_lists', 'PolicyLists', 'migration', 'system_info', 'kernels', 'profile',
+           'policy_lists', 'PolicyLists', 'contrib_amp', 'system_info', 'kernels', 'profile',
            'ProfileReport', '__version__']

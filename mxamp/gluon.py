@@ -41,7 +41,6 @@ from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array
 from .gluon_parameters import Float32Checkpoints, ensure_fp32_var, mixed_class, sync_params
 from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
                             converted_state, describe_block, state_of)
-from .migration import from_contrib_amp
 from .policy import Rules, exclude_matches
 
 __all__ = ['convert', 'is_converted']
@@ -694,13 +693,11 @@ def _find_block(net, blocks, text):
 def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
             exclude: Union[_Excluded, Sequence[_Excluded], None] = None,
             fp32_ops: Optional[Sequence[str]] = None, lp_ops: Optional[Sequence[str]] = None,
-            target_dtype: Optional[DTypeLike] = None,
-            target_dtype_ops: Optional[Sequence[str]] = None,
-            conditional_fp32_ops: Optional[Sequence[Tuple[str, str, Sequence[str]]]] = None,
-            excluded_sym_names: Optional[Sequence[str]] = None,
-            cast_optional_params: Optional[bool] = None, ctx: Optional[mx.Context] = None
-            ) -> Block:
+            ctx: Optional[mx.Context] = None) -> Block:
     """Convert a Gluon HybridBlock to mixed precision, in place; returns `net`.
+
+    MXNet ``contrib.amp``'s ``convert_hybrid_block``, with its keywords, is
+    `mxamp.contrib_amp`'s.
 
     Parameters
     ----------
@@ -713,7 +710,7 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
     dtype : str
         ``'auto'`` (float16 on a GPU, bfloat16 on a CPU that computes it,
         float32 on other CPUs, see `mxamp.dtypes.resolve_dtype`; decided from
-        the context of the net's parameters, else from the machine),
+        `ctx`, else from the context of the net's parameters, else from the machine),
         ``'float16'`` or ``'bfloat16'`` (aliases ``'fp16'``, ``'bf16'``...).
         ``'float32'`` leaves `net` untouched (`summary` says so).  bfloat16 on a CPU without
         bfloat16 kernels (`mxamp.hardware.cpu_class` ``'avx2'`` or
@@ -726,13 +723,9 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
         ``fnmatch`` patterns on graph node names.
     fp32_ops, lp_ops : list of str
         MXNet operator names forced to FP32 / to low precision.
-    target_dtype, target_dtype_ops, conditional_fp32_ops, excluded_sym_names, cast_optional_params, ctx
-        MXNet ``contrib.amp.convert_hybrid_block``'s keywords, with its meaning
-        (`mxamp.migration` says how each maps): `target_dtype` is `dtype`
-        (contrib.amp's default was ``'float16'``, mxamp's is ``'auto'``),
-        `excluded_sym_names` node names for `exclude`, `ctx` moves the
-        parameters there after converting.  `cast_optional_params` may be
-        True (what mxamp does) or left out.
+    ctx : mx.Context, optional
+        Where the parameters live once converted (they are moved there); default: where
+        they are.
 
     Returns
     -------
@@ -745,10 +738,25 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
         `net` is not a Block, or no part of it can be traced symbolically.
     ValueError
         Unknown dtype or operator name, an `exclude` entry that matches nothing,
-        a net that is already converted, ``cast_optional_params=False``.
-    TypeError
-        An option given in both spellings (``dtype`` and ``target_dtype``).
+        a net that is already converted.
+
+    Examples
+    --------
+    >>> net = mx.gluon.nn.Dense(10, in_units=4)
+    >>> net.initialize()
+    >>> net = mxamp.convert(net, 'bfloat16')
+    >>> mxamp.dtypes.name_of_array(net.weight.data())
+    'bfloat16'
     """
+    return convert_with_rules(net, dtype, Rules.of(fp32_ops=fp32_ops, lp_ops=lp_ops),
+                              exclude=exclude, ctx=ctx)
+
+
+def convert_with_rules(net: Block, dtype: Optional[DTypeLike], rules: Rules,
+                       exclude: Union[_Excluded, Sequence[_Excluded], None] = None,
+                       ctx: Optional[mx.Context] = None, exclude_option: str = 'exclude') -> Block:
+    """`convert` with the operator rules made (`mxamp.contrib_amp` gives rules its keywords
+    cannot); `exclude`, named `exclude_option` in errors, becomes the rules' patterns here."""
     if not isinstance(net, Block):
         raise TypeError('mxamp.convert needs a gluon Block (a HybridBlock, or a Block holding '
                         'some); got %s' % type(net).__name__)
@@ -756,17 +764,8 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
         raise TypeError('mxamp.convert does not convert a SymbolBlock; convert its symbol '
                         'with mxamp.graph.convert_graph instead')
     check_convertible(net)
-    options = from_contrib_amp('convert', dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude,
-                               target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                               conditional_fp32_ops=conditional_fp32_ops,
-                               excluded_sym_names=excluded_sym_names,
-                               cast_optional_params=cast_optional_params, ctx=ctx)
-    if options.cast_params is False:
-        raise ValueError('mxamp.convert stores the parameters that only low-precision operators '
-                         'read in the low precision (contrib.amp\'s cast_optional_params=True); '
-                         'cast_optional_params=False is not supported: leave it out')
-    dtype = 'auto' if options.dtype is None else options.dtype
-    ctxs = [options.ctx] if options.ctx is not None else _param_contexts(net)
+    dtype = 'auto' if dtype is None else dtype
+    ctxs = [ctx] if ctx is not None else _param_contexts(net)
     name = dtypes.resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
         # Not converted; summary() says why ('auto': resolve_dtype warned once already).
@@ -783,10 +782,8 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
         raise TypeError('mxamp.convert: no part of %s becomes a graph (%s), so there is nothing '
                         'to convert' % (describe_block(net), float32_blocks[0][2]))
     node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
-    patterns = _exclude_patterns(net, options.exclude, node_names, options.exclude_option)
-    rules = Rules.of(fp32_ops=options.fp32_ops, lp_ops=options.lp_ops, exclude=patterns,
-                     lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
-    settings = _decided(Settings.of(name, rules), parts)
+    patterns = _exclude_patterns(net, exclude, node_names, exclude_option)
+    settings = _decided(Settings.of(name, rules._replace(exclude=tuple(patterns))), parts)
     for _, part, _ in parts:   # all refusals before any block changes
         _check_shared(part, settings, net)
     for _, part, _ in parts:
@@ -795,9 +792,8 @@ def convert(net: Block, dtype: Optional[DTypeLike] = None, *,
         attach(net, NetworkState.converted_in_part(
             settings, [(path, part) for path, part, _ in parts], float32_blocks))
         net.__class__ = mixed_class(_ConvertedInPart, type(net))
-    if options.ctx is not None:
-        # contrib.amp's convert_hybrid_block(ctx=...): where the parameters live.
-        net.collect_params().reset_ctx(options.ctx)
+    if ctx is not None:
+        net.collect_params().reset_ctx(ctx)
     return net
 
 

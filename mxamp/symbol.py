@@ -1,8 +1,7 @@
 """The Symbol-API front: `convert_symbol`, `convert_model`, `convert_with_record` and their files.
 
-The arguments of each public function (contrib.amp's keywords too, through
-`mxamp.migration`) are gathered, once, into one `SymbolOptions` (the command line makes
-its own), which `convert_checked` reads: the options
+Each public function gathers its arguments, once, into one `SymbolOptions` (the command
+line and `mxamp.contrib_amp` make theirs too), which `convert_checked` reads: the options
 become a `mxamp.policy.Policy` (`make_policy`); `mxamp.graph` rewrites the graph, read once;
 the parameters stored in low precision are cast; files are written atomically.  It first
 refuses what would give a wrong graph silently: names that match nothing, unknown or missing
@@ -14,15 +13,14 @@ import difflib
 import os
 import typing
 import uuid
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 
 from . import dtypes, hardware
 from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
-from .graph import Conversion, GraphError, GraphLike, LoadedGraph, convert_graph, error_line, load_graph
+from .graph import Conversion, GraphError, GraphLike, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
-from .migration import from_contrib_amp
 from .policy import Policy, Rules, emulates_float16, exclude_matches
 
 __all__ = ['ConversionResult', 'ParameterError', 'SymbolOptions', 'check_params',
@@ -129,12 +127,7 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
                    ctx: Optional[ContextLike] = None,
                    input_types: Optional[Mapping[str, DTypeLike]] = None,
                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
-                   cpu_class: Optional[str] = None, target_dtype: Optional[DTypeLike] = None,
-                   target_dtype_ops: Optional[Iterable[str]] = None,
-                   conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
-                   excluded_sym_names: Optional[Iterable[str]] = None,
-                   data_names: Optional[Iterable[str]] = None,
-                   cast_optional_params: Optional[bool] = None) -> mx.sym.Symbol:
+                   cpu_class: Optional[str] = None) -> mx.sym.Symbol:
     """Convert an FP32 Symbol to mixed precision (FP32 inputs and outputs; docs/symbol-tool.rst).
 
     Parameters
@@ -160,8 +153,6 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
         True: every cast a ``Cast``; False: faster ``amp_cast``, which ``save`` drops by default.
     cpu_class : str, optional
         For bfloat16, the CPU class that will run the graph (`target_cpu_class`).
-    target_dtype, target_dtype_ops, conditional_fp32_ops, excluded_sym_names, data_names, cast_optional_params
-        contrib.amp's, with its meaning (docs/migrating-contrib-amp.rst).
 
     Returns
     -------
@@ -169,9 +160,10 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
 
     Raises
     ------
-    TypeError, ValueError, GraphError
-        An option in both spellings; an unknown dtype or operator, or a name that matches
-        nothing in the graph; a graph mxamp cannot read or convert.
+    ValueError, GraphError
+        An unknown dtype or operator, or a name that matches nothing in the graph; a graph
+        mxamp cannot read or convert.  MXNet ``contrib.amp``'s keywords are
+        `mxamp.contrib_amp`'s.
 
     Examples
     --------
@@ -180,13 +172,10 @@ def convert_symbol(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLike] = 
     >>> mxamp.convert_symbol(sym, 'bfloat16').infer_type(data='float32')[1]
     [<class 'numpy.float32'>]
     """
-    return _front('convert_symbol', sym, dtype, params=params, exclude=exclude,
-                  fp32_ops=fp32_ops, lp_ops=lp_ops, ctx=ctx, input_types=input_types,
-                  input_shapes=input_shapes, portable=portable, cpu_class=cpu_class,
-                  target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                  conditional_fp32_ops=conditional_fp32_ops,
-                  excluded_sym_names=excluded_sym_names, data_names=data_names,
-                  cast_optional_params=cast_optional_params).symbol
+    options = SymbolOptions(dtype, Rules.of(exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops),
+                            params=params, ctx=ctx, input_types=input_types,
+                            input_shapes=input_shapes, portable=portable, cpu_class=cpu_class)
+    return convert_checked(sym, options).symbol
 
 
 def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.NDArray],
@@ -197,11 +186,7 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   input_shapes: Optional[Mapping[str, Sequence[int]]] = None, portable: bool = True,
                   cpu_class: Optional[str] = None, allow_missing: bool = False,
-                  for_inference: bool = False, target_dtype: Optional[DTypeLike] = None,
-                  target_dtype_ops: Optional[Iterable[str]] = None,
-                  conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
-                  excluded_sym_names: Optional[Iterable[str]] = None,
-                  cast_optional_params: Optional[bool] = None
+                  for_inference: bool = False
                   ) -> Tuple[mx.sym.Symbol, Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     """Convert a checkpoint (symbol + parameters) to mixed precision.
 
@@ -216,8 +201,6 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     for_inference : bool
         Also fuse the result with oneDNN for a CPU (`mxamp.fusion.fuse_symbol`; needs
         `input_shapes`); a fused graph cannot be trained.
-    cast_optional_params : bool, optional
-        contrib.amp's: False keeps every parameter FP32, cast in the graph at every run.
 
     Returns
     -------
@@ -237,15 +220,12 @@ def convert_model(sym: Union[mx.sym.Symbol, str], arg_params: Dict[str, mx.nd.ND
     >>> bf16_args['fc_weight'].dtype      # stored in bfloat16
     dtype([('bfloat16', '<u2')])
     """
-    result = _front('convert_model', sym, dtype, arg_params=arg_params,
-                    aux_params=aux_params or {}, exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops,
-                    ctx=ctx, input_types=input_types, input_shapes=input_shapes, portable=portable,
-                    cpu_class=cpu_class, allow_missing=allow_missing, for_inference=for_inference,
-                    target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                    conditional_fp32_ops=conditional_fp32_ops,
-                    excluded_sym_names=excluded_sym_names,
-                    cast_optional_params=cast_optional_params)
-    # Given arg_params, _front returns both parameter dicts.
+    options = SymbolOptions(dtype, Rules.of(exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops),
+                            ctx=ctx, input_types=input_types, input_shapes=input_shapes,
+                            portable=portable, cpu_class=cpu_class, allow_missing=allow_missing,
+                            for_inference=for_inference)
+    result = convert_checked(sym, options, arg_params=arg_params, aux_params=aux_params or {})
+    # Given arg_params, convert_checked returns both parameter dicts.
     args = typing.cast(Dict[str, mx.nd.NDArray], result.arg_params)
     auxs = typing.cast(Dict[str, mx.nd.NDArray], result.aux_params)
     return result.symbol, args, auxs
@@ -261,17 +241,12 @@ def convert_with_record(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLik
                         input_types: Optional[Mapping[str, DTypeLike]] = None,
                         input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                         portable: bool = True, cpu_class: Optional[str] = None,
-                        allow_missing: bool = False, for_inference: bool = False,
-                        target_dtype: Optional[DTypeLike] = None,
-                        target_dtype_ops: Optional[Iterable[str]] = None,
-                        conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
-                        excluded_sym_names: Optional[Iterable[str]] = None,
-                        data_names: Optional[Iterable[str]] = None,
-                        cast_optional_params: Optional[bool] = None) -> ConversionResult:
+                        allow_missing: bool = False, for_inference: bool = False
+                        ) -> ConversionResult:
     """`convert_model` (with `arg_params`) or `convert_symbol` (without), and the record of
     what the conversion decided, node by node, as a `ConversionResult`.
 
-    Arguments as those functions'; `params` and `data_names` apply without `arg_params`,
+    Arguments as those functions'; `params` applies without `arg_params`, `aux_params`,
     `allow_missing` and `for_inference` with them (TypeError otherwise).
 
     Examples
@@ -290,72 +265,15 @@ def convert_with_record(sym: Union[mx.sym.Symbol, str], dtype: Optional[DTypeLik
                 raise TypeError('convert_with_record(): %s applies to a checkpoint; pass arg_params too'
                                 % name)
     else:
-        for option, given in (('params', params), ('data_names', data_names)):
-            if given is not None:
-                raise TypeError('convert_with_record(): %s applies without arg_params (the '
-                                'parameters are their keys)' % option)
+        if params is not None:
+            raise TypeError('convert_with_record(): params applies without arg_params (the '
+                            'parameters are their keys)')
         aux_params = aux_params or {}
-    return _front('convert_with_record', sym, dtype, arg_params=arg_params,
-                  aux_params=aux_params, params=params, exclude=exclude, fp32_ops=fp32_ops,
-                  lp_ops=lp_ops, ctx=ctx, input_types=input_types, input_shapes=input_shapes,
-                  portable=portable, cpu_class=cpu_class, allow_missing=allow_missing,
-                  for_inference=for_inference, target_dtype=target_dtype,
-                  target_dtype_ops=target_dtype_ops, conditional_fp32_ops=conditional_fp32_ops,
-                  excluded_sym_names=excluded_sym_names, data_names=data_names,
-                  cast_optional_params=cast_optional_params)
-
-
-def _front(function: str, sym: GraphLike, dtype: Optional[DTypeLike],
-           arg_params: Optional[Dict[str, mx.nd.NDArray]] = None,
-           aux_params: Optional[Dict[str, mx.nd.NDArray]] = None,
-           params: Optional[Iterable[str]] = None, data_names: Optional[Iterable[str]] = None,
-           target_dtype: Optional[DTypeLike] = None, target_dtype_ops: Optional[Iterable[str]] = None,
-           conditional_fp32_ops: Optional[Iterable[Tuple[str, str, Iterable[str]]]] = None,
-           excluded_sym_names: Optional[Iterable[str]] = None,
-           cast_optional_params: Optional[bool] = None, exclude: Optional[Iterable[str]] = None,
-           fp32_ops: Optional[Iterable[str]] = None, lp_ops: Optional[Iterable[str]] = None,
-           **checked: Any) -> ConversionResult:
-    """The public functions' common part: either spelling to mxamp's, gathered into one
-    `SymbolOptions` with `checked`, its other fields, for `convert_checked`."""
-    options = from_contrib_amp(function, dtype, fp32_ops=fp32_ops, lp_ops=lp_ops, exclude=exclude,
-                               target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                               conditional_fp32_ops=conditional_fp32_ops,
-                               excluded_sym_names=excluded_sym_names,
-                               cast_optional_params=cast_optional_params)
-    graph = load_graph(sym)
-    if arg_params is None:
-        params = _declared_params(function, graph, params, data_names, options.cast_params)
-    rules = Rules.of(fp32_ops=options.fp32_ops, lp_ops=options.lp_ops, exclude=options.exclude,
-                     lp_ops_only=options.lp_ops_only, fp32_conditions=options.fp32_conditions)
-    return convert_checked(graph, SymbolOptions(options.dtype, rules, params=params,
-                                                cast_params=options.cast_params is not False,
-                                                **checked),
-                           PYTHON_NAMES._replace(exclude=options.exclude_option),
-                           arg_params=arg_params, aux_params=aux_params)
-
-
-def _declared_params(function: str, graph: LoadedGraph, params: Optional[Iterable[str]],
-                     data_names: Optional[Iterable[str]], cast_params: Optional[bool]
-                     ) -> Optional[List[str]]:
-    """`convert_symbol`'s `params` from `params` or contrib.amp's `data_names` (whose complement
-    are parameters only with ``cast_optional_params=True``)."""
-    if params is not None and data_names is not None:
-        raise TypeError("%s() got both params and data_names (contrib.amp's: the variables "
-                        "that are not parameters): pass one" % function)
-    if params is not None and cast_params is False:
-        raise ValueError('%s(): params declares parameters stored in low precision, '
-                         'cast_optional_params=False keeps every variable an FP32 input: '
-                         'pass one' % function)
-    if data_names is None:
-        return None if params is None else list(params)
-    if isinstance(data_names, (str, bytes)):
-        raise ValueError('data_names: expected a list of variable names, got the string %r' % data_names)
-    data = list(data_names)
-    check_variables(graph, data, 'data_names')
-    if not cast_params:
-        return None
-    symbol = graph.symbol
-    return [name for name in symbol.list_arguments() + symbol.list_auxiliary_states() if name not in data]
+    options = SymbolOptions(dtype, Rules.of(exclude=exclude, fp32_ops=fp32_ops, lp_ops=lp_ops),
+                            params=params, ctx=ctx, input_types=input_types,
+                            input_shapes=input_shapes, portable=portable, cpu_class=cpu_class,
+                            allow_missing=allow_missing, for_inference=for_inference)
+    return convert_checked(sym, options, arg_params=arg_params, aux_params=aux_params)
 
 
 def convert_checked(sym: GraphLike, options: SymbolOptions, names: Names = PYTHON_NAMES,

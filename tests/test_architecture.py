@@ -17,23 +17,23 @@ WING = os.path.join(PACKAGE, 'kernels')
 LAYERS = (
     ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version', 'verdict_rules'}),
     ('precision names', {'dtypes'}),
-    ('policy and graph rewrite', {'policy', 'migration', 'graph', 'graph_check', 'passes',
+    ('policy and graph rewrite', {'policy', 'graph', 'graph_check', 'passes',
                                   'fusion', 'network_state', 'diagnose'}),
     ('kernel wing', {'kernels'}),
     ('pass pipeline', {'pipeline'}),
-    ('fronts', {'gluon_parameters', 'gluon', 'gluon_report', 'inference', 'symbol'}),
+    ('fronts', {'gluon_parameters', 'gluon', 'gluon_report', 'inference', 'symbol', 'contrib_amp'}),
     ('training', {'optimizer', 'kvstore_transport', 'loss_scaler', 'trainer', 'module'}),
     ('tools', {'system_info', 'profile_timing', 'profile_kernels', 'profile_report', 'profiling',
                'cli', '__main__', '__init__'}),
 )
 # Edges within a layer, each one way.
 WITHIN = {
-    ('graph', 'policy'), ('migration', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
+    ('graph', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
     ('graph_check', 'graph'), ('graph_check', 'policy'),
     ('network_state', 'policy'), ('diagnose', 'graph'), ('diagnose', 'policy'),
     ('diagnose', 'network_state'),
     ('gluon', 'gluon_parameters'), ('gluon_report', 'gluon'), ('inference', 'gluon'),
-    ('inference', 'gluon_parameters'),
+    ('inference', 'gluon_parameters'), ('contrib_amp', 'gluon'), ('contrib_amp', 'symbol'),
     ('trainer', 'optimizer'), ('trainer', 'kvstore_transport'), ('trainer', 'loss_scaler'),
     ('module', 'optimizer'), ('module', 'kvstore_transport'), ('module', 'loss_scaler'),
     ('__main__', 'cli'), ('__init__', 'cli'), ('cli', 'system_info'), ('__init__', 'system_info'),

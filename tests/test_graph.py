@@ -9,7 +9,7 @@ import pytest
 import mxnet as mx
 
 from conftest import needs_bfloat16_compute
-from mxamp import convert_model, convert_symbol, convert_with_record, hardware
+from mxamp import ConversionResult, convert_model, convert_symbol, convert_with_record, hardware
 from mxamp.dtypes import BFLOAT16, ROUNDING_SUFFIX, cast, to_float32_numpy, type_flag
 from mxamp.graph import (CAST_SUFFIX, PAD_SUFFIX, GraphError, NodePlan, cast_input, convert_graph,
                          format_report, load_graph, plan_node)
@@ -648,3 +648,41 @@ def test_auto_and_float32_mean_for_symbols_what_they_mean_for_gluon(monkeypatch)
     assert convert_model(symbol, args, auxs, 'bf16')[1]['fc_weight'].dtype == BFLOAT16
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         convert_symbol(symbol, 'float8')
+
+
+# --------------------------------------------------------------------------
+# One function, one return type: convert_with_record
+
+def test_convert_with_record_returns_what_convert_model_and_convert_symbol_return_and_the_record():
+    import warnings
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    record = convert_with_record(symbol, 'bfloat16', arg_params=args, aux_params=auxs)
+    assert isinstance(record, ConversionResult)
+    model = convert_model(symbol, args, auxs, 'bfloat16')
+    assert record.symbol.tojson() == model[0].tojson()
+    assert sorted(record.arg_params) == sorted(model[1]) and sorted(record.aux_params) == sorted(model[2])
+    assert 'conv0' in record.conversion.node_precision
+    graph_only = convert_with_record(symbol, 'bfloat16')
+    assert graph_only.arg_params is None and graph_only.aux_params is None
+    assert graph_only.symbol.tojson() == convert_symbol(symbol, 'bfloat16').tojson()
+    assert 'conv0' in graph_only.conversion.node_precision
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')      # the call warns about nothing
+        assert convert_with_record(symbol, 'float32').conversion is None
+
+
+def test_convert_with_record_defaults_to_auto_and_refuses_options_that_do_not_apply():
+    import warnings
+    symbol = small_cnn()
+    args, auxs = params_of(symbol)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')         # 'auto' may stay float32 here: said once
+        assert (convert_with_record(symbol, ctx=mx.cpu()).symbol.tojson()
+                == convert_with_record(symbol, 'auto', ctx=mx.cpu()).symbol.tojson())
+    with pytest.raises(TypeError, match=r'^convert_with_record\(\): params applies without arg_params'):
+        convert_with_record(symbol, 'bfloat16', arg_params=args, aux_params=auxs, params=['fc_weight'])
+    with pytest.raises(TypeError, match=r'^convert_with_record\(\): for_inference applies to a checkpoint'):
+        convert_with_record(symbol, 'bfloat16', for_inference=True)
+    with pytest.raises(TypeError, match=r'^convert_with_record\(\): aux_params applies to a checkpoint'):
+        convert_with_record(symbol, 'bfloat16', aux_params=auxs)
