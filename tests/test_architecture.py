@@ -3,10 +3,16 @@
 Every ``from . import x`` / ``from .x import y`` / ``import mxamp.x`` in
 ``mxamp/`` (function-level imports included) is an edge; an edge must run to a
 lower layer, or within a layer in the order given there.  The kernel wing
-(``mxamp/kernels/``) is one room, which only its doors import.
+(``mxamp/kernels/``) is one room, which only its doors import.  Also the length of
+modules and of parameter lists: public signatures stay short, and the Symbol front's
+internals pass one options object (`mxamp.symbol.SymbolOptions`), not the options one by one.
 """
 import ast
+import inspect
 import os
+import types
+
+import mxamp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'mxamp')
@@ -49,6 +55,11 @@ BESIDE = ('training', 'fronts')
 WING_DOORS = {'pipeline', 'optimizer', 'system_info', 'cli'}
 # The most lines a module of mxamp/ (the wing's included) may have.
 MAX_LINES = 1000
+# The most parameters a public function or method may take; and a function of the Symbol
+# front other than its public ones, which hand the internals one SymbolOptions.
+MAX_PUBLIC_PARAMETERS = 15
+MAX_SYMBOL_INTERNAL_PARAMETERS = 8
+SYMBOL_FRONT_PUBLIC = ('convert_symbol', 'convert_model', 'convert_with_record')
 
 
 def _modules():
@@ -137,3 +148,53 @@ def test_no_circle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [])
+
+
+def _public_api():
+    """``(name, function)`` of mxamp's public API: the functions in ``mxamp.__all__`` and the
+    public methods (``__init__`` too) of its classes, and so for each module there, those of
+    its ``__all__``; methods inherited from MXNet's classes are MXNet's."""
+    def members(prefix, obj):
+        if inspect.isfunction(obj):
+            yield prefix, obj
+        elif inspect.isclass(obj):
+            for name, method in inspect.getmembers(obj, inspect.isfunction):
+                if ((not name.startswith('_') or name == '__init__')
+                        and method.__module__.startswith('mxamp')):
+                    yield '%s.%s' % (prefix, name), method
+    for name in mxamp.__all__:
+        obj = getattr(mxamp, name)
+        if isinstance(obj, types.ModuleType):
+            for inner in getattr(obj, '__all__', ()):
+                for found in members('%s.%s' % (name, inner), getattr(obj, inner)):
+                    yield found
+        else:
+            for found in members(name, obj):
+                yield found
+
+
+def test_public_signatures_are_short():
+    api = dict(_public_api())
+    assert {'convert', 'convert_with_record', 'contrib_amp.convert_model', 'Trainer.__init__'} <= set(api)
+    long = ['%s: %d parameters' % (name, len(inspect.signature(function).parameters))
+            for name, function in sorted(api.items())
+            if len(inspect.signature(function).parameters) > MAX_PUBLIC_PARAMETERS]
+    assert not long, 'over %d parameters: %s' % (MAX_PUBLIC_PARAMETERS, ', '.join(long))
+
+
+def test_the_symbol_front_passes_one_options_object():
+    with open(os.path.join(PACKAGE, 'symbol.py')) as handle:
+        tree = ast.parse(handle.read())
+    functions = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert set(SYMBOL_FRONT_PUBLIC) <= set(functions)
+    long = []
+    for name, node in sorted(functions.items()):
+        arguments = node.args
+        count = (len(arguments.posonlyargs) + len(arguments.args) + len(arguments.kwonlyargs)
+                 + bool(arguments.vararg) + bool(arguments.kwarg))
+        if name not in SYMBOL_FRONT_PUBLIC and count > MAX_SYMBOL_INTERNAL_PARAMETERS:
+            long.append('%s: %d parameters' % (name, count))
+    assert not long, 'over %d parameters: %s' % (MAX_SYMBOL_INTERNAL_PARAMETERS, ', '.join(long))
+    for name in ('convert_checked', 'make_policy'):
+        annotations = [ast.unparse(a.annotation) for a in functions[name].args.args if a.annotation]
+        assert 'SymbolOptions' in annotations, name
