@@ -59,6 +59,7 @@ class BuildPyWithStartupHook(build_py):
         with open(os.path.join(top, _HOOK_PTH), 'w') as handle:
             handle.write('import _mxamp_numpy_aliases\n')
 
+_GLUONTS = 'gluonts==0.17.0; python_version >= "3.10" and python_version < "3.12"'
 _MXNET_BUILDS = {'cpu': 'mxnet==1.9.1', 'cu112': 'mxnet-cu112==1.9.1'}
 _build = os.environ.get('MXAMP_MXNET_BUILD', 'cpu')
 if _build not in _MXNET_BUILDS:
@@ -72,8 +73,9 @@ setup(
     long_description_content_type='text/x-rst',
     license='Apache-2.0',
     packages=find_packages(include=['mxamp', 'mxamp.*']),
-    # The measured choice of mxamp's own convolution (mxamp.kernels.choice).
-    package_data={'mxamp.kernels': ['choice_table.json']},
+    # Measured data: where bfloat16 pays per layer (mxamp.cost) and the choice of mxamp's own
+    # convolution (mxamp.kernels.choice).
+    package_data={'mxamp': ['cost_table.json'], 'mxamp.kernels': ['choice_table.json']},
     python_requires='>=3.8,<3.13',
     install_requires=[
         _MXNET_BUILDS[_build],
@@ -98,8 +100,11 @@ setup(
         # GluonNLP's models (tests/test_partial_conversion.py): an optional family, never needed
         # by mxamp itself; its tests skip without it.
         'nlp': ['gluonnlp==0.10.0'],
+        # GluonTS's MXNet forecasters (mxamp.gluonts): likewise optional.  0.17 needs Python
+        # 3.10 or later, and numpy >= 1.24 on 3.12, which MXNet 1.9.1 cannot import.
+        'gluonts': [_GLUONTS],
         'test': ['pytest', 'hypothesis', 'scikit-learn', 'matplotlib', 'docutils', 'pyflakes', 'mypy',
-                 'gluonnlp==0.10.0'],
+                 'gluonnlp==0.10.0', _GLUONTS],
         'demo': ['scikit-learn', 'matplotlib'],
         # The manual (`make docs`): Sphinx 7.1 is the last release for Python 3.8, 7.4 the last
         # for 3.9; one pinned line each, so a warning (an error under -W) is the same everywhere.

@@ -46,7 +46,8 @@ if os.environ.get('DMLC_ROLE', 'worker') == 'worker':
 # Loaded when first used: the profiler, what `mxamp info` reports and the kernel wing
 # (which loads its library) cost an import that converting and training do not need.
 _LAZY = {'profile': ('profiling', 'profile'), 'ProfileReport': ('profiling', 'ProfileReport'),
-         'system_info': ('system_info', None), 'kernels': ('kernels', None)}
+         'system_info': ('system_info', None), 'kernels': ('kernels', None),
+         'gluonts': ('gluonts', None)}
 
 
 def __getattr__(name):

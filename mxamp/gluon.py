@@ -33,12 +33,13 @@ import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import Block, HybridBlock
 
-from . import dtypes
+from . import cost, dtypes
 from . import graph as graph_mod
 from . import hardware
 from . import passes, pipeline
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array
-from .gluon_parameters import Float32Checkpoints, ensure_fp32_var, mixed_class, sync_params
+from .gluon_parameters import (Float32Checkpoints, ensure_fp32_var, keep_float32, mixed_class,
+                               settle, sync_params)
 from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
                             converted_state, describe_block, state_of)
 from .policy import Rules, exclude_matches
@@ -48,6 +49,7 @@ __all__ = ['convert', 'is_converted']
 _warned_float16_cpu = False
 _warned_bfloat16_storage_only = False
 _warned_bfloat16_without_amx = False
+_warned_unpaid = False
 
 
 # --------------------------------------------------------------------------
@@ -398,8 +400,17 @@ def _rewrite(block, fp32_symbol, policy, shapes):
                   if p.name in names and getattr(p, '_mxamp_precision', None) == policy.dtype}
     # Every parameter variable declares its dtype (__dtype__): no input_types needed.
     inputs = names - {p.name for p in params}
-    return graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
-                                   portable=False, data_inputs=inputs)
+    stored = {p.name for p in params if p.name in candidates and p._data is not None
+              and name_of_array(p) == policy.dtype}
+    conversion = graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
+                                         portable=False, data_inputs=inputs, stored_low=stored)
+    # Parameters not yet in low precision (no values, or FP32 ones: 'auto' casts at the first
+    # build) that only layers too small to pay read (Policy.costs) stay FP32: no cast each
+    # step, and FP32's values.
+    keep_float32([p for p in params if p.name in candidates - conversion.lp_params])
+    settle([p for p in params if p.name in names])
+    _warn_unpaid(block, policy, conversion)
+    return conversion
 
 
 def _mode_name(training, input_gradients=False):
@@ -473,6 +484,34 @@ def _kernel_gradient_added(block):
         return False
     params = block.collect_params()
     return any(params[name].grad_req == 'add' for name in names if name in params)
+
+
+def _warn_unpaid(block, policy, conversion):
+    """Say once when no layer of a bfloat16 graph does enough work for bfloat16 to pay on
+    this CPU (`mxamp.cost`): under 'auto' the graph computes in FP32, asked for bfloat16
+    it will be slower than FP32."""
+    global _warned_unpaid
+    if _warned_unpaid or policy.dtype != 'bfloat16' or policy.bfloat16_storage_only:
+        return
+    model = policy.costs or cost.model_for(policy.cpu_class)
+    if model is None:
+        return
+    layers = {node.name: (node.op, conversion.works[node.name]) for node in conversion.nodes
+              if node.name in conversion.works}
+    largest = cost.largest_unpaid(layers, model)
+    if largest is None:
+        return
+    _warned_unpaid = True
+    name, op, work, threshold = largest
+    why = ('none of its %d layers does enough work per call for bfloat16 to pay for its casts '
+           'on this %s (the largest, %s %r, %.3g MFLOP; bfloat16 pays from %.3g)'
+           % (len(layers), hardware.describe_cpu_class(policy.cpu_class), op, name, work, threshold))
+    if policy.costs is not None:
+        text = "mxamp: dtype='auto' computes %s in float32: %s" % (describe_block(block), why)
+    else:
+        text = ("mxamp: %s computes in bfloat16 as asked, but %s: expect it slower than float32 "
+                "(dtype='auto' would keep it in float32)" % (describe_block(block), why))
+    warnings.warn(text, RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
 
 def _warn_float16_cpu():
@@ -783,7 +822,9 @@ def convert_with_rules(net: Block, dtype: Optional[DTypeLike], rules: Rules,
                         'to convert' % (describe_block(net), float32_blocks[0][2]))
     node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, exclude, node_names, exclude_option)
-    settings = _decided(Settings.of(name, rules._replace(exclude=tuple(patterns))), parts)
+    cost_aware = isinstance(dtype, str) and dtype.lower() == 'auto'
+    settings = _decided(Settings.of(name, rules._replace(exclude=tuple(patterns)),
+                                    cost_aware=cost_aware), parts)
     for _, part, _ in parts:   # all refusals before any block changes
         _check_shared(part, settings, net)
     for _, part, _ in parts:

@@ -79,6 +79,8 @@ def sync_params(block):
     A parameter's precision is decided once, when it first meets a converted
     tree, and kept in ``_mxamp_precision`` (`mxamp.dtypes.param_precision` reads
     it before initialisation): a child converted on its own keeps its decisions.
+    Under ``'auto'`` its values stay FP32 until a graph that reads it is built
+    (`settle`), which may keep it in FP32 (`keep_float32`).
     """
     settings = converted_state(block).settings
     for param in block.collect_params().values():
@@ -90,8 +92,23 @@ def sync_params(block):
             param._mxamp_precision = want
             if want in LOW_PRECISION:
                 param.__class__ = mixed_class(_LowPrecisionParameter, type(param))
-        if param._data is not None and name_of_array(param) != want:
+        waits = settings.cost_aware and not getattr(param, '_mxamp_settled', False)
+        if param._data is not None and name_of_array(param) != want and not waits:
             set_param_dtype(param, want)
+
+
+def settle(params):
+    """Mark `params` as read by a built graph: `sync_params` gives them their dtype."""
+    for param in params:
+        param._mxamp_settled = True
+
+
+def keep_float32(params):
+    """Store `params` (none in low precision yet) in FP32 from now on, whatever their tree
+    decided at conversion (`sync_params` keeps the new decision)."""
+    for param in params:
+        param._mxamp_precision = 'float32'
+        set_param_dtype(param, 'float32')
 
 
 class _LowPrecisionParameter(object):
@@ -111,6 +128,17 @@ class _LowPrecisionParameter(object):
             super(_LowPrecisionParameter, self)._finish_deferred_init()
         finally:
             set_param_dtype(self, stored)
+
+    # MXNet 1.9.1: Block.load_parameters hands each array to Parameter._load_init, which
+    # refuses another dtype unless cast_dtype.  mxamp's checkpoints hold FP32 values
+    # (Float32Checkpoints); a parent mxamp did not convert loads them here directly (GluonTS
+    # copies a trained network's values into a predictor holding its blocks so).
+    def _load_init(self, data, ctx, cast_dtype=False, dtype_source='current'):
+        stored = name_of_array(self)
+        if stored in LOW_PRECISION and name_of_array(data) == 'float32' and not cast_dtype:
+            data = cast(data, stored)
+        super(_LowPrecisionParameter, self)._load_init(data, ctx, cast_dtype=cast_dtype,
+                                                       dtype_source=dtype_source)
 
     # Parameters pickle (blocks do not): the generated class has no importable
     # name, so a pickle names the class it was generated from.

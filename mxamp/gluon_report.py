@@ -128,6 +128,12 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     lines.append('casts: ' + (', '.join('%d %s->%s' % (n, a, b)
                                         for (a, b), n in sorted(conversion.casts.items()))
                               or 'none'))
+    small = conversion.small_layers
+    if small:
+        lines.append("kept in float32, too small for %s to pay on this CPU (dtype='auto'): "
+                     '%d layers, the largest %.3g MFLOP a call%s'
+                     % (settings.dtype, len(small), max(small.values()),
+                        '' if conversion.computes_low else ': the whole net computes in float32'))
     lines.extend(record.line for record in records if record.line)
     by_dtype: Dict[str, Tuple[int, int]] = {}
     for param in net.collect_params().values():

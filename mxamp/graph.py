@@ -28,6 +28,7 @@ import numpy as np
 import mxnet as mx
 
 from . import policy as policy_mod
+from .cost import GEMM_OPS, layer_work
 from .dtypes import (ROUNDING_SUFFIX, DTypeLike, bfloat16_rounding_nodes, numpy_dtype,
                      precision_name, type_flag)
 from .policy import FLOAT32, LOW, NEUTRAL, WIDEST
@@ -36,7 +37,8 @@ __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', '
            'PAD_SUFFIX',
            'assemble_graph', 'cast_input', 'convert_graph', 'error_line', 'find_casts',
            'format_report',
-           'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'load_graph',
+           'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'layer_works',
+           'load_graph',
            'plan_node', 'storable_params']
 
 # Tag on every cast mxamp inserts, which `find_casts` reads in a graph without its Conversion.
@@ -70,7 +72,8 @@ NodePlan = collections.namedtuple('NodePlan', [
     'pad_channels',  # a zero input channel is appended to its data and weight
     'activation',    # act_type of the oneDNN Activation it runs as, None to keep its op
     'outputs',       # per output: 'float32' | dtype read by its consumers, None if not floating
-])
+    'small',         # MFLOP a call of a layer kept in FP32 as too small to pay (Policy.costs)
+], defaults=(None,))
 
 CastRecord = collections.namedtuple('CastRecord', [
     'name',          # the cast node's name
@@ -118,7 +121,8 @@ class Conversion(collections.namedtuple('Conversion', [
         'output_casts',  # per graph output, the CastRecord casting it back to FP32, or None
         'shapes',        # {variable name: shape} known to the rewrite (given or inferred)
         'passes',        # tuple of mxamp.passes.PassRecord, the later passes' (mxamp.pipeline)
-], defaults=((),))):
+        'works',         # {node name: forward MFLOP a call} of the GEMM nodes of known shapes
+], defaults=((), {}))):
     """What `convert_graph` made and did: the graph and the record of every decision."""
     __slots__ = ()
 
@@ -126,6 +130,18 @@ class Conversion(collections.namedtuple('Conversion', [
     def node_precision(self) -> Dict[str, str]:
         """``{node name: 'float32' | dtype}``: the precision each op node runs in."""
         return {node.name: node.precision for node in self.nodes}
+
+    @property
+    def small_layers(self) -> Dict[str, float]:
+        """``{node name: MFLOP a call}`` of the layers kept in FP32 as too small for low
+        precision to pay (`mxamp.policy.Policy`'s ``costs``)."""
+        return {node.name: node.plan.small for node in self.nodes
+                if node.plan.small is not None}
+
+    @property
+    def computes_low(self) -> bool:
+        """Whether any node computes in the target dtype."""
+        return any(node.computes_in == self.dtype for node in self.nodes)
 
     @property
     def casts(self) -> Counter[Tuple[str, str]]:
@@ -384,7 +400,7 @@ def _variable_type(node, input_types):
 
 def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: Sequence[Optional[str]],
               input_shapes: Sequence[Optional[Tuple[int, ...]]], float_outputs: Sequence[bool],
-              post_op: bool = False) -> NodePlan:
+              post_op: bool = False, work: Optional[float] = None) -> NodePlan:
     """How one op node runs under `policy`: the only place a node's precision is decided.
 
     Parameters
@@ -400,6 +416,8 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         Per output, whether it is floating and takes part in the rewrite.
     post_op : bool
         Whether oneDNN would fuse the node into the convolution it reads (`convolution_post_ops`).
+    work : float, optional
+        A GEMM's forward MFLOP a call (`mxamp.cost.layer_work`), for `Policy.pays`.
 
     Examples
     --------
@@ -417,6 +435,9 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     index = policy.index_inputs(op, attrs)
     floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
     cls = policy.op_class(op, attrs, node['name'])
+    small = None
+    if cls == LOW and not policy.pays(op, work):
+        cls, small = FLOAT32, work
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
     fused = post_op and input_states[0] == low and policy.fuses_into_convolution(
         op, attrs, node['name'])
@@ -425,6 +446,9 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         precision = low
     elif cls == LOW and policy.follows_data(op) and input_states[0] == 'float32':
         precision = 'float32'   # its data stays FP32 (see Policy.follows_data)
+    elif cls == LOW and policy.follows_inputs(op) and floating and \
+            all(input_states[pos] == 'float32' for pos in floating):
+        precision = 'float32'   # memory-bound: casting its FP32 inputs would cost more
     elif cls == LOW:
         # Stored parameters stay low under an FP32 layout (exact casts): shapes cannot change them.
         precision = 'float32' if layout == FLOAT32 else low
@@ -445,7 +469,7 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
                     for k, f in enumerate(float_outputs))
     pad_channels = precision == low and layout == policy_mod.PAD_CHANNELS
     activation = ONEDNN_ACTIVATIONS.get(policy_mod.canonical(op)) if precision == 'bfloat16' else None
-    return NodePlan(precision, inputs, compute_fp32, pad_channels, activation, outputs)
+    return NodePlan(precision, inputs, compute_fp32, pad_channels, activation, outputs, small)
 
 
 def _as_onednn_activation(node, act_type):
@@ -549,12 +573,29 @@ class _Builder(object):
         return [data, weight] + inputs[2:], [data_pad, weight_pad] + [()] * (len(inputs) - 2)
 
 
+def layer_works(graph: Mapping[str, Any], variable_shapes: Mapping[int, Tuple[int, ...]],
+                entry_shapes: Mapping[Tuple[int, int], Tuple[int, ...]]) -> Dict[int, float]:
+    """``{node index: forward MFLOP a call}`` of the GEMM nodes whose shapes are known
+    (`mxamp.cost.layer_work`)."""
+    works = {}
+    for nid, node in enumerate(graph['nodes']):
+        if node['op'] not in GEMM_OPS:
+            continue
+        shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
+                  for src, k, _ in node['inputs']]
+        work = layer_work(node['op'], node.get('attrs', {}), shapes, entry_shapes.get((nid, 0)))
+        if work is not None:
+            works[nid] = work
+    return works
+
+
 def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
-                    params: Collection[str]) -> Set[str]:
+                    params: Collection[str], small: Collection[int] = ()) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
 
-    Decided on operator classes and kernels alone (not shapes, device or CPU class), so that
-    a network has the same parameters in the same dtypes wherever it runs."""
+    Decided on operator classes and kernels (not device or CPU class), so that a network
+    has the same parameters in the same dtypes wherever it runs; the nodes `small` (indices,
+    `layer_works` under a cost-aware policy) read theirs in FP32."""
     nodes = graph['nodes']
     # Read in FP32: by an FP32 operator, as a fixed input, by an operator no CPU computes in
     # bfloat16 (RNN, dot), or through operators that pass it on (RNN weights reach it through
@@ -564,7 +605,7 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
         node = nodes[nid]
         if node['op'] == 'null':
             continue
-        cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
+        cls = FLOAT32 if nid in small else policy.op_class(node['op'], node.get('attrs'), node['name'])
         fixed = set(policy.float32_inputs(node['op'])) | set(policy.index_inputs(node['op'], node.get('attrs')))
         passes_on = cls in (NEUTRAL, WIDEST) and read_in_float32[nid]
         for pos, (src, _, _) in enumerate(node['inputs']):
@@ -631,7 +672,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   shapes: Optional[Mapping[str, Sequence[int]]] = None,
                   portable: bool = True, keep_batchnorm: bool = False,
-                  data_inputs: Iterable[str] = ()) -> Conversion:
+                  data_inputs: Iterable[str] = (), stored_low: Iterable[str] = ()) -> Conversion:
     """Rewrite an FP32 graph to mixed precision.
 
     Parameters
@@ -653,6 +694,9 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         Put the `NO_FOLD_SUFFIX` identity before each BatchNorm reading a bfloat16 convolution.
     data_inputs : iterable of str
         The network's inputs, cast like activations under ``portable=False``.
+    stored_low : iterable of str
+        Parameters among `params` whose values are already in the target dtype: declared in
+        it even where only layers too small to pay read them (those read them through casts).
 
     Returns
     -------
@@ -668,7 +712,11 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     counts = _output_counts(graph)
     variable_shapes = infer_variable_shapes(graph, shapes)
     entry_shapes = infer_entry_shapes(graph, shapes)
-    lp_params = storable_params(graph, policy, params)
+    works = layer_works(graph, variable_shapes, entry_shapes)
+    small = {nid for nid, work in works.items()
+             if policy.op_class(nodes[nid]['op'], nodes[nid].get('attrs'), nodes[nid]['name']) == LOW
+             and not policy.pays(nodes[nid]['op'], work)}
+    lp_params = storable_params(graph, policy, params, small) | (set(stored_low) & params)
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype
     out = _Builder(low, portable, data_inputs)
@@ -691,7 +739,8 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         input_shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
                         for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
-                         [t == 'float32' for t in original], post_op=nid in post_ops)
+                         [t == 'float32' for t in original], post_op=nid in post_ops,
+                         work=works.get(nid))
         inputs = [entry if dtype is None else out.to(entry, dtype)
                   for entry, dtype in zip(inputs, plan.inputs)]
         casts = [out.casts.get(entry[0]) for entry in inputs]
@@ -721,7 +770,8 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
                       nodes=tuple(records),
                       cast_nodes=tuple(out.casts[nid] for nid in kept if nid in out.casts),
                       output_casts=tuple(out.casts.get(nid) for nid, _ in heads),
-                      shapes={nodes[nid]['name']: shape for nid, shape in variable_shapes.items()})
+                      shapes={nodes[nid]['name']: shape for nid, shape in variable_shapes.items()},
+                      works={nodes[nid]['name']: work for nid, work in works.items()})
 
 
 def assemble_graph(nodes: Sequence[Mapping[str, Any]], heads: Sequence[Tuple[int, int]],

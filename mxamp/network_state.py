@@ -9,6 +9,7 @@ Stages and moves: docs/gluon.rst, "What mxamp keeps on a network".  A parameter'
 import enum
 from typing import Any, Collection, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional, Tuple
 
+from . import cost
 from . import graph as graph_mod
 from . import hardware
 from .policy import Policy, Rules, emulates_float16
@@ -34,15 +35,17 @@ class Settings(NamedTuple):
 
     ``dtype`` and the user's ``rules`` (`mxamp.policy.Rules`, ``exclude`` as node-name
     patterns); ``lp_params``: the parameters stored in ``dtype``, which `decided_for` fills
-    in (`of` leaves it empty)."""
+    in (`of` leaves it empty); ``cost_aware``: the dtype was ``'auto'``, so layers too small
+    to pay stay FP32 (`mxamp.cost`)."""
     dtype: str
     rules: Rules
     lp_params: FrozenSet[str]
+    cost_aware: bool = False
 
     @classmethod
-    def of(cls, dtype: str, rules: Rules = Rules()) -> 'Settings':
+    def of(cls, dtype: str, rules: Rules = Rules(), cost_aware: bool = False) -> 'Settings':
         """The settings of one convert call, checked (ValueError for a dtype no policy takes)."""
-        settings = cls(dtype, rules, frozenset())
+        settings = cls(dtype, rules, frozenset(), bool(cost_aware))
         settings._any_policy()  # raises here, before any block is touched
         return settings
 
@@ -59,9 +62,10 @@ class Settings(NamedTuple):
                kernel_ops: Iterable[str] = ()) -> Policy:
         """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...); with
         `inference`, of a graph `mxamp.for_inference` fuses; `kernel_ops` as `Policy`'s."""
+        klass = hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class()
+        costs = cost.model_for(klass) if self.cost_aware and device_type == 'cpu' else None
         return Policy(self.dtype, self.rules, emulate_float16=emulates_float16([device_type]),
-                      cpu_class=hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class(),
-                      inference=inference, kernel_ops=kernel_ops)
+                      cpu_class=klass, inference=inference, kernel_ops=kernel_ops, costs=costs)
 
     def same_policy(self, other: 'Settings') -> bool:
         """Whether a block converted with `self` may join a tree converted with `other`:
@@ -70,7 +74,7 @@ class Settings(NamedTuple):
             rules = settings.rules
             only = None if rules.lp_ops_only is None else set(rules.lp_ops_only)
             return (settings.dtype, set(rules.fp32_ops), set(rules.lp_ops), only,
-                    set(rules.fp32_conditions))
+                    set(rules.fp32_conditions), settings.cost_aware)
         return (operator_rules(self) == operator_rules(other)
                 and set(self.rules.exclude) <= set(other.rules.exclude))
 
@@ -81,8 +85,9 @@ class Settings(NamedTuple):
         given = [('fp32_ops', rules.fp32_ops), ('lp_ops', rules.lp_ops), ('exclude', rules.exclude),
                  ('target_dtype_ops', rules.lp_ops_only),
                  ('conditional_fp32_ops', rules.fp32_conditions)]
-        return ', '.join([self.dtype] + ['%s=%s' % (key, list(value)) for key, value in given
-                                         if value])
+        dtype = "'auto' (%s)" % self.dtype if self.cost_aware else self.dtype
+        return ', '.join([dtype] + ['%s=%s' % (key, list(value)) for key, value in given
+                                    if value])
 
 
 class Tree(object):

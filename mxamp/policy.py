@@ -28,6 +28,7 @@ from typing import (Any, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, O
 import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
 
+from .cost import GEMM_OPS, CostModel
 from .dtypes import LOW_PRECISION, DTypeLike, dtype_name
 from .hardware import AMX, AVX512_BF16, CPU_CLASSES, computes_bfloat16
 from .hardware import cpu_class as this_cpu_class
@@ -616,6 +617,9 @@ class Policy(object):
     kernel_ops : iterable of str
         Operators a later pass puts on fast bfloat16 kernels of mxamp's
         (`mxamp.pipeline.low_precision_kernel_ops`), though MXNet's are slow.
+    costs : mxamp.cost.CostModel, optional
+        Keep in FP32 the layers too small for low precision to pay on the target (``'auto'``),
+        and the memory-bound operators whose every input is FP32 (`follows_inputs`).
 
     Examples
     --------
@@ -625,7 +629,8 @@ class Policy(object):
     """
     def __init__(self, dtype: DTypeLike, rules: Rules = Rules(), *, batchnorm_data: str = 'low',
                  emulate_float16: bool = False, cpu_class: str = AVX512_BF16,
-                 inference: bool = False, kernel_ops: Iterable[str] = ()) -> None:
+                 inference: bool = False, kernel_ops: Iterable[str] = (),
+                 costs: Optional[CostModel] = None) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         fp32, low = frozenset(rules.fp32_ops), frozenset(rules.lp_ops)
         if rules.lp_ops_only is not None:
@@ -649,17 +654,19 @@ class Policy(object):
         self.cpu_class = cpu_class
         self.inference = bool(inference)
         self.kernel_ops = frozenset(kernel_ops)
+        self.costs = costs
 
     def __repr__(self) -> str:
         conditions = sorted((op, attribute, tuple(sorted(values)))
                             for op, rules in self.fp32_conditions.items() for attribute, values in rules)
         return ('Policy(%r, fp32_ops=%s, lp_ops=%s, exclude=%s, batchnorm_data=%r, '
-                'cpu_class=%r%s%s%s)'
+                'cpu_class=%r%s%s%s%s)'
                 % (self.dtype, sorted(self.fp32_ops), sorted(self.lp_ops), list(self.exclude),
                    self.batchnorm_data, self.cpu_class,
                    ', fp32_conditions=%s' % conditions if conditions else '',
                    ', inference=True' if self.inference else '',
-                   ', kernel_ops=%s' % sorted(self.kernel_ops) if self.kernel_ops else ''))
+                   ', kernel_ops=%s' % sorted(self.kernel_ops) if self.kernel_ops else '',
+                   ', costs=%r' % self.costs if self.costs is not None else ''))
 
     def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)
@@ -745,6 +752,19 @@ class Policy(object):
         condition = _FUSED_SLOW_ACTIVATIONS.get(op)
         return (condition is not None and condition(attrs)
                 and not self._user_keeps_float32(op, attrs, node_name))
+
+    def pays(self, op: str, work: Optional[float]) -> bool:
+        """Whether a low-precision `op` doing `work` MFLOP a call (None: unknown) computes
+        faster so on the target: always without `costs` and for the user's `lp_ops`."""
+        op = canonical(op)
+        return self.costs is None or op in self.lp_ops or self.costs.pays(op, work)
+
+    def follows_inputs(self, op: str) -> bool:
+        """Whether a low-precision `op` runs in FP32 when every floating input is FP32:
+        under `costs`, for the memory-bound operators (not `GEMM_OPS`), whose casts would
+        cost more than low precision saves."""
+        op = canonical(op)
+        return self.costs is not None and op not in GEMM_OPS and op not in self.lp_ops
 
     def follows_data(self, op: str) -> bool:
         """Whether a low-precision node runs in FP32 when its data input is FP32."""

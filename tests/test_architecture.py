@@ -21,7 +21,7 @@ WING = os.path.join(PACKAGE, 'kernels')
 # Bottom to top (docs/architecture.rst, "Layers").  ``kernels`` is the kernel wing, the
 # subpackage mxamp/kernels/, one room: its modules' imports of each other are its own.
 LAYERS = (
-    ('facts', {'hardware', 'kvkeys', 'atomic_files', '_version', 'verdict_rules'}),
+    ('facts', {'hardware', 'cost', 'kvkeys', 'atomic_files', '_version', 'verdict_rules'}),
     ('precision names', {'dtypes'}),
     ('policy and graph rewrite', {'policy', 'graph', 'graph_check', 'passes',
                                   'fusion', 'network_state', 'diagnose'}),
@@ -30,10 +30,11 @@ LAYERS = (
     ('fronts', {'gluon_parameters', 'gluon', 'gluon_report', 'inference', 'symbol', 'contrib_amp'}),
     ('training', {'optimizer', 'kvstore_transport', 'loss_scaler', 'trainer', 'module'}),
     ('tools', {'system_info', 'profile_timing', 'profile_kernels', 'profile_report', 'profiling',
-               'cli', '__main__', '__init__'}),
+               'cli', 'gluonts', '__main__', '__init__'}),
 )
 # Edges within a layer, each one way.
 WITHIN = {
+    ('cost', 'hardware'),
     ('graph', 'policy'), ('fusion', 'graph'), ('network_state', 'graph'),
     ('graph_check', 'graph'), ('graph_check', 'policy'),
     ('network_state', 'policy'), ('diagnose', 'graph'), ('diagnose', 'policy'),

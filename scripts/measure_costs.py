@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""Where bfloat16 starts to pay for a layer on this CPU: the data of ``mxamp/cost_table.json``.
+
+Usage::
+
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_costs.py            # table on stdout
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_costs.py --json out.json --repeats 15
+
+For each operator whose bfloat16 kernels are compute-bound (FullyConnected,
+Convolution) and a ladder of sizes, a chain of one and of four identical layers
+(hybridized Gluon nets, FP32 against ``mxamp.convert(net, 'bfloat16')``) runs a
+training step, forward and backward, interleaved in this process; the table
+shows the median time of each and the ratio.  One layer in bfloat16 pays for
+the casts around it ("alone"); the layers inside the chain of four have
+bfloat16 neighbours and no casts ("inside": the chain's extra three layers).
+The work is the forward pass's floating-point operations per call (2 per
+multiply-add), in MFLOP.  The threshold written for each case is the
+smallest work from which every larger size runs at least ``--margin`` times
+faster in bfloat16: below it, ``'auto'`` keeps the layer in FP32.
+
+Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
+measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
+keeps the measurements with their date and command.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+
+import mxamp  # noqa: F401  (first: enables AMX before oneDNN's first primitive)
+import mxnet as mx
+from mxnet import autograd, gluon
+from tqdm import tqdm
+
+from mxamp import hardware
+
+#: (batch, in units, out units) of the FullyConnected ladder.
+DENSE_SIZES = [(32, 16, 64), (32, 40, 160), (32, 64, 256), (32, 128, 512), (64, 256, 256),
+               (32, 512, 512), (64, 512, 512), (32, 1024, 1024), (64, 1024, 1024),
+               (128, 1024, 1024), (128, 1024, 4096)]
+#: (batch, channels, height = width) of the 3x3 Convolution ladder (channels in = out).
+CONV_SIZES = [(4, 8, 14), (8, 16, 14), (8, 16, 28), (8, 32, 28), (8, 64, 14), (8, 64, 28),
+              (8, 64, 56), (16, 64, 56), (16, 128, 28), (16, 256, 14)]
+
+
+def dense_chain(depth, units_in, units_out):
+    # Widths alternate, so that every layer does the work of the first.
+    widths = [units_in, units_out] * depth
+    net = gluon.nn.HybridSequential()
+    for k in range(depth):
+        net.add(gluon.nn.Dense(widths[k + 1], flatten=False, in_units=widths[k]))
+    return net
+
+
+def conv_chain(depth, channels):
+    net = gluon.nn.HybridSequential()
+    for _ in range(depth):
+        net.add(gluon.nn.Conv2D(channels, 3, padding=1, in_channels=channels))
+    return net
+
+
+def dense_work(size):
+    batch, units_in, units_out = size
+    return 2e-6 * batch * units_in * units_out
+
+
+def conv_work(size):
+    batch, channels, side = size
+    return 2e-6 * batch * channels * channels * 9 * side * side
+
+
+def dense_data(size):
+    return mx.nd.random.uniform(-1, 1, (size[0], size[1]))
+
+
+def conv_data(size):
+    return mx.nd.random.uniform(-1, 1, (size[0], size[1], size[2], size[2]))
+
+
+OPERATORS = {
+    'FullyConnected': (DENSE_SIZES, lambda depth, s: dense_chain(depth, s[1], s[2]), dense_work,
+                       dense_data),
+    'Convolution': (CONV_SIZES, lambda depth, s: conv_chain(depth, s[1]), conv_work, conv_data),
+}
+
+
+def trained_step(net, data):
+    """A training step's forward and backward of `net` on `data` (weights' and data's
+    gradients, as a layer inside a network computes them)."""
+    data.attach_grad()
+
+    def step():
+        with autograd.record():
+            out = net(data)
+        out.backward()
+    return step
+
+
+def built(make, depth, size, data, dtype):
+    mx.random.seed(0)
+    net = make(depth, size)
+    net.initialize(mx.init.Xavier())
+    if dtype != 'float32':
+        mxamp.convert(net, dtype)
+    net.hybridize(static_alloc=True, static_shape=True)
+    step = trained_step(net, data)
+    for _ in range(3):
+        step()
+    mx.nd.waitall()
+    return step
+
+
+def timed(step):
+    start = time.perf_counter()
+    step()
+    mx.nd.waitall()
+    return time.perf_counter() - start
+
+
+def measure(op, repeats, progress):
+    sizes, make, work, make_data = OPERATORS[op]
+    rows = []
+    for size in sizes:
+        data = make_data(size)
+        steps = {(depth, dtype): built(make, depth, size, data.copy(), dtype)
+                 for depth in (1, 4) for dtype in ('float32', 'bfloat16')}
+        times = {key: [] for key in steps}
+        for _ in range(repeats):
+            for key, step in steps.items():
+                times[key].append(timed(step))
+        median = {key: statistics.median(values) for key, values in times.items()}
+        alone = median[(1, 'float32')] / median[(1, 'bfloat16')]
+        inside = ((median[(4, 'float32')] - median[(1, 'float32')])
+                  / max(median[(4, 'bfloat16')] - median[(1, 'bfloat16')], 1e-9))
+        rows.append({'size': list(size), 'mflop': round(work(size), 3),
+                     'float32_ms': round(1e3 * median[(1, 'float32')], 3),
+                     'bfloat16_ms': round(1e3 * median[(1, 'bfloat16')], 3),
+                     'alone': round(alone, 3), 'inside': round(inside, 3)})
+        progress.update(1)
+    return rows
+
+
+def threshold(rows, key, margin):
+    """The smallest work from which every larger size reaches `margin`; None if none does."""
+    paying = None
+    for row in sorted(rows, key=lambda r: r['mflop'], reverse=True):
+        if row[key] < margin:
+            break
+        paying = row['mflop']
+    return paying
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--repeats', type=int, default=9, help='timed steps per mode and size')
+    parser.add_argument('--margin', type=float, default=1.05,
+                        help='bfloat16 pays from this ratio to FP32 (default 1.05)')
+    parser.add_argument('--json', help='also write the measurements and thresholds here')
+    parser.add_argument('--ops', nargs='+', default=list(OPERATORS), choices=list(OPERATORS))
+    args = parser.parse_args(argv)
+    klass = hardware.cpu_class()
+    if not hardware.computes_bfloat16(klass):
+        sys.exit('measure_costs: this %s computes no bfloat16: there is nothing to measure'
+                 % hardware.describe_cpu_class())
+    threads = os.environ.get('OMP_NUM_THREADS', 'unset')
+    total = sum(len(OPERATORS[op][0]) for op in args.ops)
+    result = {'cpu_class': klass, 'cpu': hardware.cpu_model(), 'threads': threads,
+              'date': datetime.date.today().isoformat(), 'margin': args.margin,
+              'command': 'OMP_NUM_THREADS=%s scripts/measure_costs.py %s'
+                         % (threads, ' '.join(argv if argv is not None else sys.argv[1:])),
+              'operators': {}}
+    with tqdm(total=total, desc='sizes', unit='size') as progress:
+        for op in args.ops:
+            rows = measure(op, args.repeats, progress)
+            result['operators'][op] = {'alone_from_mflop': threshold(rows, 'alone', args.margin),
+                                       'inside_from_mflop': threshold(rows, 'inside', args.margin),
+                                       'rows': rows}
+    print('%s, %s threads; training step (forward + backward), medians of %d'
+          % (hardware.describe_cpu_class(klass), threads, args.repeats))
+    for op, entry in result['operators'].items():
+        print('\n%s: bfloat16 pays alone from %s MFLOP, inside a bfloat16 region from %s MFLOP'
+              % (op, entry['alone_from_mflop'], entry['inside_from_mflop']))
+        print('%-22s %10s %12s %12s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
+                                                'alone', 'inside'))
+        for row in entry['rows']:
+            print('%-22s %10.3f %12.3f %12.3f %7.2fx %7.2fx'
+                  % (tuple(row['size']), row['mflop'], row['float32_ms'], row['bfloat16_ms'],
+                     row['alone'], row['inside']))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()

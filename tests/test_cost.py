@@ -1,0 +1,213 @@
+"""Layers too small for bfloat16 to pay stay FP32 under 'auto' (mxamp.cost, Policy.costs)."""
+import warnings
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+import mxamp
+from mxamp import cost, hardware
+from mxamp.graph import convert_graph
+from mxamp.policy import Policy, Rules
+
+from conftest import needs_bfloat16_compute
+
+MODEL = cost.CostModel({'FullyConnected': 10.0, 'Convolution': 20.0, 'Deconvolution': 20.0})
+BFLOAT16_CLASSES = [klass for klass in hardware.CPU_CLASSES if hardware.computes_bfloat16(klass)]
+
+
+def _output_shape(symbol, **shapes):
+    return tuple(symbol.infer_shape(**shapes)[1][0])
+
+
+@pytest.mark.parametrize('flatten', [True, False])
+def test_a_dense_layer_does_two_flops_per_multiply_add(flatten):
+    sym = mx.sym.FullyConnected(mx.sym.var('x'), num_hidden=7, flatten=flatten, name='fc')
+    data = (4, 3, 5)
+    in_units = 15 if flatten else 5
+    work = cost.layer_work('FullyConnected', {}, [data, (7, in_units)],
+                           _output_shape(sym, x=data))
+    rows = 4 if flatten else 12
+    assert work == pytest.approx(2e-6 * rows * in_units * 7)
+
+
+def test_a_convolution_counts_its_groups_strides_and_padding():
+    sym = mx.sym.Convolution(mx.sym.var('x'), kernel=(3, 3), stride=(2, 2), pad=(1, 1),
+                             num_filter=8, num_group=2, name='conv')
+    data, weight = (2, 4, 9, 9), (8, 2, 3, 3)
+    work = cost.layer_work('Convolution', {}, [data, weight], _output_shape(sym, x=data))
+    # 5 x 5 outputs per map, 8 maps, each from 2 channels of 3 x 3 taps.
+    assert work == pytest.approx(2e-6 * 2 * 8 * 5 * 5 * 2 * 9)
+
+
+def test_a_deconvolution_counts_its_input():
+    work = cost.layer_work('Deconvolution', {}, [(2, 4, 6, 6), (4, 3, 2, 2)], (2, 3, 12, 12))
+    assert work == pytest.approx(2e-6 * 2 * 4 * 6 * 6 * 3 * 4)
+
+
+def test_unknown_shapes_and_other_operators_have_no_work():
+    assert cost.layer_work('FullyConnected', {}, [None, None], None) is None
+    assert cost.layer_work('Activation', {}, [(2, 3)], (2, 3)) is None
+    assert MODEL.pays('FullyConnected', None)
+
+
+def test_the_largest_unpaid_layer_is_named_only_when_none_pays():
+    small = {'a': ('FullyConnected', 1.0), 'b': ('Convolution', 5.0)}
+    assert cost.largest_unpaid(small, MODEL) == ('b', 'Convolution', 5.0, 20.0)
+    assert cost.largest_unpaid(dict(small, c=('FullyConnected', 12.0)), MODEL) is None
+    assert cost.largest_unpaid({}, MODEL) is None
+
+
+@pytest.mark.parametrize('klass', BFLOAT16_CLASSES)
+def test_every_bfloat16_class_has_a_measured_model(klass):
+    model = cost.model_for(klass)
+    assert set(model.pays_from) == set(cost.GEMM_OPS)
+    assert all(threshold > 0 for threshold in model.pays_from.values())
+
+
+def test_classes_without_bfloat16_have_no_model():
+    assert cost.model_for(hardware.AVX2) is None
+
+
+def _head_on_a_trunk():
+    """A convolution doing 37.7 MFLOP at batch 8 (pays under MODEL), then a dense head of
+    0.01 MFLOP and its activation (do not)."""
+    x = mx.sym.var('data')
+    conv = mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=32, name='conv')
+    act = mx.sym.Activation(conv, act_type='relu', name='relu')
+    pool = mx.sym.Pooling(act, kernel=(4, 4), stride=(4, 4), pool_type='max', name='pool')
+    fc = mx.sym.FullyConnected(pool, num_hidden=10, name='fc')
+    head = mx.sym.Activation(mx.sym.FullyConnected(mx.sym.Activation(fc, act_type='tanh', name='tanh'),
+                                                   num_hidden=4, name='fc2'),
+                             act_type='sigmoid', name='sigmoid')
+    params = ['conv_weight', 'conv_bias', 'fc_weight', 'fc_bias', 'fc2_weight', 'fc2_bias']
+    return head, params, {'data': (8, 32, 16, 16)}
+
+
+def test_auto_keeps_the_small_head_in_float32_and_the_trunk_low():
+    sym, params, shapes = _head_on_a_trunk()
+    policy = Policy('bfloat16', costs=MODEL)
+    conversion = convert_graph(sym, policy, params=params, shapes=shapes)
+    precision = conversion.node_precision
+    assert precision['conv'] == precision['relu'] == precision['pool'] == 'bfloat16'
+    # The head's layers are too small; the activations between them follow their inputs.
+    assert precision['fc'] == precision['tanh'] == precision['fc2'] == precision['sigmoid'] == 'float32'
+    assert set(conversion.small_layers) == {'fc', 'fc2'}
+    assert conversion.small_layers['fc2'] == pytest.approx(2e-6 * 8 * 10 * 4)
+    # Their weights are stored in FP32: nothing reads them in bfloat16.
+    assert conversion.lp_params == {'conv_weight', 'conv_bias'}
+    assert conversion.casts == {('bfloat16', 'float32'): 1, ('float32', 'bfloat16'): 1}
+
+
+def test_without_a_cost_model_every_layer_is_low():
+    sym, params, shapes = _head_on_a_trunk()
+    conversion = convert_graph(sym, Policy('bfloat16'), params=params, shapes=shapes)
+    assert conversion.small_layers == {}
+    assert conversion.node_precision['fc2'] == 'bfloat16'
+    assert conversion.works['fc2'] == pytest.approx(2e-6 * 8 * 10 * 4)
+
+
+def test_the_users_lp_ops_outweigh_the_cost_model():
+    sym, params, shapes = _head_on_a_trunk()
+    policy = Policy('bfloat16', Rules.of(lp_ops=['FullyConnected']), costs=MODEL)
+    conversion = convert_graph(sym, policy, params=params, shapes=shapes)
+    assert conversion.small_layers == {}
+    assert conversion.node_precision['fc2'] == 'bfloat16'
+
+
+def test_a_parameter_already_low_is_read_through_a_cast():
+    sym, params, shapes = _head_on_a_trunk()
+    policy = Policy('bfloat16', costs=MODEL)
+    conversion = convert_graph(sym, policy, params=params, shapes=shapes, stored_low=['fc_weight'])
+    assert 'fc_weight' in conversion.lp_params
+    assert conversion.node_precision['fc'] == 'float32'
+    fc = [node for node in conversion.nodes if node.name == 'fc'][0]
+    assert fc.inputs[1].cast is not None and fc.inputs[1].cast.to_dtype == 'float32'
+
+
+def _small_mlp():
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(32, activation='tanh', in_units=20),
+            gluon.nn.Dense(16, activation='relu', in_units=32), gluon.nn.Dense(3, in_units=16))
+    return net
+
+
+def _fp32_twin(seed):
+    """Two small MLPs with the same FP32 initial values."""
+    nets = []
+    for _ in range(2):
+        mx.random.seed(seed)
+        net = _small_mlp()
+        net.initialize(mx.init.Xavier())
+        nets.append(net)
+    return nets
+
+
+def _train(net, trainer, batches):
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for x, y in batches:
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+        losses.append(loss.asnumpy())
+    return np.array(losses)
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason="'auto' is float32 on this CPU class: nothing to decide")
+def test_auto_trains_a_net_too_small_to_pay_exactly_as_float32():
+    reference, net = _fp32_twin(seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        mxamp.convert(net, 'auto')
+        net.hybridize()
+        rng = np.random.RandomState(0)
+        batches = [(mx.nd.array(rng.normal(size=(8, 20))), mx.nd.array(rng.randint(0, 3, 8)))
+                   for _ in range(4)]
+        got = _train(net, mxamp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1}),
+                     batches)
+    want = _train(reference, gluon.Trainer(reference.collect_params(), 'sgd',
+                                           {'learning_rate': 0.1}), batches)
+    np.testing.assert_array_equal(got, want)
+    assert {np.dtype(p.dtype) for p in net.collect_params().values()} == {np.dtype('float32')}
+    text = mxamp.summary(net, print_fn=None)
+    assert 'ops: ' in text and 'bfloat16' not in text.split('ops: ')[1].split('\n')[0]
+    assert 'the whole net computes in float32' in text
+    said = [str(w.message) for w in caught if "dtype='auto' computes" in str(w.message)]
+    assert len(said) <= 1      # once per process: an earlier test may have said it
+    if said:
+        assert 'FullyConnected' in said[0] and 'bfloat16 pays from' in said[0]
+
+
+@needs_bfloat16_compute
+def test_bfloat16_asked_for_a_small_net_computes_it_and_says_it_will_be_slower(monkeypatch):
+    from mxamp import gluon as gluon_front
+    monkeypatch.setattr(gluon_front, '_warned_unpaid', False)
+    _, net = _fp32_twin(seed=4)
+    mxamp.convert(net, 'bfloat16')
+    with pytest.warns(RuntimeWarning, match="computes in bfloat16 as asked.*expect it slower "
+                                            "than float32 .dtype='auto' would keep"):
+        net(mx.nd.ones((8, 20))).wait_to_read()
+    conversion, _ = gluon_front.conversion_of(net)
+    assert conversion.small_layers == {}
+    assert conversion.node_precision[[n.name for n in conversion.nodes
+                                      if n.op == 'FullyConnected'][0]] == 'bfloat16'
+
+
+@needs_bfloat16_compute
+def test_auto_keeps_layers_that_pay_in_bfloat16():
+    mx.random.seed(5)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(512, activation='relu'), gluon.nn.Dense(512))
+    net.initialize()
+    mxamp.convert(net, 'auto')
+    net(mx.nd.ones((64, 512))).wait_to_read()
+    conversion, _ = mxamp.gluon.conversion_of(net)
+    assert conversion.small_layers == {}
+    assert conversion.computes_low
+    assert all(p.dtype != np.float32 for name, p in net.collect_params().items()
+               if name.endswith('weight'))
