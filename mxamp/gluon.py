@@ -27,7 +27,7 @@ module drives through that module's moves.
 import inspect
 import json
 import warnings
-from typing import Any, Iterable, Iterator, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import mxnet as mx
 from mxnet import autograd
@@ -463,14 +463,22 @@ def _runtime_graph(block, symbol, args, mode):
     inputs, _ = block._cached_graph
     shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
                   if isinstance(arg, mx.nd.NDArray))
+    return pipeline.run(pass_context(block, conversion, mode, device, shapes))
+
+
+def pass_context(block: HybridBlock, conversion: graph_mod.Conversion, mode: str, device: str,
+                 shapes: Mapping[str, Tuple[int, ...]]) -> passes.PassContext:
+    """What the later passes (`mxamp.pipeline`) know of converted `block`'s graph
+    `conversion` running in `mode` on `device`, its variables of `shapes`."""
     params = block.collect_params()
 
     def writes_gradient(name):
         return name not in params or params[name].grad_req != 'add'
 
-    return pipeline.run(passes.PassContext(
+    return passes.PassContext(
         conversion, mode, shapes, frozenset(params.keys()), writes_gradient,
-        state.settings.policy(device).cpu_class, device, block._backend is not None))
+        converted_state(block).settings.policy(device).cpu_class, device,
+        block._backend is not None)
 
 
 def _kernel_gradient_added(block):

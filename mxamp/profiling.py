@@ -24,7 +24,7 @@ from mxnet.gluon import HybridBlock
 from . import dtypes, passes, pipeline
 from . import graph as graph_mod
 from .dtypes import LOW_PRECISION, DTypeLike, name_of_array
-from .gluon import check_traceable, conversion_of, is_converted
+from .gluon import check_traceable, conversion_of, is_converted, pass_context
 from .network_state import Stage, describe_block, state_of
 from .profile_kernels import _attribute_kernels, _kernel_pass
 from .profile_report import ProfileReport, _Measured, _Network, _report
@@ -187,11 +187,8 @@ def _same_value_passes(net, train):
     as it runs them: MXNet's kernels would misreport what they compute in bfloat16.  The
     passes that choose kernels by measurement are what the profile judges: it skips them."""
     conversion, device = conversion_of(net)
-    params = net.collect_params()
-    context = passes.PassContext(
-        conversion, passes.TRAINING if train else passes.INFERENCE, conversion.shapes,
-        frozenset(params.keys()), lambda name: True,
-        state_of(net).settings.policy(device).cpu_class, device, False)
+    context = pass_context(net, conversion, passes.TRAINING if train else passes.INFERENCE,
+                           device, conversion.shapes)
     return pipeline.run(context, [graph_pass for graph_pass in pipeline.kernel_passes()
                                   if graph_pass.same_values])
 

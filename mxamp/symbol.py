@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
 
 import mxnet as mx
 
-from . import dtypes, hardware
+from . import cost, dtypes, hardware
 from .dtypes import LOW_PRECISION, ContextLike, DTypeLike, cast, dtype_name
 from .graph import Conversion, GraphError, GraphLike, convert_graph, error_line, load_graph
 from .fusion import fuse_symbol
@@ -55,15 +55,20 @@ class SymbolOptions(NamedTuple):
     cast_params: bool = True
 
 
-def make_policy(options: SymbolOptions) -> Policy:
+def make_policy(options: SymbolOptions, cost_aware: bool = False) -> Policy:
     """The `Policy` for `options`, whose dtype is ``'float16'`` or ``'bfloat16'``, resolved
-    (None, ``'auto'``, is refused); with ``for_inference``, for a graph fused for inference.
+    (None, ``'auto'``, is refused); with ``for_inference``, for a graph fused for inference;
+    `cost_aware` (the user's dtype was ``'auto'``): a bfloat16 graph for a CPU keeps the
+    layers too small to pay on its class in FP32 (`mxamp.cost`).
 
     float16 computes GEMMs in FP32 unless every context in ``ctx`` is a GPU (no ``ctx``: a GPU)."""
     dtype = dtype_name('auto' if options.dtype is None else options.dtype, allowed=LOW_PRECISION)
     devices = [] if options.ctx is None else [c.device_type for c in _contexts(options.ctx)]
+    klass = target_cpu_class(options.cpu_class)
+    costs = cost.model_for(klass) if cost_aware and dtype == 'bfloat16' and 'gpu' not in devices \
+        else None
     return Policy(dtype, options.rules, emulate_float16=emulates_float16(devices),
-                  cpu_class=target_cpu_class(options.cpu_class), inference=options.for_inference)
+                  cpu_class=klass, inference=options.for_inference, costs=costs)
 
 
 def target_cpu_class(cpu_class: Optional[str]) -> str:
@@ -314,7 +319,9 @@ def convert_checked(sym: GraphLike, options: SymbolOptions, names: Names = PYTHO
     if dtype == 'float32':
         symbol, conversion = graph.symbol, None
     else:
-        policy = make_policy(options._replace(dtype=dtype))
+        auto = options.dtype is None or (isinstance(options.dtype, str)
+                                         and options.dtype.lower() == 'auto')
+        policy = make_policy(options._replace(dtype=dtype), cost_aware=auto)
         shapes = {}
         if arg_params is not None:
             assert aux_params is not None

@@ -211,3 +211,37 @@ def test_auto_keeps_layers_that_pay_in_bfloat16():
     assert conversion.computes_low
     assert all(p.dtype != np.float32 for name, p in net.collect_params().items()
                if name.endswith('weight'))
+
+
+def _small_mlp_symbol():
+    x = mx.sym.var('data')
+    h = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=32, name='fc1'), act_type='relu',
+                          name='relu1')
+    return mx.sym.FullyConnected(h, num_hidden=4, name='fc2')
+
+
+def _mlp_params():
+    rng = np.random.RandomState(0)
+    shapes = {'fc1_weight': (32, 20), 'fc1_bias': (32,), 'fc2_weight': (4, 32), 'fc2_bias': (4,)}
+    return {name: mx.nd.array(rng.normal(size=shape)) for name, shape in shapes.items()}
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason="'auto' is float32 on this CPU class: nothing to decide")
+def test_the_symbol_front_keeps_small_layers_in_float32_under_auto():
+    sym, args = _small_mlp_symbol(), _mlp_params()
+    auto = mxamp.convert_with_record(sym, 'auto', arg_params=args, aux_params={},
+                                     input_shapes={'data': (8, 20)})
+    assert set(auto.conversion.small_layers) == {'fc1', 'fc2'}
+    assert not auto.conversion.computes_low
+    assert {np.dtype(value.dtype) for value in auto.arg_params.values()} == {np.dtype('float32')}
+    asked = mxamp.convert_with_record(sym, 'bfloat16', arg_params=args, aux_params={},
+                                      input_shapes={'data': (8, 20)})
+    assert asked.conversion.small_layers == {}
+    assert asked.conversion.node_precision['fc1'] == 'bfloat16'
+
+
+def test_without_input_shapes_the_symbol_front_cannot_weigh_layers():
+    sym = _small_mlp_symbol()
+    conversion = mxamp.convert_with_record(sym, 'bfloat16', cpu_class='avx512_bf16').conversion
+    assert conversion.works == {} and conversion.small_layers == {}
