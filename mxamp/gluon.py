@@ -29,6 +29,8 @@ import json
 import warnings
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Type, Union
 
+import numpy as np
+
 import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import Block, HybridBlock
@@ -113,7 +115,7 @@ class _Converted(Float32Checkpoints):
     # per mode (_use_cached_op_for).
     def _call_cached_op(self, *args):
         _drop_stale_graph(self, _device_type(args))
-        if _kernel_gradient_added(self):
+        if _kernel_gradient_added(self) or _rebuilt_for_larger_batch(self, args):
             self._clear_cached_op()
         _use_cached_op_for(self, _mode_name(autograd.is_training(), _inputs_take_gradients(args)))
         return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
@@ -214,6 +216,29 @@ class _ConvertedInPart(Float32Checkpoints):
 def is_converted(block: Block) -> bool:
     """Whether `block` was converted by :func:`convert`."""
     return isinstance(block, _Converted)
+
+
+def _rebuilt_for_larger_batch(block, args):
+    """Whether `args` are larger than the inputs `block`'s graph was converted for, enough
+    for a layer kept in FP32 as too small (`mxamp.cost`) to pay: the graph is then built
+    again for them.  (A first call on one sample, say, does not keep the net in FP32.)"""
+    if not block._cached_graph:
+        return False
+    state = converted_state(block)
+    device = _device_type(args) or _params_device_type(block)
+    cached = state.conversion_for(device)
+    if cached is None or not cached[1].small_layers:
+        return False
+    conversion = cached[1]
+    model = state.settings.policy(device).costs
+    growth = max([arg.size / float(np.prod(conversion.shapes[sym.name]))
+                  for sym, arg in zip(_flat(block._cached_graph[0]), _flat(args))
+                  if isinstance(arg, mx.nd.NDArray) and sym.name in conversion.shapes] or [1.0])
+    if model is None or growth <= 1.0:
+        return False
+    ops = {node.name: node.op for node in conversion.nodes}
+    return any(model.pays(ops[name], work * growth)
+               for name, work in conversion.small_layers.items())
 
 
 def _drop_stale_graph(block, device=None):
@@ -404,11 +429,20 @@ def _rewrite(block, fp32_symbol, policy, shapes):
               and name_of_array(p) == policy.dtype}
     conversion = graph_mod.convert_graph(fp32_symbol, policy, params=candidates, shapes=shapes,
                                          portable=False, data_inputs=inputs, stored_low=stored)
-    # Parameters not yet in low precision (no values, or FP32 ones: 'auto' casts at the first
-    # build) that only layers too small to pay read (Policy.costs) stay FP32: no cast each
-    # step, and FP32's values.
-    keep_float32([p for p in params if p.name in candidates - conversion.lp_params])
+    small = candidates - conversion.lp_params
+    if small and conversion.computes_low:
+        # Some layers pay: the small ones' parameters (small too) stay stored low, read through
+        # casts, so that a larger batch that makes them pay (_rebuilt_for_larger_batch) finds
+        # them low.
+        conversion = graph_mod.convert_graph(fp32_symbol, policy, params=candidates,
+                                             shapes=shapes, portable=False, data_inputs=inputs,
+                                             stored_low=candidates)
+    else:
+        # No layer pays ('auto'): parameters not yet in low precision (no values, or FP32 ones:
+        # 'auto' casts at the first build) stay FP32, and the net runs as its FP32 self.
+        keep_float32([p for p in params if p.name in small])
     settle([p for p in params if p.name in names])
+    sync_params(block)
     _warn_unpaid(block, policy, conversion)
     return conversion
 

@@ -245,3 +245,36 @@ def test_without_input_shapes_the_symbol_front_cannot_weigh_layers():
     sym = _small_mlp_symbol()
     conversion = mxamp.convert_with_record(sym, 'bfloat16', cpu_class='avx512_bf16').conversion
     assert conversion.works == {} and conversion.small_layers == {}
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason="'auto' is float32 on this CPU class: nothing to decide")
+def test_a_first_call_on_one_sample_does_not_keep_the_net_in_float32():
+    mx.random.seed(6)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(512, activation='relu', in_units=512), gluon.nn.Dense(512, in_units=512))
+    net.initialize()
+    mxamp.convert(net, 'auto')
+    net.hybridize()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        net(mx.nd.ones((1, 512))).wait_to_read()
+    assert not mxamp.gluon.conversion_of(net)[0].computes_low
+    net(mx.nd.ones((64, 512))).wait_to_read()
+    conversion, _ = mxamp.gluon.conversion_of(net)
+    assert conversion.small_layers == {} and conversion.computes_low
+
+
+def test_profile_runs_a_net_converted_under_auto_after_a_call_at_another_size():
+    mx.random.seed(7)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(32, activation='relu'), gluon.nn.Dense(4))
+    net.initialize()
+    x = mx.nd.ones((4, 16))
+    net(x[:1]).wait_to_read()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        mxamp.convert(net, 'auto')
+        net.hybridize()
+        report = mxamp.profile(net, x, iterations=1, warmup=1, kernels=False)
+    assert report is not None
