@@ -1,45 +1,77 @@
 #!/usr/bin/env python
-"""Side-by-side CPU benchmark: FP32 vs mxamp bfloat16 vs MXNet's own ``contrib.amp`` bfloat16.
+"""Side-by-side CPU benchmark: FP32 vs mxamp ('auto', bfloat16) vs MXNet's ``contrib.amp``.
 
 Usage::
 
-    .venv/bin/python scripts/benchmark.py                       # full run (about 20 min, 2 cores)
+    .venv/bin/python scripts/benchmark.py                       # full run (20+ min, 2 cores)
     .venv/bin/python scripts/benchmark.py --networks resnet50_v1 --tasks inference
     .venv/bin/python scripts/benchmark.py --networks resnet18_v1 --tasks training \\
         --modes fp32,mxamp --batch 8,16,32 --threads 1,2 --output sweep.json
+    .venv/bin/python scripts/benchmark.py --networks deepar,lstm_lm,mlp \\
+        --modes fp32,mxamp:auto,mxamp                           # beyond ResNets
+    .venv/bin/python scripts/benchmark.py --networks ssd_512_resnet50_v1_voc,fcn_resnet50_voc \\
+        --tasks training --output vision.json                   # a detector, a segmentation net
     .venv/bin/python scripts/benchmark.py --networks tiny --batch 2 --image-size 32 \\
         --repeats 1 --steps 2 --warmup 1                         # smoke test (about a minute)
     .venv/bin/python scripts/benchmark.py --networks resnet18_v1 --tasks inference \\
         --modes fp32,mxamp --explain                             # and why: mxamp.profile's verdicts
 
-Networks: gluoncv model-zoo names (default ``resnet50_v1`` and the smaller
-``resnet18_v1``), random weights (Xavier, fixed seed), 1000 classes, or
-``tiny`` (a few conv/BN/ReLU layers, for tests).  Every network is hybridized
-with ``static_alloc=True, static_shape=True``.
+Networks
+--------
+Random weights (Xavier, fixed seed) and inputs; ``scripts/benchmark_families.py``
+builds each, with its own input and loss (its docstring says which).  Defaults:
+
+==================================================  =====  ==========  ===================
+``--networks``                                      batch  image size  throughput
+==================================================  =====  ==========  ===================
+gluoncv classifiers (default: ``resnet50_v1``,      16     224         img/s
+``resnet18_v1``), ``tiny`` (a few conv layers)
+``ssd_512_resnet50_v1_voc`` (any ``ssd_*``)         8      512         img/s
+``fcn_resnet50_voc`` (any ``fcn_*``)                4      480         img/s
+``deepar`` (GluonTS DeepAR; training only)          32     -           series/s (windows)
+``lstm_lm`` (gluonnlp ``standard_lstm_lm_200``)     20     -           seq/s (35 tokens)
+``mlp`` (64 -> 128 -> 128 -> 10 on tabular rows)    256    -           rows/s
+==================================================  =====  ==========  ===================
+
+``--batch`` and ``--image-size`` (image networks only) replace the defaults.
+Every network is hybridized with ``static_alloc=True, static_shape=True`` in
+every mode but ``lstm_lm``, which cannot become one graph (its
+``hybrid_forward`` calls ``nd.Dropout``): hybridized in no mode
+(``mxamp.convert`` converts its parts), it skips the modes that need one graph
+(``+fusion``, ``contrib.amp`` inference), with the reason.  A table of several
+kinds of samples says ``samples/s``, and its notes what each network counts.
+DeepAR's inference is not measured: its forecasts come from another network.
 
 Modes
 -----
-inference (``net(x)``, FP32 input, FP32 output):
+inference (``net(*inputs)``, FP32 inputs, FP32 outputs):
 
 ``fp32``            the FP32 net.
 ``fp32+fusion``     the FP32 net after ``optimize_for(x, backend='MKLDNN')`` (oneDNN
                     fusion: BatchNorm folded into convolutions, ReLU and residual
                     additions fused as post-ops).
-``mxamp``           ``mxamp.convert(net)`` (bfloat16).
+``mxamp:auto``      ``mxamp.convert(net, 'auto')``, what users get by default: bfloat16
+                    where a layer does enough work to pay for it, FP32 elsewhere
+                    (docs/policy.rst, "Layers too small for bfloat16").
+``mxamp``           ``mxamp.convert(net, 'bfloat16')``: every layer bfloat16, as asked.
 ``mxamp+fusion``    ``mxamp.for_inference(net, x, dtype='bfloat16')``: converted, then
                     the same oneDNN fusion (mxamp's inference path).
 ``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``.
 
-training (forward + backward of softmax cross-entropy, then ``trainer.step``; SGD
-with momentum):
+training (forward + backward of the network's loss, then ``trainer.step``; SGD
+with momentum, Adam for DeepAR):
 
 ``fp32``            FP32 net, ``gluon.Trainer``.
-``mxamp``           ``mxamp.convert(net)``, ``mxamp.Trainer`` with its defaults (FP32
-                    master weights; no loss scaling, as bfloat16 has FP32's range).
+``mxamp:auto``      ``mxamp.convert(net, 'auto')``, ``mxamp.Trainer`` with its defaults.
+``mxamp``           ``mxamp.convert(net, 'bfloat16')``, ``mxamp.Trainer`` with its defaults
+                    (FP32 master weights; no loss scaling, as bfloat16 has FP32's range).
 ``mxamp+scaling``   same with ``loss_scale='dynamic'`` (loss scaler and overflow check on
                     every step): the upper bound of mxamp's own per-step overhead.
 ``contrib.amp``     ``amp.init('bfloat16')`` before building the net, ``amp.init_trainer``,
                     ``amp.scale_loss``.
+
+A mode that fails on a network (``contrib.amp`` may, beyond the classifiers)
+is an ``error`` entry of the table, with the error's line.
 
 Method
 ------
@@ -54,9 +86,9 @@ Every figure is what a user's script gets: a process that builds one mode.
   round (fp32, mxamp, ..., fp32, mxamp, ...).  A worker builds its mode,
   runs ``--warmup`` untimed iterations (2), then times ``--steps``
   consecutive iterations (5), each ended by a sync (``wait_to_read`` or
-  ``mx.nd.waitall()``): its img/s is batch x steps over that stretch.  The
-  table shows the median over rounds; ``x FP32`` is the ratio of the
-  medians, ``paired`` the median over rounds of mode img/s / FP32 img/s of
+  ``mx.nd.waitall()``): its throughput is batch x steps over that stretch.
+  The table shows the median over rounds; ``x FP32`` is the ratio of the
+  medians, ``paired`` the median over rounds of mode / FP32 throughput of
   the same round.  Alternating whole processes makes a change in the
   machine's load hit every mode alike; ``paired`` compares processes run
   seconds apart.
@@ -131,15 +163,20 @@ mixed-precision mode other than ``contrib.amp`` among ``--modes``.
 Output
 ------
 On stdout a table (one block of rows per configuration) and its notes, then,
-per network and task, FP32 and mxamp img/s by batch size and by thread count
-where several were measured.  The JSON file (``--output``, default
+per network and task, FP32 and mxamp throughput by batch size and by thread
+count where several were measured.  The JSON file (``--output``, default
 ``benchmark.json``, written whole or not at all) holds ``meta`` (command
 line, versions, CPU, usable CPUs, load average) and one result per
-configuration; per mode: its settings, every worker's answer (``runs``: img/s,
-per-iteration times, memory, environment and OpenMP thread count), the
-medians and ratios, and ``reproduce``, the command that measures that mode and
-FP32 alone.  A worker that fails, crashes or times out becomes an ``error``
-entry for its mode, not measured in later rounds; the table's notes say why.
+configuration: its network's ``family``, ``throughput_unit`` and ``sample``
+(what one sample is) and, per mode, its settings, every worker's answer
+(``runs``: throughput as ``img_per_s``, samples per second whatever the
+sample is, per-iteration times, memory, environment and OpenMP thread count),
+the medians and ratios, and ``reproduce``, the command that measures that mode
+and FP32 alone.  A worker that fails, crashes or times out becomes an
+``error`` entry for its mode, not measured in later rounds; the table's notes
+say why.  A task a network does not have (DeepAR's inference) is a result
+with ``skipped`` (why) and no modes.  Schema 3 (``meta.schema_version``)
+counts samples of every family where schema 2 counted images.
 """
 import argparse
 import datetime
@@ -158,7 +195,9 @@ from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+# mxamp from this checkout; benchmark_families beside this file, also when it is loaded
+# from its path (the tests).
+sys.path[:0] = [ROOT, HERE]
 
 # The environment this script was started with, before `import mxamp` may set
 # DNNL_MAX_CPU_ISA: the one workers start from, as a user's process would.
@@ -167,25 +206,29 @@ LAUNCH_ENV = dict(os.environ)
 import mxamp  # noqa: E402  (first: enables AMX before oneDNN's first primitive)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
+import benchmark_families as families  # noqa: E402
+from benchmark_families import HYBRIDIZE  # noqa: E402
 from mxamp import hardware  # noqa: E402
 from mxamp.graph import error_line  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-INFERENCE_MODES = ('fp32', 'fp32+fusion', 'mxamp', 'mxamp+fusion', 'contrib.amp')
-TRAINING_MODES = ('fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp')
-SCHEMA_VERSION = 2
+INFERENCE_MODES = ('fp32', 'fp32+fusion', 'mxamp:auto', 'mxamp', 'mxamp+fusion', 'contrib.amp')
+TRAINING_MODES = ('fp32', 'mxamp:auto', 'mxamp', 'mxamp+scaling', 'contrib.amp')
+# 3: a result's throughput (img_per_s and the figures made from it) counts the samples of
+# its network's family (its throughput_unit), no longer only images.
+SCHEMA_VERSION = 3
 RESULT_PREFIX = 'MXAMP_BENCHMARK_RESULT '
 
-HYBRIDIZE = {'static_alloc': True, 'static_shape': True}
 FUSION_BACKEND = 'MKLDNN'
-# Tiny learning rate: random weights must not drift to inf/NaN during the run.
-SGD = {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5}
+# The dtype each mxamp mode converts to.
+MXAMP_DTYPE = {'mxamp:auto': 'auto', 'mxamp': 'bfloat16', 'mxamp+fusion': 'bfloat16',
+               'mxamp+scaling': 'bfloat16'}
 # mxamp.Trainer's loss_scale per mode ('auto': none for bfloat16, which has FP32's range).
-MXAMP_LOSS_SCALE = {'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
+MXAMP_LOSS_SCALE = {'mxamp:auto': 'auto', 'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
 # --explain: what mxamp.profile measures for each mode it explains, where that is not the
 # row's network as the row runs it, and why contrib.amp is not explained.
-EXPLAINED_MODES = {'mxamp': None,
+EXPLAINED_MODES = {'mxamp:auto': None, 'mxamp': None,
                    'mxamp+fusion': 'profiled unfused: the report measures the graph '
                                    'mxamp.convert makes, before oneDNN fusion',
                    'mxamp+scaling': "profiled without loss scaling: the report's trainer is "
@@ -200,106 +243,80 @@ Config = namedtuple('Config', 'network task batch threads')
 
 
 # --------------------------------------------------------------------------
-# Networks
-
-def _tiny_net(classes):
-    net = gluon.nn.HybridSequential(prefix='tiny_')
-    with net.name_scope():
-        net.add(gluon.nn.Conv2D(16, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
-                gluon.nn.Activation('relu'), gluon.nn.MaxPool2D(2),
-                gluon.nn.Conv2D(32, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
-                gluon.nn.Activation('relu'), gluon.nn.GlobalAvgPool2D(),
-                gluon.nn.Dense(classes))
-    return net
-
-
-def make_net(name, classes=1000, seed=0):
-    """A freshly initialised FP32 network (random weights, fixed seed)."""
-    mx.random.seed(seed)
-    np.random.seed(seed)
-    if name == 'tiny':
-        net = _tiny_net(classes)
-    else:
-        from gluoncv.model_zoo import get_model
-        net = get_model(name, classes=classes, pretrained=False)
-    net.initialize(mx.init.Xavier(magnitude=2), ctx=mx.cpu())
-    return net
-
-
-def make_data(batch, image_size, classes=1000):
-    x = mx.nd.random.uniform(-1, 1, shape=(batch, 3, image_size, image_size))
-    y = mx.nd.array(np.random.RandomState(0).randint(0, classes, size=batch))
-    return x, y
-
+# Modes: each builder returns a callable running one iteration (and syncing)
 
 def _hybridize(net):
     net.hybridize(**HYBRIDIZE)
     return net
 
 
-# --------------------------------------------------------------------------
-# Modes: each builder returns a callable running one iteration (and syncing)
+def _wait(outputs):
+    """Wait until every NDArray of `outputs` (nested lists and tuples of them) is computed."""
+    if isinstance(outputs, mx.nd.NDArray):
+        outputs.wait_to_read()
+    else:
+        for output in outputs:
+            _wait(output)
 
-def build_inference(mode, name, x):
-    net = make_net(name)
-    # Deferred initialisation finished with a 1-image batch: no full-size FP32
-    # pass before the mode's own (it would count in the mode's peak RSS).
-    net(x[:1]).wait_to_read()
-    if mode == 'mxamp':
-        mxamp.convert(net, 'bfloat16')
+
+def build_inference(mode, network, batch, image_size):
+    family = families.family_of(network)
+    setup = family.setup(network, batch, image_size, False)
+    net, inputs = setup.net, setup.inputs
+    if mode in ('mxamp:auto', 'mxamp'):
+        mxamp.convert(net, MXAMP_DTYPE[mode])
     if mode == 'contrib.amp':
         from mxnet.contrib import amp
         net.hybridize()
-        net(x[:1]).wait_to_read()
+        _wait(net(*setup.one))
         net = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())
     if mode == 'mxamp+fusion':
-        mxamp.for_inference(net, x, dtype='bfloat16')
+        mxamp.for_inference(net, *inputs, dtype='bfloat16')
     elif mode == 'fp32+fusion':
-        net.optimize_for(x, backend=FUSION_BACKEND, **HYBRIDIZE)
-    else:
+        net.optimize_for(*inputs, backend=FUSION_BACKEND, **HYBRIDIZE)
+    elif family.no_graph is None:
         _hybridize(net)
 
     def run():
-        net(x).wait_to_read()
+        _wait(net(*inputs))
         return None
     return run
 
 
-def build_training(mode, name, x, y):
+def build_training(mode, network, batch, image_size):
+    family = families.family_of(network)
     if mode == 'contrib.amp':
         from mxnet.contrib import amp
         amp.init(target_dtype='bfloat16')      # patches MXNet for good: a worker's own process
     # Under amp.init this net's graph is built with contrib.amp's patched operators.
-    net = make_net(name)
-    net(x[:1]).wait_to_read()
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    loss_fn.hybridize(**HYBRIDIZE)
-    scale_loss = None
-    if mode == 'fp32':
+    setup = family.setup(network, batch, image_size, True)
+    net, inputs = setup.net, setup.inputs
+    if mode in MXAMP_LOSS_SCALE:
+        mxamp.convert(net, MXAMP_DTYPE[mode])
+    elif mode not in ('fp32', 'contrib.amp'):
+        raise ValueError('unknown training mode %r' % mode)
+    if family.no_graph is None:
         _hybridize(net)
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', dict(SGD))
-    elif mode in MXAMP_LOSS_SCALE:
-        mxamp.convert(net, 'bfloat16')
-        _hybridize(net)
-        trainer = mxamp.Trainer(net.collect_params(), 'sgd', dict(SGD),
+    optimizer, optimizer_params = family.optimizer
+    if mode in MXAMP_LOSS_SCALE:
+        trainer = mxamp.Trainer(net.collect_params(), optimizer, dict(optimizer_params),
                                 loss_scale=MXAMP_LOSS_SCALE[mode])
-        if mode == 'mxamp+scaling':
-            scale_loss = trainer.scale_loss
+    else:
+        trainer = gluon.Trainer(net.collect_params(), optimizer, dict(optimizer_params))
+    if mode == 'mxamp+scaling':
+        scale_loss = trainer.scale_loss
     elif mode == 'contrib.amp':
-        _hybridize(net)
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', dict(SGD))
         amp.init_trainer(trainer)
 
         def scale_loss(loss):
             return amp.scale_loss(loss, trainer)
     else:
-        raise ValueError('unknown training mode %r' % mode)
-    batch = x.shape[0]
+        scale_loss = None
 
     def run():
         start = time.perf_counter()
         with autograd.record():
-            loss = loss_fn(net(x), y)
+            loss = setup.loss(net(*inputs))
             if scale_loss is not None:
                 with scale_loss(loss) as scaled:
                     autograd.backward(scaled)
@@ -313,22 +330,23 @@ def build_training(mode, name, x, y):
     return run
 
 
-def build(task, mode, name, batch, image_size):
-    x, y = make_data(batch, image_size)
+def build(task, mode, network, batch, image_size):
     if task == 'inference':
-        return build_inference(mode, name, x)
-    return build_training(mode, name, x, y)
+        return build_inference(mode, network, batch, image_size)
+    return build_training(mode, network, batch, image_size)
 
 
-def mode_settings(task, mode):
-    """What `mode` runs, for the JSON: enough to build it again by hand.
+def mode_settings(task, mode, family=families.CLASSIFIER):
+    """What `mode` runs on a network of `family`, for the JSON: enough to build it again by
+    hand.
 
     Returns
     -------
     dict
-        ``dtype`` of the parameters, ``conversion`` (the call that makes the net
-        bfloat16, None for FP32), ``hybridize`` flags, ``fusion`` (the subgraph
-        backend, or None) and, for training, ``loss``, ``trainer``,
+        ``dtype`` of the parameters (``'auto'``: bfloat16 where a layer pays,
+        FP32 elsewhere), ``conversion`` (the call that converts the net, None
+        for FP32), ``hybridize`` flags (None: not hybridized), ``fusion`` (the
+        subgraph backend, or None) and, for training, ``loss``, ``trainer``,
         ``optimizer`` (name and hyper-parameters) and ``loss_scale``.
     """
     if mode.startswith('fp32'):
@@ -340,18 +358,20 @@ def mode_settings(task, mode):
     elif mode == 'mxamp+fusion':
         conversion = "mxamp.for_inference(net, x, dtype='bfloat16')"
     else:
-        conversion = "mxamp.convert(net, 'bfloat16')"
-    settings = {'dtype': 'float32' if conversion is None else 'bfloat16',
-                'conversion': conversion, 'hybridize': dict(HYBRIDIZE),
+        conversion = "mxamp.convert(net, %r)" % MXAMP_DTYPE[mode]
+    settings = {'dtype': 'float32' if conversion is None else MXAMP_DTYPE.get(mode, 'bfloat16'),
+                'conversion': conversion,
+                'hybridize': dict(HYBRIDIZE) if family.no_graph is None else None,
                 'fusion': FUSION_BACKEND if mode.endswith('+fusion') else None}
     if task == 'training':
         if mode == 'contrib.amp':
             loss_scale = 'dynamic (amp.init_trainer, amp.scale_loss)'
         else:
             loss_scale = MXAMP_LOSS_SCALE.get(mode)
-        settings.update(loss='SoftmaxCrossEntropyLoss',
+        optimizer, optimizer_params = family.optimizer
+        settings.update(loss=family.loss_name,
                         trainer='mxamp.Trainer' if mode in MXAMP_LOSS_SCALE else 'gluon.Trainer',
-                        optimizer=dict(name='sgd', **SGD), loss_scale=loss_scale)
+                        optimizer=dict(name=optimizer, **optimizer_params), loss_scale=loss_scale)
     return settings
 
 
@@ -367,6 +387,23 @@ def skip_reason(mode):
         return ("MXNet's AMP computes in bfloat16, which oneDNN cannot do on this CPU (%s)"
                 % hardware.describe_cpu_class())
     return None
+
+
+def unfit_reason(family, task, mode):
+    """Why `mode` of `task` cannot run a network of `family` (one line), or None when it can:
+    the modes that need the network as one graph, for a network that cannot become one."""
+    needs_graph = mode.endswith('+fusion') or (mode, task) == ('contrib.amp', 'inference')
+    if family.no_graph and needs_graph:
+        return 'needs one graph, and %s cannot become one: %s' % (family.name, family.no_graph)
+    return None
+
+
+def mode_plan(config, selected):
+    """Each mode of `config` among `selected`, in the table's order, with why it is not
+    measured (`skip_reason`, `unfit_reason`) or None."""
+    family = families.family_of(config.network)
+    return {mode: skip_reason(mode) or unfit_reason(family, config.task, mode)
+            for mode in task_modes(config.task, selected)}
 
 
 def mxamp_compute():
@@ -397,7 +434,8 @@ def time_iterations(run, batch, warmup, steps):
     Returns
     -------
     dict
-        ``img_per_s`` over the timed stretch, ``iteration_ms`` (one value per
+        ``img_per_s``, samples (``batch``) per second over the timed stretch, whatever
+        a sample of the network is (images, series...), ``iteration_ms`` (one value per
         timed iteration) and, for training, the means ``fwd_bwd_ms`` and
         ``update_ms`` of its two parts.
     """
@@ -444,8 +482,9 @@ def explain_main(spec):
     """Profile the network of `spec`'s mode with `mxamp.profile`, in this (fresh) process.
 
     The net, its weights and the batch are the ones the mode's workers time
-    (same seed); it is converted with ``mxamp.convert`` and hybridized as they
-    do, then profiled (``train=True`` for training, `spec`'s steps and warm-up).
+    (same seed); it is converted with ``mxamp.convert`` (the mode's dtype) and
+    hybridized as they do, then profiled (``train=True`` for training, `spec`'s
+    steps and warm-up).
 
     Returns
     -------
@@ -458,12 +497,17 @@ def explain_main(spec):
         None) and ``openmp_threads`` (what MXNet computed with here).
     """
     threads = hardware.mxnet_openmp_threads()['openmp_threads']
-    x, _ = make_data(spec['batch'], spec['image_size'])
-    net = make_net(spec['network'])
-    net(x[:1]).wait_to_read()
-    mxamp.convert(net, 'bfloat16')
-    _hybridize(net)
-    report = mxamp.profile(net, x, train=spec['task'] == 'training', iterations=spec['steps'],
+    family = families.family_of(spec['network'])
+    training = spec['task'] == 'training'
+    setup = family.setup(spec['network'], spec['batch'], spec['image_size'], training)
+    net = mxamp.convert(setup.net, MXAMP_DTYPE[spec['mode']])
+    if family.no_graph is None:
+        _hybridize(net)
+    # 'auto' decides at the converted net's first call, from its shapes, which layers pay
+    # for bfloat16 (and casts their parameters then): a full batch, as the workers' first.
+    with autograd.train_mode() if training else autograd.predict_mode():
+        _wait(net(*setup.inputs))
+    report = mxamp.profile(net, *setup.inputs, train=training, iterations=spec['steps'],
                            warmup=spec['warmup'])
     data = report.to_dict()
     totals = data['totals']
@@ -516,19 +560,36 @@ def run_worker(spec, timeout):
 # One configuration: rounds of one worker per mode
 
 def configurations(args):
-    """Every (network, task, batch, threads) to measure, in the table's order."""
+    """Every (network, task, batch, threads) to measure, in the table's order; a network's
+    own default batch (`benchmark_families`) where ``--batch`` is not given."""
     return [Config(network, task, batch, threads)
             for network in args.networks for task in args.tasks
-            for batch in args.batch for threads in args.threads]
+            for batch in args.batch or [families.family_of(network).batch]
+            for threads in args.threads]
+
+
+def image_size(network, args):
+    """The image size `network` runs at: ``--image-size``, else its own default; None for
+    a network whose input is no image."""
+    default = families.family_of(network).image_size
+    return None if default is None else args.image_size or default
+
+
+def unmeasured_task(config):
+    """Why `config`'s task is not measured on its network at all (one line), or None."""
+    return families.family_of(config.network).no_inference if config.task == 'inference' \
+        else None
 
 
 def reproduce_command(config, mode, args):
     """The command line that measures `mode` of `config` alone, with its FP32 baseline."""
+    size = image_size(config.network, args)
     words = ['python', 'scripts/benchmark.py', '--networks', config.network,
              '--tasks', config.task, '--modes', ','.join(dict.fromkeys(('fp32', mode))),
-             '--batch', str(config.batch), '--threads', str(config.threads),
-             '--image-size', str(args.image_size), '--warmup', str(args.warmup),
-             '--steps', str(args.steps), '--repeats', str(args.repeats)]
+             '--batch', str(config.batch), '--threads', str(config.threads)]
+    words += [] if size is None else ['--image-size', str(size)]
+    words += ['--warmup', str(args.warmup), '--steps', str(args.steps),
+              '--repeats', str(args.repeats)]
     # OMP_NUM_THREADS comes from --threads; the rest of the environment as it was here.
     variables = ['%s=%s' % (k, shlex.quote(v)) for k, v in launch_variables().items()
                  if k != 'OMP_NUM_THREADS']
@@ -541,24 +602,30 @@ def bench(config, args, progress):
     Returns
     -------
     dict
-        The configuration, the run's settings and ``modes``: per mode either
-        ``skipped`` (why), or its ``settings``, ``reproduce`` and ``runs`` (the
-        workers' answers, one per round) with :func:`derive`'s figures, and
-        ``error`` when a worker failed (the mode is not run again).
+        The configuration, the run's settings, its network's ``family``,
+        ``throughput_unit`` and ``sample`` (what one sample is), and ``modes``:
+        per mode either ``skipped`` (why), or its ``settings``, ``reproduce``
+        and ``runs`` (the workers' answers, one per round) with :func:`derive`'s
+        figures, and ``error`` when a worker failed (the mode is not run again).
+        A task the network does not have is ``skipped`` (why), with no modes.
     """
-    result = dict(config._asdict(), image_size=args.image_size, warmup=args.warmup,
-                  steps=args.steps, repeats=args.repeats, mxamp_compute=mxamp_compute(),
-                  modes={})
+    family = families.family_of(config.network)
+    size = image_size(config.network, args)
+    result = dict(config._asdict(), family=family.name, throughput_unit=family.sample + '/s',
+                  sample=family.counts, image_size=size, warmup=args.warmup, steps=args.steps,
+                  repeats=args.repeats, mxamp_compute=mxamp_compute(), modes={})
+    if unmeasured_task(config):
+        result['skipped'] = unmeasured_task(config)
+        return result
     specs = {}      # the worker's spec of each mode measured, in the table's order
-    for mode in task_modes(config.task, args.modes):
-        reason = skip_reason(mode)
+    for mode, reason in mode_plan(config, args.modes).items():
         if reason:
             result['modes'][mode] = {'skipped': reason}
             continue
-        result['modes'][mode] = {'settings': mode_settings(config.task, mode),
+        result['modes'][mode] = {'settings': mode_settings(config.task, mode, family),
                                  'reproduce': reproduce_command(config, mode, args), 'runs': []}
-        specs[mode] = dict(config._asdict(), mode=mode, image_size=args.image_size,
-                           warmup=args.warmup, steps=args.steps)
+        specs[mode] = dict(config._asdict(), mode=mode, image_size=size, warmup=args.warmup,
+                           steps=args.steps)
     for round_index in range(args.repeats):
         for mode in list(specs):
             progress.set_postfix_str('%s: %s' % (_label(result), mode))
@@ -648,8 +715,18 @@ def derive(result):
 # --------------------------------------------------------------------------
 # Report
 
-TABLE_HEADER = ('network', 'task', 'batch', 'threads', 'mode', 'img/s', 'x FP32', 'paired',
-                'update ms', 'peak RSS MB', 'RSS x FP32')
+def _unit(result):
+    # A result of schema 2 counted images.
+    return result.get('throughput_unit', 'img/s')
+
+
+def table_header(results):
+    """The table's columns; its throughput's is the results' unit (``img/s``...), or
+    ``samples/s`` where they count different samples (the notes say which)."""
+    units = {_unit(res) for res in results}
+    return ('network', 'task', 'batch', 'threads', 'mode',
+            units.pop() if len(units) == 1 else 'samples/s', 'x FP32', 'paired', 'update ms',
+            'peak RSS MB', 'RSS x FP32')
 
 
 def _label(result):
@@ -720,10 +797,19 @@ def _table_row(result, mode, entry):
             _cell(entry, 'median_peak_rss_mb', '%.0f'), _cell(entry, 'rss_ratio_vs_fp32', '%.2f'))
 
 
-def _notes(results):
+def _skipped_row(result):
+    return (result['network'], result['task'], str(result['batch']), str(result['threads']),
+            '-', 'skipped') + ('-',) * 5
+
+
+def _notes(results, header):
     """The lines under the table: how to read it, then what each configuration needs said."""
-    notes = ['img/s, update ms, peak RSS: medians over the rounds (one process per mode and '
-             'round); x FP32: ratio of the medians; paired: median of the per-round ratios']
+    notes = ['%s, update ms, peak RSS: medians over the rounds (one process per mode and '
+             'round); x FP32: ratio of the medians; paired: median of the per-round ratios'
+             % header[5]]
+    counts = {r['network']: r.get('sample', 'images') for r in results}
+    if set(counts.values()) != {'images'}:
+        notes.append('samples counted: ' + '; '.join('%s: %s' % item for item in counts.items()))
     if any(r['mxamp_compute'] != 'native' for r in results):
         notes.append('mxamp modes: bfloat16 storage, FP32 compute (this CPU has no native '
                      'bfloat16): they measure that emulation, not bfloat16 arithmetic')
@@ -732,6 +818,8 @@ def _notes(results):
     notes.extend('%s skipped: %s' % (mode, reason) for mode, reason in sorted(skips))
     for res in results:
         label = _label(res)
+        if 'skipped' in res:
+            notes.append('%s: not measured, %s' % (label, res['skipped']))
         for name, o in res.get('mxamp_overhead', {}).items():
             notes.append('%s: %s per-step overhead (update vs FP32) %.0f ms = %.1f%% of the step'
                          % (label, name, o['extra_update_ms'], 100 * o['fraction_of_step']))
@@ -751,7 +839,8 @@ def _notes(results):
 
 
 def _views(results):
-    """FP32 and mxamp img/s by batch size (per thread count), then by thread count (per batch).
+    """FP32 and mxamp throughput by batch size (per thread count), then by thread count
+    (per batch).
 
     One view per network, task and fixed value, where more than one value of the
     other was measured: what a user needs to pick a batch size or a thread count.
@@ -760,27 +849,32 @@ def _views(results):
     for axis, fixed in (('batch', 'threads'), ('threads', 'batch')):
         groups = {}
         for res in results:
-            groups.setdefault((res['network'], res['task'], res[fixed]), []).append(res)
+            if 'skipped' not in res:
+                groups.setdefault((res['network'], res['task'], res[fixed]), []).append(res)
         for (network, task, value), group in groups.items():
             if len(group) < 2:
                 continue
+            unit = _unit(group[0])
             rows = [(str(res[axis]),
                      _cell(res['modes'].get('fp32', {}), 'median_img_per_s', '%.2f'),
                      _cell(res['modes'].get('mxamp', {}), 'median_img_per_s', '%.2f'),
                      _cell(res['modes'].get('mxamp', {}), 'ratio_vs_fp32', '%.2f'))
                     for res in group]
             lines += ['', '%s %s, %s %d: by %s' % (network, task, fixed, value, axis)]
-            lines += _align((axis, 'fp32 img/s', 'mxamp img/s', 'x FP32'), [rows], left=0,
+            lines += _align((axis, 'fp32 ' + unit, 'mxamp ' + unit, 'x FP32'), [rows], left=0,
                             indent='  ')
     return lines
 
 
 def format_table(results):
     """The text report: the table (a block per configuration), its notes, then the views."""
-    blocks = [[_table_row(res, mode, entry) for mode, entry in res['modes'].items()]
+    header = table_header(results)
+    blocks = [[_skipped_row(res)] if 'skipped' in res else
+              [_table_row(res, mode, entry) for mode, entry in res['modes'].items()]
               for res in results]
-    under = [[_explanation(entry) for entry in res['modes'].values()] for res in results]
-    return '\n'.join(_align(TABLE_HEADER, blocks, left=5, under=under) + _notes(results)
+    under = [[[]] if 'skipped' in res else [_explanation(entry) for entry in res['modes'].values()]
+             for res in results]
+    return '\n'.join(_align(header, blocks, left=5, under=under) + _notes(results, header)
                      + _views(results))
 
 
@@ -792,15 +886,18 @@ def _version(package):
 
 
 def meta(args, argv):
-    """What the run was and where it ran: command line, versions, CPU, load."""
+    """What the run was and where it ran: command line, versions (the packages of the
+    networks measured among them), CPU, load."""
+    packages = {families.family_of(network).package for network in args.networks} - {None}
     return {'schema_version': SCHEMA_VERSION,
             'date': datetime.datetime.now().isoformat(timespec='seconds'),
             'command': ' '.join(shlex.quote(w) for w in
                                 [os.path.relpath(os.path.abspath(__file__), ROOT)] + argv),
             'args': {k: v for k, v in vars(args).items() if not k.startswith('_')},
-            'versions': {'mxnet': mx.__version__, 'mxamp': mxamp.__version__,
-                         'numpy': np.__version__, 'python': platform.python_version(),
-                         'gluoncv': _version('gluoncv')},
+            'versions': dict({'mxnet': mx.__version__, 'mxamp': mxamp.__version__,
+                              'numpy': np.__version__, 'python': platform.python_version(),
+                              'gluoncv': _version('gluoncv')},
+                             **{package: _version(package) for package in packages}),
             'cpu_model': hardware.cpu_model(), 'cpu_count': os.cpu_count(),
             'usable_cpus': hardware.usable_cpus(),
             'hardware': hardware.describe(), 'cpu_class': hardware.describe_cpu_class(),
@@ -853,16 +950,20 @@ def parse_args(argv=None):
     usable_cpus = hardware.usable_cpus()
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--networks', default='resnet50_v1,resnet18_v1',
-                   help="comma-separated gluoncv model names, or 'tiny' (default: %(default)s)")
+                   help="comma-separated: gluoncv classifier, ssd_* and fcn_* names, 'deepar', "
+                        "'lstm_lm', 'mlp' or 'tiny' (default: %(default)s)")
     p.add_argument('--tasks', default='inference,training', help='default: %(default)s')
     p.add_argument('--modes', default=','.join(sorted(set(INFERENCE_MODES + TRAINING_MODES))),
                    help='modes to run (default: all); fp32 is always included')
-    p.add_argument('--batch', type=_counts, default=[16],
-                   help='batch sizes, comma-separated (default: 16)')
+    p.add_argument('--batch', type=_counts,
+                   help="batch sizes, comma-separated (default: each network's own, 16 for "
+                        "an image classifier)")
     p.add_argument('--threads', type=_counts, default=[usable_cpus],
                    help='OMP_NUM_THREADS values, comma-separated (default: the CPUs this '
                         'process may use, %d here)' % usable_cpus)
-    p.add_argument('--image-size', type=_count(1), default=224)
+    p.add_argument('--image-size', type=_count(1),
+                   help="for the networks whose input is an image (default: each network's "
+                        "own, 224 for a classifier)")
     p.add_argument('--warmup', type=_count(0), default=2,
                    help='untimed iterations at the start of each process (default: %(default)s)')
     p.add_argument('--steps', type=_count(1), default=5,
@@ -908,10 +1009,12 @@ def main(argv=None):
         return _worker_entry(json.loads(args._worker))
     configs = configurations(args)
     info = meta(args, argv)
-    processes = sum(
-        len([m for m in task_modes(c.task, args.modes) if not skip_reason(m)]) * args.repeats
-        + (len([m for m in task_modes(c.task, args.modes) if m in EXPLAINED_MODES])
-           if args.explain else 0) for c in configs)
+    measured = [[] if unmeasured_task(c) else
+                [mode for mode, reason in mode_plan(c, args.modes).items() if not reason]
+                for c in configs]
+    processes = sum(len(modes) * args.repeats
+                    + (len(set(modes) & set(EXPLAINED_MODES)) if args.explain else 0)
+                    for modes in measured)
     with tqdm(total=processes, unit='process', desc='benchmark', file=sys.stderr) as progress:
         results = [bench(config, args, progress) for config in configs]
     info['load_average_end'] = list(os.getloadavg())

@@ -203,7 +203,8 @@ def test_batch_and_threads_lists_sweep_every_combination(monkeypatch, tmp_path, 
         bench.Config('tiny', 'inference', batch, threads)
         for batch, threads in ((2, 1), (2, 2), (4, 1), (4, 2))]
     assert bench.parse_args([]).threads == [len(os.sched_getaffinity(0))]
-    assert bench.parse_args([]).batch == [16]
+    # Without --batch each network runs at its own default: 16 for the image classifiers.
+    assert {c.batch for c in bench.configurations(bench.parse_args([]))} == {16}
     workers, data = _run_main(
         bench, monkeypatch, tmp_path,
         ['--networks', 'tiny', '--tasks', 'inference', '--modes', 'fp32,mxamp',
@@ -256,7 +257,7 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
     assert {env['OMP_NUM_THREADS'] for _, env in workers.calls} == {'3'}
     assert {env['DNNL_MAX_CPU_ISA'] for _, env in workers.calls} == {'AVX512_CORE'}
     meta = data['meta']
-    assert meta['schema_version'] == 2
+    assert meta['schema_version'] == 3
     assert meta['command'] == shlex.join(['scripts/benchmark.py'] + argv + [
         '--output', str(tmp_path / 'bench.json')])
     assert meta['args']['batch'] == [4] and meta['args']['threads'] == [3]
@@ -368,16 +369,142 @@ def test_explain_needs_an_mxamp_mode(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.parse_args(['--modes', 'fp32,contrib.amp', '--explain'])
     assert exit_.value.code == 2
-    assert ('--explain profiles the mxamp modes (mxamp, mxamp+fusion, mxamp+scaling); --modes '
-            'fp32,contrib.amp has none of them') in capsys.readouterr().err
+    assert ('--explain profiles the mxamp modes (mxamp:auto, mxamp, mxamp+fusion, mxamp+scaling); '
+            '--modes fp32,contrib.amp has none of them') in capsys.readouterr().err
     assert not bench.parse_args([]).explain
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('task', ['inference', 'training'])
-def test_explain_worker_profiles_the_rows_network(task):
+def test_each_family_runs_at_its_own_defaults_and_counts_its_own_samples(
+        monkeypatch, tmp_path, capsys):
     bench = _load()
-    answer = bench.explain_main({'network': 'tiny', 'task': task, 'mode': 'mxamp', 'batch': 2,
+    workers, data = _run_main(
+        bench, monkeypatch, tmp_path,
+        ['--networks', 'mlp,deepar', '--modes', 'fp32,mxamp:auto,mxamp', '--threads', '1',
+         '--repeats', '1'],
+        lambda spec, call: 100.0 if spec['mode'] == 'fp32' else 50.0)
+    # Each network at its own batch; no image size; DeepAR's inference starts no worker.
+    assert [(s['network'], s['task'], s['mode'], s['batch'], s['image_size'])
+            for s, _ in workers.calls] == [
+        (network, task, mode, batch, None)
+        for network, task, batch in (('mlp', 'inference', 256), ('mlp', 'training', 256),
+                                     ('deepar', 'training', 32))
+        for mode in ('fp32', 'mxamp:auto', 'mxamp')]
+    results = {(r['network'], r['task']): r for r in data['results']}
+    reason = bench.families.NAMED['deepar'].no_inference
+    assert results[('deepar', 'inference')]['skipped'] == reason
+    assert results[('deepar', 'inference')]['modes'] == {}
+    deepar = results[('deepar', 'training')]
+    assert {k: deepar[k] for k in ('family', 'throughput_unit', 'sample', 'batch',
+                                   'image_size')} == {
+        'family': 'deepar', 'throughput_unit': 'series/s',
+        'sample': 'series windows (48 hours of context, 24 predicted)', 'batch': 32,
+        'image_size': None}
+    assert results[('mlp', 'training')]['throughput_unit'] == 'rows/s'
+    assert deepar['modes']['mxamp:auto']['settings'] == {
+        'dtype': 'auto', 'conversion': "mxamp.convert(net, 'auto')",
+        'hybridize': {'static_alloc': True, 'static_shape': True}, 'fusion': None,
+        'loss': "the network's first output", 'trainer': 'mxamp.Trainer',
+        'optimizer': {'name': 'adam', 'learning_rate': 1e-3, 'wd': 1e-8, 'clip_gradient': 10.0},
+        'loss_scale': 'auto'}
+    assert deepar['modes']['mxamp']['ratio_vs_fp32'] == pytest.approx(0.5)
+    reproduce = deepar['modes']['mxamp']['reproduce']
+    assert '--batch 32 ' in reproduce and '--image-size' not in reproduce
+    assert 'gluonts' in data['meta']['versions'] and 'gluonnlp' not in data['meta']['versions']
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[5] == 'samples/s'
+    assert ('samples counted: mlp: rows of 64 features; deepar: series windows (48 hours of '
+            'context, 24 predicted)') in lines
+    rows = [line.split() for line in lines if line.startswith('deepar ')]
+    assert rows[0] == ['deepar', 'inference', '32', '1', '-', 'skipped'] + ['-'] * 5
+    assert rows[2][4:6] == ['mxamp:auto', '50.00']
+    assert 'deepar inference, batch 32, threads 1: not measured, ' + reason in lines
+    # One kind of sample: the column says which.
+    table = bench.format_table([deepar])
+    assert table.splitlines()[0].split()[5] == 'series/s'
+    assert 'samples counted: deepar: series windows' in table
+
+
+def test_lstm_lm_skips_the_modes_that_need_one_graph(monkeypatch, tmp_path):
+    bench = _load()
+    monkeypatch.setattr(bench.hardware, 'cpu_class', lambda: 'amx')
+    workers, data = _run_main(bench, monkeypatch, tmp_path,
+                              ['--networks', 'lstm_lm', '--threads', '1', '--repeats', '1'],
+                              lambda spec, call: 10.0)
+    assert [(s['task'], s['mode']) for s, _ in workers.calls] == [
+        ('inference', 'fp32'), ('inference', 'mxamp:auto'), ('inference', 'mxamp'),
+        ('training', 'fp32'), ('training', 'mxamp:auto'), ('training', 'mxamp'),
+        ('training', 'mxamp+scaling'), ('training', 'contrib.amp')]
+    assert {s['batch'] for s, _ in workers.calls} == {20}
+    inference, training = data['results']
+    reason = 'needs one graph, and lstm_lm cannot become one: its hybrid_forward calls nd.Dropout'
+    for mode in ('fp32+fusion', 'mxamp+fusion', 'contrib.amp'):
+        assert inference['modes'][mode] == {'skipped': reason}
+    assert inference['throughput_unit'] == 'seq/s'
+    # Never hybridized, in any mode.
+    assert {entry['settings']['hybridize'] for entry in training['modes'].values()} == {None}
+    assert 'contrib.amp skipped: ' + reason in data['table'].splitlines()
+
+
+def test_networks_name_their_family_and_defaults():
+    bench = _load()
+    families = bench.families
+    for network, family, batch, size in (
+            ('resnet50_v1', 'classifier', 16, 224), ('tiny', 'classifier', 16, 224),
+            ('ssd_512_resnet50_v1_voc', 'detector', 8, 512),
+            ('ssd_300_vgg16_atrous_voc', 'detector', 8, 300),
+            ('fcn_resnet50_voc', 'segmentation', 4, 480), ('deepar', 'deepar', 32, None),
+            ('lstm_lm', 'lstm_lm', 20, None), ('mlp', 'mlp', 256, None)):
+        args = bench.parse_args(['--networks', network, '--tasks', 'training'])
+        assert families.family_of(network).name == family
+        assert bench.configurations(args) == [bench.Config(network, 'training', batch,
+                                                           args.threads[0])]
+        assert bench.image_size(network, args) == size
+    args = bench.parse_args(['--networks', 'fcn_resnet50_voc,mlp', '--batch', '2',
+                             '--image-size', '64'])
+    assert {c.batch for c in bench.configurations(args)} == {2}
+    assert (bench.image_size('fcn_resnet50_voc', args), bench.image_size('mlp', args)) == \
+        (64, None)
+
+
+# What each family needs to run at a tiny size, and the package that provides it.
+FAMILY_SMOKE = [
+    pytest.param('mlp', 4, None, None, id='mlp'),
+    pytest.param('deepar', 4, None, 'gluonts', id='deepar'),
+    pytest.param('lstm_lm', 2, None, 'gluonnlp', id='lstm_lm'),
+    pytest.param('ssd_512_resnet50_v1_voc', 1, 128, 'gluoncv', id='ssd', marks=pytest.mark.slow),
+    pytest.param('fcn_resnet50_voc', 1, 64, 'gluoncv', id='fcn', marks=pytest.mark.slow),
+]
+
+
+# gluoncv's, GluonTS's and mxamp's notes (layers too small for bfloat16) are not checked here.
+@pytest.mark.filterwarnings('ignore')
+@pytest.mark.parametrize('network, batch, size, package', FAMILY_SMOKE)
+def test_each_family_builds_its_training_step_and_inference(network, batch, size, package):
+    if package:
+        pytest.importorskip(package, reason='%s is built with %s, not installed' % (network,
+                                                                                   package))
+    bench = _load()
+    family = bench.families.family_of(network)
+    setup = family.setup(network, batch, size, True)
+    with bench.autograd.record():
+        loss = setup.loss(setup.net(*setup.inputs))
+    # One loss a sample: what the throughput counts.
+    assert loss.shape == (batch,) and bench.np.isfinite(loss.asnumpy()).all()
+    tasks = ['training'] + ([] if family.no_inference else ['inference'])
+    for task in tasks:
+        for mode in ('fp32', 'mxamp:auto', 'mxamp'):
+            run = bench.build(task, mode, network, batch, size)
+            timing = bench.time_iterations(run, batch, warmup=0, steps=1)
+            assert timing['img_per_s'] > 0, (task, mode)
+            assert (timing.get('update_ms', 0) > 0) == (task == 'training'), (task, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['mxamp', 'mxamp:auto'])
+@pytest.mark.parametrize('task', ['inference', 'training'])
+def test_explain_worker_profiles_the_rows_network(task, mode):
+    bench = _load()
+    answer = bench.explain_main({'network': 'tiny', 'task': task, 'mode': mode, 'batch': 2,
                                  'threads': 1, 'image_size': 32, 'warmup': 1, 'steps': 2,
                                  'explain': True})
     assert set(answer['step_ms']) == {'bfloat16', 'float32'}
@@ -402,7 +529,7 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     meta = data['meta']
-    assert meta['schema_version'] == 2
+    assert meta['schema_version'] == 3
     assert {'versions', 'hardware', 'cpu_count', 'usable_cpus', 'args', 'command',
             'load_average_start', 'load_average_end'} <= set(meta)
     assert data['table'] in proc.stdout
@@ -412,9 +539,10 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
     # The CPU as the run saw it (a simulated class in this process would not reach it).
     cpu_class = meta['hardware']['cpu_class']
     native = cpu_class in ('avx512_bf16', 'amx')
-    assert list(inference['modes']) == ['fp32', 'fp32+fusion', 'mxamp', 'mxamp+fusion',
-                                        'contrib.amp']
-    assert list(training['modes']) == ['fp32', 'mxamp', 'mxamp+scaling', 'contrib.amp']
+    assert list(inference['modes']) == ['fp32', 'fp32+fusion', 'mxamp:auto', 'mxamp',
+                                        'mxamp+fusion', 'contrib.amp']
+    assert list(training['modes']) == ['fp32', 'mxamp:auto', 'mxamp', 'mxamp+scaling',
+                                       'contrib.amp']
     for result in (inference, training):
         assert (result['batch'], result['threads'], result['steps']) == (2, 1, 2)
         assert result['mxamp_compute'] == ('native' if native else
@@ -440,7 +568,7 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
             assert entry['rss_ratio_vs_fp32'] == pytest.approx(
                 entry['median_peak_rss_mb'] / modes['fp32']['median_peak_rss_mb'])
             assert '--threads 1 ' in entry['reproduce'] and entry['settings']['dtype']
-    assert set(training['mxamp_overhead']) == {'mxamp', 'mxamp+scaling'}
+    assert set(training['mxamp_overhead']) == {'mxamp:auto', 'mxamp', 'mxamp+scaling'}
     for entry in training['modes'].values():
         if 'skipped' not in entry:
             assert entry['median_update_ms'] > 0 and entry['median_step_ms'] > 0

@@ -1,0 +1,302 @@
+"""The networks ``scripts/benchmark.py`` measures, by family: how to build one, a batch of
+its input, its loss, and what one of its samples is.
+
+Each family's `Family.setup` returns a `Setup`: an FP32 network, initialised
+with random weights from a fixed seed (deferred initialisation finished on a
+one-sample batch, so that no full-size FP32 pass counts in a mode's memory),
+one batch of inputs and, for training, the loss of the network's outputs.
+The benchmark converts, hybridizes and times it; nothing here depends on the
+mode.
+
+Families (``--networks`` names; default batch, image size)
+----------------------------------------------------------
+``classifier``    gluoncv model-zoo classifiers (any name not below, e.g.
+                  ``resnet50_v1``) and ``tiny`` (a few conv/BN/ReLU layers, for
+                  tests): 1000 classes, softmax cross-entropy; batch 16, 224x224.
+``detector``      gluoncv SSD (``ssd_512_resnet50_v1_voc``, any ``ssd_*`` name):
+                  ``SSDMultiBoxLoss`` on targets that gluoncv's
+                  ``SSDTargetGenerator`` makes from random boxes (3 an image), as
+                  gluoncv's ``train_ssd.py`` makes them in its data transform;
+                  batch 8, the size in its name (512).
+``segmentation``  gluoncv FCN (``fcn_resnet50_voc``, any ``fcn_*`` name), built for
+                  the image size (``crop_size``), with its auxiliary head:
+                  ``MixSoftmaxCrossEntropyLoss`` on random per-pixel labels; batch 4,
+                  480x480.
+``deepar``        GluonTS DeepAR's training network (2 LSTM layers of 40 cells,
+                  48 hours of context, 24 predicted) on synthetic hourly
+                  series (sine and noise), its first output the loss; Adam as
+                  GluonTS's trainer sets it up; batch 32.  Training only: its
+                  predictions come from another network.
+``lstm_lm``       gluonnlp's ``standard_lstm_lm_200`` on a 10,000-word
+                  vocabulary, 35 random tokens a sequence, softmax cross-entropy
+                  on the decoder's output; batch 20.  Never hybridized (its
+                  ``hybrid_forward`` calls ``nd.Dropout``; mxamp converts its
+                  parts).
+``mlp``           a tabular MLP, 64 features -> 128 -> 128 -> 10 classes with
+                  ReLU, softmax cross-entropy; batch 256.
+"""
+import warnings
+from collections import namedtuple
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+HYBRIDIZE = {'static_alloc': True, 'static_shape': True}
+# Tiny learning rate: random weights must not drift to inf/NaN during the run.
+SGD = ('sgd', {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5})
+# What gluonts.mx.Trainer gives its Adam by default.
+ADAM = ('adam', {'learning_rate': 1e-3, 'wd': 1e-8, 'clip_gradient': 10.0})
+SEED = 0
+
+Setup = namedtuple('Setup', 'net inputs one loss')
+Setup.__doc__ = """One network, ready to convert and time.
+
+Attributes
+----------
+net : mxnet.gluon.Block
+    The FP32 network, initialised.
+inputs : tuple of NDArray
+    One batch: the network's arguments, in order.
+one : tuple of NDArray
+    The same for one sample (what finished deferred initialisation).
+loss : callable or None
+    The network's outputs -> the loss of each sample; None for inference.
+"""
+
+Family = namedtuple('Family', 'name package sample counts batch image_size no_graph optimizer '
+                              'loss_name no_inference setup')
+Family.__doc__ = """What the benchmark needs to know of a family of networks.
+
+Attributes
+----------
+name : str
+    The family's name.
+package : str or None
+    The package that provides its networks (the JSON records its version).
+sample : str
+    The throughput's unit: ``'img'`` for img/s.
+counts : str
+    What one sample is, for the table's notes.
+batch : int
+    The default batch.
+image_size : int or None
+    The default image size; None: the input is no image.
+no_graph : str or None
+    Why the network cannot become one graph (it is hybridized in no mode); None
+    when it can (it is hybridized in every mode).
+optimizer : (str, dict)
+    The training optimizer's name and parameters.
+loss_name : str
+    The loss, for the JSON.
+no_inference : str or None
+    Why inference is not measured; None when it is.
+setup : callable
+    ``setup(network, batch, image_size, training)`` -> `Setup`.
+"""
+
+
+def _seed():
+    mx.random.seed(SEED)
+    np.random.seed(SEED)
+    return np.random.RandomState(SEED)
+
+
+def _initialize(net, init=None):
+    # gluoncv's FeatureExpander (SSD's extra layers) gives its BatchNorms' parameters no
+    # initializer of their own: a global Xavier would be applied to those vectors and fail.
+    for name, param in net.collect_params().items():
+        if param.init is None and name.endswith(('gamma', 'var')):
+            param.init = 'ones'
+        elif param.init is None and name.endswith(('beta', 'mean')):
+            param.init = 'zeros'
+    # force_reinit: gluoncv's FCN initialises its heads itself; every layer starts from `init`.
+    net.initialize(init or mx.init.Xavier(magnitude=2), ctx=mx.cpu(), force_reinit=True)
+    return net
+
+
+def _images(batch, image_size):
+    return mx.nd.random.uniform(-1, 1, shape=(batch, 3, image_size, image_size))
+
+
+def _finish(setup):
+    """`setup`, its network's deferred initialisation finished on one sample."""
+    setup.net(*setup.one)
+    mx.nd.waitall()
+    return setup
+
+
+def _cross_entropy(labels, output=lambda outputs: outputs, hybridize=True, batch_axis=0):
+    """Softmax cross-entropy of ``output(outputs)`` against `labels`, one value a sample."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(batch_axis=batch_axis)
+    if hybridize:
+        loss_fn.hybridize(**HYBRIDIZE)
+    return lambda outputs: loss_fn(output(outputs), labels)
+
+
+# --------------------------------------------------------------------------
+# Image classifiers
+
+def _tiny_net(classes):
+    net = gluon.nn.HybridSequential(prefix='tiny_')
+    with net.name_scope():
+        net.add(gluon.nn.Conv2D(16, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
+                gluon.nn.Activation('relu'), gluon.nn.MaxPool2D(2),
+                gluon.nn.Conv2D(32, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
+                gluon.nn.Activation('relu'), gluon.nn.GlobalAvgPool2D(),
+                gluon.nn.Dense(classes))
+    return net
+
+
+def _classifier(network, batch, image_size, training, classes=1000):
+    rng = _seed()
+    if network == 'tiny':
+        net = _tiny_net(classes)
+    else:
+        from gluoncv.model_zoo import get_model
+        net = get_model(network, classes=classes, pretrained=False)
+    _initialize(net)
+    x = _images(batch, image_size)
+    labels = mx.nd.array(rng.randint(0, classes, size=batch))
+    return _finish(Setup(net, (x,), (x[:1],), _cross_entropy(labels) if training else None))
+
+
+# --------------------------------------------------------------------------
+# Detection and segmentation (gluoncv)
+
+def _random_boxes(rng, batch, image_size, count=3):
+    """`count` boxes an image, corners in pixels, and their class ids (VOC's 20)."""
+    corner = rng.uniform(0, 0.6 * image_size, (batch, count, 2))
+    extent = rng.uniform(0.1 * image_size, 0.4 * image_size, (batch, count, 2))
+    return (mx.nd.array(np.concatenate([corner, corner + extent], axis=-1)),
+            mx.nd.array(rng.randint(0, 20, (batch, count, 1))))
+
+
+def _detector(network, batch, image_size, training):
+    from gluoncv.loss import SSDMultiBoxLoss
+    from gluoncv.model_zoo import get_model
+    from gluoncv.model_zoo.ssd.target import SSDTargetGenerator
+    rng = _seed()
+    net = _initialize(get_model(network, pretrained=False, pretrained_base=False))
+    x = _images(batch, image_size)
+    # In training mode SSD returns its anchors too (this also finishes initialisation).
+    with autograd.train_mode():
+        anchors = net(x[:1])[2]
+    mx.nd.waitall()
+    if not training:
+        return Setup(net, (x,), (x[:1],), None)
+    # train_ssd.py's transform: SSDDefaultTrainTransform's generator, no hard negative mining.
+    generator = SSDTargetGenerator(iou_thresh=0.5, stds=(0.1, 0.1, 0.2, 0.2),
+                                   negative_mining_ratio=-1)
+    cls_targets, box_targets, _ = generator(anchors, None, *_random_boxes(rng, batch, image_size))
+    loss_fn = SSDMultiBoxLoss()
+
+    def loss(outputs):
+        cls_preds, box_preds, _ = outputs
+        # One device: the loss takes and returns a list per device.
+        return loss_fn([cls_preds], [box_preds], [cls_targets], [box_targets])[0][0]
+    return Setup(net, (x,), (x[:1],), loss)
+
+
+def _segmentation(network, batch, image_size, training):
+    from gluoncv.loss import MixSoftmaxCrossEntropyLoss
+    from gluoncv.model_zoo import get_model
+    rng = _seed()
+    # FCN upsamples to crop_size, whatever the input's size: build it for the images'.
+    net = _initialize(get_model(network, pretrained=False, pretrained_base=False,
+                                crop_size=image_size))
+    x = _images(batch, image_size)
+    labels = mx.nd.array(rng.randint(0, net.nclass, (batch, image_size, image_size)))
+    # Not hybridized: its hybrid_forward reads pred.dtype, which a Symbol does not have.
+    loss_fn = MixSoftmaxCrossEntropyLoss(aux=net.aux)
+    return _finish(Setup(net, (x,), (x[:1],),
+                         (lambda outputs: loss_fn(*outputs, labels)) if training else None))
+
+
+# --------------------------------------------------------------------------
+# Forecasting, language model, tabular
+
+DEEPAR = {'freq': 'H', 'prediction_length': 24, 'context_length': 48, 'num_layers': 2,
+          'num_cells': 40}
+
+
+def _hourly_series(rng, count=16, length=24 * 28):
+    steps = np.arange(length)
+    return [{'start': '2021-01-01 00:00',
+             'target': (10 + 5 * np.sin(steps * 2 * np.pi / 24 + k)
+                        + rng.normal(size=length)).astype('float32')} for k in range(count)]
+
+
+def _deepar(network, batch, image_size, training):
+    from gluonts.dataset.common import ListDataset
+    from gluonts.mx import DeepAREstimator
+    rng = _seed()
+    with warnings.catch_warnings():
+        # pandas deprecates the 'H' frequency that GluonTS 0.17's own examples use.
+        warnings.simplefilter('ignore', FutureWarning)
+        estimator = DeepAREstimator(batch_size=batch, **DEEPAR)
+        dataset = ListDataset(_hourly_series(rng), freq=DEEPAR['freq'])
+        loader = estimator.create_training_data_loader(
+            estimator.create_transformation().apply(dataset))
+        # A dict in the order of the network's hybrid_forward arguments: GluonTS's trainer
+        # calls net(*batch.values()).
+        inputs = tuple(next(iter(loader)).values())
+    # GluonTS's trainer initialises with its default, 'xavier'.
+    net = _initialize(estimator.create_training_network(), mx.init.Xavier())
+    return _finish(Setup(net, inputs, tuple(x[:1] for x in inputs),
+                         (lambda outputs: outputs[0]) if training else None))
+
+
+def _lstm_lm(network, batch, image_size, training, bptt=35, words=10000):
+    import gluonnlp as nlp
+    rng = _seed()
+    vocab = nlp.Vocab(nlp.data.count_tokens([str(i) for i in range(words)]))
+    net = _initialize(nlp.model.standard_lstm_lm_200(vocab=vocab, pretrained=False)[0])
+    tokens = mx.nd.array(rng.randint(0, len(vocab), (bptt, batch)))
+    targets = mx.nd.array(rng.randint(0, len(vocab), (bptt, batch)))
+    # Time-major: the decoder's scores are (sequence, batch, vocabulary), a sample a column.
+    loss = _cross_entropy(targets, lambda outputs: outputs[0], hybridize=False, batch_axis=1)
+    return _finish(Setup(net, (tokens,), (tokens[:, :1],), loss if training else None))
+
+
+def _mlp(network, batch, image_size, training, features=64, classes=10):
+    rng = _seed()
+    net = gluon.nn.HybridSequential(prefix='mlp_')
+    with net.name_scope():
+        net.add(gluon.nn.Dense(128, activation='relu'), gluon.nn.Dense(128, activation='relu'),
+                gluon.nn.Dense(classes))
+    _initialize(net)
+    x = mx.nd.random.uniform(-1, 1, shape=(batch, features))
+    labels = mx.nd.array(rng.randint(0, classes, size=batch))
+    return _finish(Setup(net, (x,), (x[:1],), _cross_entropy(labels) if training else None))
+
+
+CLASSIFIER = Family('classifier', 'gluoncv', 'img', 'images', 16, 224, None, SGD,
+                    'SoftmaxCrossEntropyLoss', None, _classifier)
+DETECTOR = Family('detector', 'gluoncv', 'img', 'images', 8, 512, None, SGD,
+                  'gluoncv.loss.SSDMultiBoxLoss', None, _detector)
+SEGMENTATION = Family('segmentation', 'gluoncv', 'img', 'images', 4, 480, None, SGD,
+                      'gluoncv.loss.MixSoftmaxCrossEntropyLoss', None, _segmentation)
+NAMED = {
+    'deepar': Family('deepar', 'gluonts', 'series',
+                     'series windows (48 hours of context, 24 predicted)', 32, None, None, ADAM,
+                     "the network's first output", 'its forecasts come from another network '
+                     '(DeepARPredictionNetwork, sampling paths): training only', _deepar),
+    'lstm_lm': Family('lstm_lm', 'gluonnlp', 'seq', 'sequences of 35 tokens', 20, None,
+                      'its hybrid_forward calls nd.Dropout', SGD, 'SoftmaxCrossEntropyLoss', None,
+                      _lstm_lm),
+    'mlp': Family('mlp', None, 'rows', 'rows of 64 features', 256, None, None, SGD,
+                  'SoftmaxCrossEntropyLoss', None, _mlp),
+}
+
+
+def family_of(network):
+    """The `Family` of a ``--networks`` name (defaults for that network)."""
+    if network in NAMED:
+        return NAMED[network]
+    if network.startswith('ssd_'):
+        size = network.split('_')[1]
+        return DETECTOR._replace(image_size=int(size)) if size.isdigit() else DETECTOR
+    if network.startswith('fcn_'):
+        return SEGMENTATION
+    return CLASSIFIER
