@@ -436,7 +436,7 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
     cls = policy.op_class(op, attrs, node['name'])
     small = None
-    if cls == LOW and not policy.pays(op, work):
+    if cls == LOW and not policy.pays(op, work, inside=bool(input_states) and input_states[0] == low):
         cls, small = FLOAT32, work
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
     fused = post_op and input_states[0] == low and policy.fuses_into_convolution(
@@ -713,9 +713,11 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     variable_shapes = infer_variable_shapes(graph, shapes)
     entry_shapes = infer_entry_shapes(graph, shapes)
     works = layer_works(graph, variable_shapes, entry_shapes)
+    # Layers too small to pay even inside a low-precision region: their parameters are read
+    # in FP32 (a layer that opens a region decides as it is planned, its data's precision known).
     small = {nid for nid, work in works.items()
              if policy.op_class(nodes[nid]['op'], nodes[nid].get('attrs'), nodes[nid]['name']) == LOW
-             and not policy.pays(nodes[nid]['op'], work)}
+             and not policy.pays(nodes[nid]['op'], work, inside=True)}
     lp_params = storable_params(graph, policy, params, small) | (set(stored_low) & params)
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype

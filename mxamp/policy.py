@@ -753,11 +753,12 @@ class Policy(object):
         return (condition is not None and condition(attrs)
                 and not self._user_keeps_float32(op, attrs, node_name))
 
-    def pays(self, op: str, work: Optional[float]) -> bool:
+    def pays(self, op: str, work: Optional[float], inside: bool = False) -> bool:
         """Whether a low-precision `op` doing `work` MFLOP a call (None: unknown) computes
-        faster so on the target: always without `costs` and for the user's `lp_ops`."""
+        faster so on the target, its data cast from FP32 or, `inside` a low-precision
+        region, not: always without `costs` and for the user's `lp_ops`."""
         op = canonical(op)
-        return self.costs is None or op in self.lp_ops or self.costs.pays(op, work)
+        return self.costs is None or op in self.lp_ops or self.costs.pays(op, work, inside)
 
     def follows_inputs(self, op: str) -> bool:
         """Whether a low-precision `op` runs in FP32 when every floating input is FP32:

@@ -329,10 +329,15 @@ def convert_checked(sym: GraphLike, options: SymbolOptions, names: Names = PYTHO
         shapes.update(input_shapes)
         # keep_batchnorm: Module's inference bind would fold BatchNorm with truncated values.
         # The inputs given shapes are the network's, not parameters (check_input_shapes).
-        conversion = convert_graph(graph, policy, params=params if options.cast_params else (),
-                                   input_types=options.input_types, shapes=shapes,
-                                   portable=options.portable, data_inputs=set(input_shapes),
-                                   keep_batchnorm=True)
+        def converted(declared):
+            return convert_graph(graph, policy, params=declared, input_types=options.input_types,
+                                 shapes=shapes, portable=options.portable,
+                                 data_inputs=set(input_shapes), keep_batchnorm=True)
+
+        conversion = converted(params if options.cast_params else ())
+        if policy.costs is not None and not conversion.computes_low and conversion.lp_params:
+            # No layer pays ('auto'): the graph computes in FP32, its parameters too.
+            conversion = converted(())
         symbol = conversion.symbol
         if arg_params is not None:
             originals = dict(arg_params)

@@ -14,7 +14,8 @@ from mxamp.policy import Policy, Rules
 
 from conftest import needs_bfloat16_compute
 
-MODEL = cost.CostModel({'FullyConnected': 10.0, 'Convolution': 20.0, 'Deconvolution': 20.0})
+MODEL = cost.CostModel({'FullyConnected': 10.0, 'Convolution': 20.0, 'Deconvolution': 20.0},
+                       inside={'FullyConnected': 0.5, 'Convolution': 5.0, 'Deconvolution': 5.0})
 BFLOAT16_CLASSES = [klass for klass in hardware.CPU_CLASSES if hardware.computes_bfloat16(klass)]
 
 
@@ -63,8 +64,9 @@ def test_the_largest_unpaid_layer_is_named_only_when_none_pays():
 @pytest.mark.parametrize('klass', BFLOAT16_CLASSES)
 def test_every_bfloat16_class_has_a_measured_model(klass):
     model = cost.model_for(klass)
-    assert set(model.pays_from) == set(cost.GEMM_OPS)
-    assert all(threshold > 0 for threshold in model.pays_from.values())
+    assert set(model.alone) == set(model.inside) == set(cost.GEMM_OPS)
+    # Casting the data in costs: a layer alone needs more work to pay than one inside a region.
+    assert all(0 < model.inside[op] <= model.alone[op] for op in cost.GEMM_OPS)
 
 
 def test_classes_without_bfloat16_have_no_model():
@@ -99,6 +101,19 @@ def test_auto_keeps_the_small_head_in_float32_and_the_trunk_low():
     # Their weights are stored in FP32: nothing reads them in bfloat16.
     assert conversion.lp_params == {'conv_weight', 'conv_bias'}
     assert conversion.casts == {('bfloat16', 'float32'): 1, ('float32', 'bfloat16'): 1}
+
+
+def test_a_layer_inside_a_low_region_pays_from_less_work_than_one_opening_it():
+    x = mx.sym.var('data')
+    trunk = mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=32, name='conv')
+    inside = mx.sym.FullyConnected(trunk, num_hidden=16, name='inside')      # 2.1 MFLOP
+    alone = mx.sym.FullyConnected(mx.sym.var('features'), num_hidden=16, name='alone')
+    sym = mx.sym.Group([inside, alone])
+    shapes = {'data': (8, 32, 16, 16), 'features': (8, 2048)}                # alone: 0.5 MFLOP
+    conversion = convert_graph(sym, Policy('bfloat16', costs=MODEL), shapes=shapes)
+    assert conversion.node_precision['inside'] == 'bfloat16'
+    assert conversion.node_precision['alone'] == 'float32'
+    assert set(conversion.small_layers) == {'alone'}
 
 
 def test_without_a_cost_model_every_layer_is_low():
