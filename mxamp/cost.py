@@ -1,22 +1,21 @@
 """Whether low precision pays for a layer on a CPU class: its work against its casts.
 
-A GEMM layer (FullyConnected, Convolution, Deconvolution) computes faster in
-bfloat16 than in FP32 only when it does enough work per call to pay for what
-bfloat16 adds: oneDNN's reorders, and the casts into it where its data is FP32.
-A small one is slower, and a network of small ones (a recurrent forecaster, a
-small MLP) trains slower than in FP32.  `CostModel` holds, per operator, the
-forward work (in MFLOP per call, 2 per multiply-add) from which bfloat16 pays
-on one CPU class, for a layer that opens a bfloat16 region (its data cast
-from FP32: "alone") and for one inside a region (its data already bfloat16),
+A GEMM layer (FullyConnected, Convolution, Deconvolution) whose data is FP32
+computes faster in bfloat16 only when it does enough work per call to pay for
+the casts into and out of it and oneDNN's reorders; a small one is slower, and
+a network of small ones (a recurrent forecaster, a small MLP) trains slower
+than in FP32.  `CostModel` holds, per operator, the forward work (in MFLOP
+per call, 2 per multiply-add) from which bfloat16 pays so on one CPU class,
 read from ``cost_table.json`` (measured by ``scripts/measure_costs.py``; the
 table's notes say where and when); `layer_work` computes a node's work from
-its shapes.  Under ``'auto'`` the policy keeps a layer below its threshold in
-FP32 (`mxamp.policy.Policy`'s ``costs``), and what reads it follows.
+its shapes.  Under ``'auto'`` the policy keeps such a layer below its threshold
+in FP32 (`mxamp.policy.Policy`'s ``costs``), and what reads it follows.  A layer
+whose data is already bfloat16 stays so: keeping it in FP32 would add the casts.
 
 Example
 -------
->>> model = CostModel({'FullyConnected': 10.0}, inside={'FullyConnected': 1.0})
->>> model.pays('FullyConnected', 4.0), model.pays('FullyConnected', 4.0, inside=True)
+>>> model = CostModel({'FullyConnected': 10.0})
+>>> model.pays('FullyConnected', 0.4), model.pays('FullyConnected', 64.0)
 (False, True)
 """
 import functools
@@ -37,35 +36,26 @@ Shape = Tuple[int, ...]
 
 
 class CostModel(object):
-    """The work from which low precision pays, per operator, on one CPU class.
+    """The work from which low precision pays for a layer whose data is FP32, per operator,
+    on one CPU class.
 
     Parameters
     ----------
-    alone : mapping of str to float
-        Operator to MFLOP per call, for a layer whose data is cast from FP32; an operator
-        not named always pays.
-    inside : mapping of str to float, optional
-        The same for a layer whose data is already in low precision (default: `alone`).
+    pays_from : mapping of str to float
+        Operator to MFLOP per call; an operator not named always pays.
     """
 
-    def __init__(self, alone: Mapping[str, float],
-                 inside: Optional[Mapping[str, float]] = None) -> None:
-        self.alone = dict(alone)
-        self.inside = dict(alone if inside is None else inside)
+    def __init__(self, pays_from: Mapping[str, float]) -> None:
+        self.pays_from = dict(pays_from)
 
     def __repr__(self) -> str:
-        return 'CostModel(%r, inside=%r)' % (self.alone, self.inside)
+        return 'CostModel(%r)' % (self.pays_from,)
 
-    def pays(self, op: str, work: Optional[float], inside: bool = False) -> bool:
-        """Whether `op` doing `work` MFLOP a call computes faster in low precision, its data
-        cast from FP32 or, `inside` a low-precision region, not; an unknown work (shapes not
-        known) pays, as without a model."""
-        threshold = self.threshold(op, inside)
+    def pays(self, op: str, work: Optional[float]) -> bool:
+        """Whether `op` doing `work` MFLOP a call computes faster in low precision with its
+        casts; an unknown work (shapes not known) pays, as without a model."""
+        threshold = self.pays_from.get(op)
         return threshold is None or work is None or work >= threshold
-
-    def threshold(self, op: str, inside: bool = False) -> Optional[float]:
-        """The MFLOP a call from which `op` pays; None when it always does."""
-        return (self.inside if inside else self.alone).get(op)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,19 +72,17 @@ def model_for(cpu_class: str) -> Optional[CostModel]:
     entry = _table()['classes'].get(cpu_class)
     if entry is None:
         return None
-    return CostModel({op: float(values['alone_from_mflop']) for op, values in entry.items()},
-                     inside={op: float(values['inside_from_mflop']) for op, values in entry.items()})
+    return CostModel({op: float(values['pays_from_mflop']) for op, values in entry.items()})
 
 
 def largest_unpaid(layers: Mapping[str, Tuple[str, float]], model: CostModel
                    ) -> Optional[Tuple[str, str, float, float]]:
     """``(name, op, work, threshold)`` of the largest of `layers` (``{name: (op, MFLOP)}``)
-    when none of them pays under `model` with its data cast from FP32, as in a network
-    that computes in FP32; None when one pays or there are none."""
+    when none of them pays under `model`; None when one pays or there are none."""
     if not layers or any(model.pays(op, work) for op, work in layers.values()):
         return None
     name, (op, work) = max(layers.items(), key=lambda item: item[1][1])
-    return name, op, work, model.threshold(op)
+    return name, op, work, model.pays_from[op]
 
 
 def layer_work(op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Optional[Shape]],

@@ -427,22 +427,19 @@ def _rewrite(block, fp32_symbol, policy, shapes):
     inputs = names - {p.name for p in params}
     stored = {p.name for p in params if p.name in candidates and p._data is not None
               and name_of_array(p) == policy.dtype}
-    def converted(declared, stored_low):
+    def converted(declared):
         return graph_mod.convert_graph(fp32_symbol, policy, params=declared, shapes=shapes,
-                                       portable=False, data_inputs=inputs, stored_low=stored_low)
+                                       portable=False, data_inputs=inputs)
 
-    conversion = converted(candidates, stored)
-    weighed = policy.costs is not None
-    if weighed and conversion.computes_low and candidates - conversion.lp_params:
-        # Some layers pay ('auto'): the small ones' parameters (small too) stay stored low,
-        # read through casts, so that a larger batch that makes them pay
-        # (_rebuilt_for_larger_batch) finds them low.
-        conversion = converted(candidates, candidates)
-    elif weighed and not conversion.computes_low and candidates - stored:
+    conversion = converted(candidates)
+    if policy.costs is not None and not conversion.computes_low and candidates - stored:
         # No layer pays ('auto'): the parameters not yet in low precision (no values, or FP32
         # ones: 'auto' casts at the first build) stay FP32, and the net runs as its FP32 self.
+        # Where some layers pay, the small ones' parameters (small too) stay low, read through
+        # casts, so that a larger batch that makes them pay (_rebuilt_for_larger_batch) finds
+        # them low.
         keep_float32([p for p in params if p.name in candidates - stored])
-        conversion = converted(stored, stored)
+        conversion = converted(stored)
     settle([p for p in params if p.name in names])
     sync_params(block)
     _warn_unpaid(block, policy, conversion)

@@ -436,7 +436,8 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
     cls = policy.op_class(op, attrs, node['name'])
     small = None
-    if cls == LOW and not policy.pays(op, work, inside=bool(input_states) and input_states[0] == low):
+    if cls == LOW and input_states and input_states[0] == 'float32' and not policy.pays(op, work):
+        # Its data is FP32: casting it in costs more than bfloat16 saves on so little work.
         cls, small = FLOAT32, work
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
     fused = post_op and input_states[0] == low and policy.fuses_into_convolution(
@@ -590,12 +591,11 @@ def layer_works(graph: Mapping[str, Any], variable_shapes: Mapping[int, Tuple[in
 
 
 def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
-                    params: Collection[str], small: Collection[int] = ()) -> Set[str]:
+                    params: Collection[str]) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
 
-    Decided on operator classes and kernels (not device or CPU class), so that a network
-    has the same parameters in the same dtypes wherever it runs; the nodes `small` (indices,
-    `layer_works` under a cost-aware policy) read theirs in FP32."""
+    Decided on operator classes and kernels alone (not shapes, device or CPU class), so that
+    a network has the same parameters in the same dtypes wherever it runs."""
     nodes = graph['nodes']
     # Read in FP32: by an FP32 operator, as a fixed input, by an operator no CPU computes in
     # bfloat16 (RNN, dot), or through operators that pass it on (RNN weights reach it through
@@ -605,7 +605,7 @@ def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
         node = nodes[nid]
         if node['op'] == 'null':
             continue
-        cls = FLOAT32 if nid in small else policy.op_class(node['op'], node.get('attrs'), node['name'])
+        cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
         fixed = set(policy.float32_inputs(node['op'])) | set(policy.index_inputs(node['op'], node.get('attrs')))
         passes_on = cls in (NEUTRAL, WIDEST) and read_in_float32[nid]
         for pos, (src, _, _) in enumerate(node['inputs']):
@@ -672,7 +672,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   shapes: Optional[Mapping[str, Sequence[int]]] = None,
                   portable: bool = True, keep_batchnorm: bool = False,
-                  data_inputs: Iterable[str] = (), stored_low: Iterable[str] = ()) -> Conversion:
+                  data_inputs: Iterable[str] = ()) -> Conversion:
     """Rewrite an FP32 graph to mixed precision.
 
     Parameters
@@ -694,9 +694,6 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
         Put the `NO_FOLD_SUFFIX` identity before each BatchNorm reading a bfloat16 convolution.
     data_inputs : iterable of str
         The network's inputs, cast like activations under ``portable=False``.
-    stored_low : iterable of str
-        Parameters among `params` whose values are already in the target dtype: declared in
-        it even where only layers too small to pay read them (those read them through casts).
 
     Returns
     -------
@@ -713,12 +710,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     variable_shapes = infer_variable_shapes(graph, shapes)
     entry_shapes = infer_entry_shapes(graph, shapes)
     works = layer_works(graph, variable_shapes, entry_shapes)
-    # Layers too small to pay even inside a low-precision region: their parameters are read
-    # in FP32 (a layer that opens a region decides as it is planned, its data's precision known).
-    small = {nid for nid, work in works.items()
-             if policy.op_class(nodes[nid]['op'], nodes[nid].get('attrs'), nodes[nid]['name']) == LOW
-             and not policy.pays(nodes[nid]['op'], work, inside=True)}
-    lp_params = storable_params(graph, policy, params, small) | (set(stored_low) & params)
+    lp_params = storable_params(graph, policy, params)
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype
     out = _Builder(low, portable, data_inputs)

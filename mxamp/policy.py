@@ -618,8 +618,9 @@ class Policy(object):
         Operators a later pass puts on fast bfloat16 kernels of mxamp's
         (`mxamp.pipeline.low_precision_kernel_ops`), though MXNet's are slow.
     costs : mxamp.cost.CostModel, optional
-        Keep in FP32 the layers too small for low precision to pay on the target (``'auto'``),
-        and the memory-bound operators whose every input is FP32 (`follows_inputs`).
+        Keep in FP32 the layers whose data is FP32 and that are too small for low precision
+        to pay on the target (``'auto'``), and the memory-bound operators whose every input
+        is FP32 (`follows_inputs`).
 
     Examples
     --------
@@ -753,12 +754,12 @@ class Policy(object):
         return (condition is not None and condition(attrs)
                 and not self._user_keeps_float32(op, attrs, node_name))
 
-    def pays(self, op: str, work: Optional[float], inside: bool = False) -> bool:
-        """Whether a low-precision `op` doing `work` MFLOP a call (None: unknown) computes
-        faster so on the target, its data cast from FP32 or, `inside` a low-precision
-        region, not: always without `costs` and for the user's `lp_ops`."""
+    def pays(self, op: str, work: Optional[float]) -> bool:
+        """Whether a low-precision `op` whose data is FP32, doing `work` MFLOP a call (None:
+        unknown), computes faster so on the target with its casts: always without `costs`
+        and for the user's `lp_ops`."""
         op = canonical(op)
-        return self.costs is None or op in self.lp_ops or self.costs.pays(op, work, inside)
+        return self.costs is None or op in self.lp_ops or self.costs.pays(op, work)
 
     def follows_inputs(self, op: str) -> bool:
         """Whether a low-precision `op` runs in FP32 when every floating input is FP32:
