@@ -24,6 +24,7 @@ names its inputs the same, so that its graph is the one MXNet builds later.
 Each converted block carries its `mxamp.network_state.NetworkState`, which this
 module drives through that module's moves.
 """
+import ctypes
 import inspect
 import json
 import warnings
@@ -33,6 +34,7 @@ import numpy as np
 
 import mxnet as mx
 from mxnet import autograd
+from mxnet.base import _LIB, SymbolHandle
 from mxnet.gluon import Block, HybridBlock
 
 from . import cost, dtypes
@@ -225,6 +227,9 @@ def _rebuilt_for_larger_batch(block, args):
     if not block._cached_graph:
         return False
     state = converted_state(block)
+    arrays = [arg for arg in _flat(args) if isinstance(arg, mx.nd.NDArray)]
+    if state.shapes_weighed(tuple(array.shape for array in arrays)):
+        return False   # the common call: the shapes of the last one, nothing to weigh
     device = _device_type(args) or _params_device_type(block)
     cached = state.conversion_for(device)
     if cached is None or not cached[1].small_layers:
@@ -457,19 +462,20 @@ def _inputs_take_gradients(args):
     """Whether autograd records and an input of `args` is in its graph: has a gradient
     attached, or was computed from an array that has.
 
-    MXNet 1.9.1: ``autograd.get_symbol`` fails on an array outside any recorded graph
-    (``NDArray::get_autograd_symbol``'s check), and MXNet records no operator whose
-    inputs are all outside one.
+    MXNet 1.9.1: ``MXAutogradGetSymbol`` (``autograd.get_symbol``'s C call) fails on an
+    array outside any recorded graph (``NDArray::get_autograd_symbol``'s check), and MXNet
+    records no operator whose inputs are all outside one.  It is called directly: through
+    ``autograd.get_symbol`` each failure builds a formatted Python exception, which cost
+    the common call (a batch outside the graph) more than a small network's forward.
     """
     if not autograd.is_recording():
         return False
     for arg in _flat(args):
         if isinstance(arg, mx.nd.NDArray):
-            try:
-                autograd.get_symbol(arg)
-            except mx.base.MXNetError:
-                continue
-            return True
+            symbol = SymbolHandle()
+            if _LIB.MXAutogradGetSymbol(arg.handle, ctypes.byref(symbol)) == 0:
+                _LIB.MXSymbolFree(symbol)
+                return True
     return False
 
 

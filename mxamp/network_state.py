@@ -144,7 +144,7 @@ class NetworkState(object):
     __slots__ = ('stage', '_settings', 'float32_reason', 'parts', 'float32_blocks', '_tree',
                  '_conversions', 'built_for',
                  '_built_at', 'fused_for_inference', '_inference_only', 'float32_originals',
-                 '_runtime', '_gradients_written', '_cached_ops', '_cached_for')
+                 '_runtime', '_gradients_written', '_cached_ops', '_cached_for', '_weighed')
 
     def __init__(self, stage: Stage, settings: Optional[Settings] = None,
                  tree: Optional[Tree] = None, float32_reason: Optional[str] = None) -> None:
@@ -165,6 +165,7 @@ class NetworkState(object):
         self._gradients_written: FrozenSet[str] = frozenset()
         self._cached_ops: Dict[str, Tuple[Any, Any]] = {}
         self._cached_for: Optional[str] = None
+        self._weighed: Optional[Tuple[Tuple[int, ...], ...]] = None
 
     @classmethod
     def kept_float32(cls, reason: str) -> 'NetworkState':
@@ -203,6 +204,14 @@ class NetworkState(object):
     @property
     def tree(self) -> Tree:
         return self._require_converted('sharing its tree')[1]
+
+    def shapes_weighed(self, shapes: Tuple[Tuple[int, ...], ...]) -> bool:
+        """Whether a call with inputs of `shapes` was last weighed against the graph's
+        layers (`mxamp.cost`); records `shapes` as weighed."""
+        if shapes == self._weighed:
+            return True
+        self._weighed = shapes
+        return False
 
     def graph_built(self, device_type: str) -> None:
         """Record that the block's graph was (re)built for `device_type`, after every edit so far."""
