@@ -43,19 +43,30 @@ class CostModel(object):
     ----------
     pays_from : mapping of str to float
         Operator to MFLOP per call; an operator not named always pays.
+    per_cast_value : mapping of str to float, optional
+        Operator to the FLOP a call must do per value cast besides its data (its output to
+        FP32 readers, an FP32 weight) for low precision to pay.
     """
 
-    def __init__(self, pays_from: Mapping[str, float]) -> None:
+    def __init__(self, pays_from: Mapping[str, float],
+                 per_cast_value: Optional[Mapping[str, float]] = None) -> None:
         self.pays_from = dict(pays_from)
+        self.per_cast_value = dict(per_cast_value or {})
 
     def __repr__(self) -> str:
-        return 'CostModel(%r)' % (self.pays_from,)
+        return 'CostModel(%r, per_cast_value=%r)' % (self.pays_from, self.per_cast_value)
 
-    def pays(self, op: str, work: Optional[float]) -> bool:
-        """Whether `op` doing `work` MFLOP a call computes faster in low precision with its
-        casts; an unknown work (shapes not known) pays, as without a model."""
+    def pays(self, op: str, work: Optional[float], cast_values: int = 0) -> bool:
+        """Whether `op` doing `work` MFLOP a call and casting `cast_values` values besides
+        its data computes faster in low precision; an unknown work (shapes not known) pays,
+        as without a model."""
+        if work is None:
+            return True
         threshold = self.pays_from.get(op)
-        return threshold is None or work is None or work >= threshold
+        if threshold is not None and work < threshold:
+            return False
+        per_value = self.per_cast_value.get(op)
+        return per_value is None or not cast_values or 1e6 * work / cast_values >= per_value
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +83,9 @@ def model_for(cpu_class: str) -> Optional[CostModel]:
     entry = _table()['classes'].get(cpu_class)
     if entry is None:
         return None
-    return CostModel({op: float(values['pays_from_mflop']) for op, values in entry.items()})
+    return CostModel({op: float(values['pays_from_mflop']) for op, values in entry.items()},
+                     {op: float(values['pays_from_flop_per_cast_value'])
+                      for op, values in entry.items()})
 
 
 def largest_unpaid(layers: Mapping[str, Tuple[str, float]], model: CostModel

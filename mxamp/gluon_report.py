@@ -130,7 +130,7 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
                               or 'none'))
     small = conversion.small_layers
     if small:
-        lines.append("kept in float32, too small for %s to pay on this CPU (dtype='auto'): "
+        lines.append("kept in float32, %s would not pay for its casts on this CPU (dtype='auto'): "
                      '%d layers, the largest %.3g MFLOP a call%s'
                      % (settings.dtype, len(small), max(small.values()),
                         '' if conversion.computes_low else ': the whole net computes in float32'))

@@ -37,7 +37,7 @@ __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', '
            'PAD_SUFFIX',
            'assemble_graph', 'cast_input', 'convert_graph', 'error_line', 'find_casts',
            'format_report',
-           'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'layer_works',
+           'cast_values', 'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'layer_works',
            'load_graph',
            'plan_node', 'storable_params']
 
@@ -400,7 +400,8 @@ def _variable_type(node, input_types):
 
 def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: Sequence[Optional[str]],
               input_shapes: Sequence[Optional[Tuple[int, ...]]], float_outputs: Sequence[bool],
-              post_op: bool = False, work: Optional[float] = None) -> NodePlan:
+              post_op: bool = False, work: Optional[float] = None,
+              cast_values: int = 0) -> NodePlan:
     """How one op node runs under `policy`: the only place a node's precision is decided.
 
     Parameters
@@ -418,6 +419,8 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         Whether oneDNN would fuse the node into the convolution it reads (`convolution_post_ops`).
     work : float, optional
         A GEMM's forward MFLOP a call (`mxamp.cost.layer_work`), for `Policy.pays`.
+    cast_values : int
+        The values cast around a GEMM in low precision besides its data (`cast_values`).
 
     Examples
     --------
@@ -436,7 +439,8 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
     cls = policy.op_class(op, attrs, node['name'])
     small = None
-    if cls == LOW and input_states and input_states[0] == 'float32' and not policy.pays(op, work):
+    if cls == LOW and input_states and input_states[0] == 'float32' and \
+            not policy.pays(op, work, cast_values):
         # Its data is FP32: casting it in costs more than bfloat16 saves on so little work.
         cls, small = FLOAT32, work
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
@@ -590,6 +594,42 @@ def layer_works(graph: Mapping[str, Any], variable_shapes: Mapping[int, Tuple[in
     return works
 
 
+def cast_values(graph: Mapping[str, Any], policy: policy_mod.Policy, works: Mapping[int, float],
+                variable_shapes: Mapping[int, Tuple[int, ...]],
+                entry_shapes: Mapping[Tuple[int, int], Tuple[int, ...]]) -> Dict[int, int]:
+    """``{node index: values}`` cast around each GEMM of `works` computing in low precision,
+    besides its data: its output where only FP32 operators or the graph's outputs read it,
+    and its weight where an FP32 operator reads it too, so that it cannot be stored low (a
+    decoder tied to an embedding)."""
+    nodes = graph['nodes']
+    storable = storable_params(graph, policy, {node['name'] for node in nodes if node['op'] == 'null'})
+    readers: Dict[int, List[Optional[int]]] = collections.defaultdict(list)
+    for nid, node in enumerate(nodes):
+        for src, k, _ in node['inputs']:
+            if k == 0:
+                readers[src].append(nid)
+    for nid, k, _ in graph['heads']:
+        if k == 0:
+            readers[nid].append(None)
+    values = {}
+    for nid in works:
+        count = 0
+        output = entry_shapes.get((nid, 0))
+        if output is not None and readers[nid] and all(
+                reader is None or policy.op_class(nodes[reader]['op'], nodes[reader].get('attrs'),
+                                                  nodes[reader]['name']) == FLOAT32
+                for reader in readers[nid]):
+            count += int(np.prod(output))
+        inputs = nodes[nid]['inputs']
+        if len(inputs) > 1:
+            weight = nodes[inputs[1][0]]
+            shape = variable_shapes.get(inputs[1][0])
+            if weight['op'] == 'null' and weight['name'] not in storable and shape is not None:
+                count += int(np.prod(shape))
+        values[nid] = count
+    return values
+
+
 def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
                     params: Collection[str]) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
@@ -711,6 +751,8 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     entry_shapes = infer_entry_shapes(graph, shapes)
     works = layer_works(graph, variable_shapes, entry_shapes)
     lp_params = storable_params(graph, policy, params)
+    casts_around = cast_values(graph, policy, works, variable_shapes, entry_shapes) \
+        if policy.costs is not None else {}
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype
     out = _Builder(low, portable, data_inputs)
@@ -734,7 +776,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
                         for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
                          [t == 'float32' for t in original], post_op=nid in post_ops,
-                         work=works.get(nid))
+                         work=works.get(nid), cast_values=casts_around.get(nid, 0))
         inputs = [entry if dtype is None else out.to(entry, dtype)
                   for entry, dtype in zip(inputs, plan.inputs)]
         casts = [out.casts.get(entry[0]) for entry in inputs]

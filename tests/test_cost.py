@@ -63,8 +63,9 @@ def test_the_largest_unpaid_layer_is_named_only_when_none_pays():
 @pytest.mark.parametrize('klass', BFLOAT16_CLASSES)
 def test_every_bfloat16_class_has_a_measured_model(klass):
     model = cost.model_for(klass)
-    assert set(model.pays_from) == set(cost.GEMM_OPS)
+    assert set(model.pays_from) == set(model.per_cast_value) == set(cost.GEMM_OPS)
     assert all(threshold > 0 for threshold in model.pays_from.values())
+    assert all(threshold > 0 for threshold in model.per_cast_value.values())
 
 
 def test_classes_without_bfloat16_have_no_model():
@@ -117,6 +118,27 @@ def test_a_small_layer_whose_data_is_already_low_stays_low():
     assert conversion.node_precision['inside'] == 'bfloat16'
     assert conversion.node_precision['alone'] == 'float32'
     assert set(conversion.small_layers) == {'alone'}
+
+
+def test_a_decoder_tied_to_an_embedding_counts_its_weight_and_output_casts():
+    # gluonnlp's language models: the decoder reads the embedding's weight (FP32: Embedding
+    # computes in FP32) and its scores go out of the graph: both are cast at every call.
+    tokens, weight = mx.sym.var('tokens'), mx.sym.var('embed_weight')
+    embedded = mx.sym.Embedding(tokens, weight=weight, input_dim=1000, output_dim=64, name='embed')
+    hidden = mx.sym.var('hidden')
+    decoder = mx.sym.FullyConnected(hidden, weight=weight, num_hidden=1000, no_bias=True,
+                                    flatten=False, name='decoder')
+    sym = mx.sym.Group([embedded, decoder])
+    shapes = {'tokens': (35, 20), 'hidden': (35, 20, 64), 'embed_weight': (1000, 64)}
+    model = cost.CostModel({'FullyConnected': 10.0}, per_cast_value={'FullyConnected': 1024})
+    conversion = convert_graph(sym, Policy('bfloat16', costs=model), params=['embed_weight'],
+                               shapes=shapes)
+    # 89.6 MFLOP against 700,000 scores and 64,000 weights cast: 117 FLOP a value.
+    assert conversion.small_layers == {'decoder': pytest.approx(2e-6 * 700 * 64 * 1000)}
+    generous = cost.CostModel({'FullyConnected': 10.0}, per_cast_value={'FullyConnected': 100})
+    conversion = convert_graph(sym, Policy('bfloat16', costs=generous), params=['embed_weight'],
+                               shapes=shapes)
+    assert conversion.node_precision['decoder'] == 'bfloat16'
 
 
 def test_without_a_cost_model_every_layer_is_low():

@@ -23,6 +23,7 @@ the test suite, whose environment has no Sphinx.
 """
 import doctest
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -55,6 +56,8 @@ class ModulePlan(NamedTuple):
 
 # Modules that are no API: the kernel wing's build, which setup.py runs.
 NOT_API = ('mxamp.kernels.build',)
+# Modules of an optional extra, documented where its library is installed.
+OPTIONAL = {'mxamp.gluonts': 'gluonts'}
 
 
 def package_modules(package: str = PACKAGE) -> List[str]:
@@ -62,7 +65,9 @@ def package_modules(package: str = PACKAGE) -> List[str]:
     (``__main__``, private ones and `NOT_API` left out)."""
     root = importlib.import_module(package)
     return sorted(info.name for info in pkgutil.walk_packages(root.__path__, package + '.')
-                  if not info.name.rsplit('.', 1)[1].startswith('_') and info.name not in NOT_API)
+                  if not info.name.rsplit('.', 1)[1].startswith('_') and info.name not in NOT_API
+                  and (info.name not in OPTIONAL
+                       or importlib.util.find_spec(OPTIONAL[info.name]) is not None))
 
 
 def _defined_in(obj: object) -> Optional[str]:
