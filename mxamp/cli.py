@@ -312,8 +312,10 @@ def _convert(args):
     if args.params:
         _check_file(args.params, 'params file')
         arg_params, aux_params = load_params(args.params)
-    options = SymbolOptions(dtype, Rules.of(exclude=args.exclude, fp32_ops=args.fp32_ops,
-                                            lp_ops=args.lp_ops),
+    # 'auto' itself, not the dtype it chose: under 'auto' small layers stay FP32 (mxamp.cost).
+    options = SymbolOptions(args.dtype if args.dtype == 'auto' else dtype,
+                            Rules.of(exclude=args.exclude, fp32_ops=args.fp32_ops,
+                                     lp_ops=args.lp_ops),
                             ctx=mx.cpu() if args.cpu else None,
                             input_shapes=dict(args.input_shape), portable=not args.fast_casts,
                             cpu_class=args.cpu_class, allow_missing=args.allow_missing,
