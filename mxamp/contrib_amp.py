@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import mxnet as mx
 
-from .dtypes import DTypeLike, dtype_name
+from .dtypes import DTypeLike, dtype_name, is_auto
 from .gluon import convert_with_rules
 from .graph import load_graph
 from .policy import Condition, Rules, canonical_conditions, canonical_ops, policy_lists
@@ -256,7 +256,7 @@ def _translated(function: str, target_dtype: DTypeLike, target_dtype_ops: Option
 
 
 def _check_target_dtype(function, target_dtype):
-    if isinstance(target_dtype, str) and target_dtype.lower() == 'auto':
+    if is_auto(target_dtype):
         return
     try:
         dtype_name(target_dtype)

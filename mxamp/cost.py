@@ -20,8 +20,9 @@ Example
 """
 import functools
 import json
+import math
 import os
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 from . import hardware
 
@@ -98,14 +99,14 @@ def largest_unpaid(layers: Mapping[str, Tuple[str, float]], model: CostModel
     return name, op, work, model.pays_from[op]
 
 
-def layer_work(op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Optional[Shape]],
+def layer_work(op: str, input_shapes: Sequence[Optional[Shape]],
                output_shape: Optional[Shape]) -> Optional[float]:
     """Forward MFLOP of one call of a `GEMM_OPS` node (2 per multiply-add); None when a
     shape it needs is unknown or `op` is not a GEMM.
 
     Examples
     --------
-    >>> round(layer_work('FullyConnected', {'num_hidden': '160'}, [(32, 80), (160, 80)], (32, 160)), 4)
+    >>> round(layer_work('FullyConnected', [(32, 80), (160, 80)], (32, 160)), 4)
     0.8192
     """
     if op not in GEMM_OPS or not input_shapes:
@@ -114,20 +115,14 @@ def layer_work(op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Optiona
     if op == 'FullyConnected':
         if output_shape is None or weight is None or len(weight) != 2:
             return None
-        return 2e-6 * _product(output_shape) * weight[1]
+        return 2e-6 * math.prod(output_shape) * weight[1]
     data = input_shapes[0]
     if weight is None or len(weight) < 3:
         return None
     # weight: (out, in / groups, *kernel) for a Convolution, (in, out / groups, *kernel) for a
     # Deconvolution: each output (input) element takes weight[1] * kernel multiply-adds.
-    per_element = weight[1] * _product(weight[2:])
+    per_element = weight[1] * math.prod(weight[2:])
     if op == 'Convolution':
-        return None if output_shape is None else 2e-6 * _product(output_shape) * per_element
-    return None if data is None else 2e-6 * _product(data) * per_element
+        return None if output_shape is None else 2e-6 * math.prod(output_shape) * per_element
+    return None if data is None else 2e-6 * math.prod(data) * per_element
 
-
-def _product(shape):
-    total = 1
-    for dim in shape:
-        total *= int(dim)
-    return total

@@ -240,12 +240,17 @@ def from_numpy(values: np.ndarray, ctx: Optional[mx.Context] = None) -> mx.ndarr
 _warned_auto_float32 = False
 
 
+def is_auto(dtype: Optional[DTypeLike]) -> bool:
+    """Whether `dtype` asks for ``'auto'`` (any case)."""
+    return isinstance(dtype, str) and dtype.lower() == 'auto'
+
+
 def resolve_dtype(dtype: DTypeLike, ctx: Optional[ContextLike] = None) -> str:
     """The precision name for `dtype` (``'auto'`` or a `dtype_name`) on `ctx` (None: this machine).
 
     ``'auto'`` is float16 on a GPU, bfloat16 where `mxamp.hardware.bfloat16_pays`, else float32,
     said once per process in a warning naming the CPU class.  ValueError: unknown `dtype`."""
-    if not (isinstance(dtype, str) and dtype.lower() == 'auto'):
+    if not is_auto(dtype):
         return dtype_name(dtype)
     if isinstance(ctx, (list, tuple)):
         ctx = ctx[0] if ctx else None

@@ -851,11 +851,12 @@ def convert_with_rules(net: Block, dtype: Optional[DTypeLike], rules: Rules,
                         'with mxamp.graph.convert_graph instead')
     check_convertible(net)
     dtype = 'auto' if dtype is None else dtype
+    auto = dtypes.is_auto(dtype)
     ctxs = [ctx] if ctx is not None else _param_contexts(net)
     name = dtypes.resolve_dtype(dtype, ctxs[0] if ctxs else None)
     if name == 'float32':
         # Not converted; summary() says why ('auto': resolve_dtype warned once already).
-        if isinstance(dtype, str) and dtype.lower() == 'auto':
+        if auto:
             reason = "dtype='auto' kept it in float32 on this %s" % hardware.describe_cpu_class()
         else:
             reason = 'mxamp.convert was asked for float32 (%r)' % (dtype,)
@@ -869,9 +870,8 @@ def convert_with_rules(net: Block, dtype: Optional[DTypeLike], rules: Rules,
                         'to convert' % (describe_block(net), float32_blocks[0][2]))
     node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, exclude, node_names, exclude_option)
-    cost_aware = isinstance(dtype, str) and dtype.lower() == 'auto'
     settings = _decided(Settings.of(name, rules._replace(exclude=tuple(patterns)),
-                                    cost_aware=cost_aware), parts)
+                                    cost_aware=auto), parts)
     for _, part, _ in parts:   # all refusals before any block changes
         _check_shared(part, settings, net)
     for _, part, _ in parts:

@@ -588,7 +588,7 @@ def layer_works(graph: Mapping[str, Any], variable_shapes: Mapping[int, Tuple[in
             continue
         shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
                   for src, k, _ in node['inputs']]
-        work = layer_work(node['op'], node.get('attrs', {}), shapes, entry_shapes.get((nid, 0)))
+        work = layer_work(node['op'], shapes, entry_shapes.get((nid, 0)))
         if work is not None:
             works[nid] = work
     return works

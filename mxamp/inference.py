@@ -143,7 +143,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     kept = gluon_mod.chosen_precision(net)
     if kept is not None:
         # The user's precision stands, float32 included: 'auto' is for unconverted nets.
-        if not (isinstance(dtype, str) and dtype.lower() == 'auto') and \
+        if not dtypes.is_auto(dtype) and \
                 dtypes.resolve_dtype(dtype, arrays[0].context) != kept:
             raise ValueError('mxamp.for_inference: %s is converted to %s, dtype=%r asks for '
                              'another precision (give dtype=\'auto\' to keep it, or convert an '

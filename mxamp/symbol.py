@@ -319,8 +319,7 @@ def convert_checked(sym: GraphLike, options: SymbolOptions, names: Names = PYTHO
     if dtype == 'float32':
         symbol, conversion = graph.symbol, None
     else:
-        auto = options.dtype is None or (isinstance(options.dtype, str)
-                                         and options.dtype.lower() == 'auto')
+        auto = options.dtype is None or dtypes.is_auto(options.dtype)
         policy = make_policy(options._replace(dtype=dtype), cost_aware=auto)
         shapes = {}
         if arg_params is not None:

@@ -14,9 +14,12 @@ shows the median time of each and the ratio.  One layer in bfloat16 pays for
 the casts around it ("alone"); the layers inside the chain of four have
 bfloat16 neighbours and no casts ("inside": the chain's extra three layers).
 The work is the forward pass's floating-point operations per call (2 per
-multiply-add), in MFLOP.  The threshold written for each case is the
-smallest work from which every larger size runs at least ``--margin`` times
-faster in bfloat16: below it, ``'auto'`` keeps the layer in FP32.
+multiply-add), in MFLOP.  Two thresholds are written per operator, the two
+fields of the table: ``pays_from_mflop``, the smallest work from which every
+larger size ran at least ``--margin`` times faster alone in bfloat16, and
+``pays_from_flop_per_cast_value``, the same for the work per output value
+(the values cast back to FP32 after a layer alone).  Below either, ``'auto'``
+keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
@@ -77,14 +80,23 @@ def dense_data(size):
     return mx.nd.random.uniform(-1, 1, (size[0], size[1]))
 
 
+def dense_outputs(size):
+    return size[0] * size[2]
+
+
+def conv_outputs(size):
+    return size[0] * size[1] * size[2] * size[2]
+
+
 def conv_data(size):
     return mx.nd.random.uniform(-1, 1, (size[0], size[1], size[2], size[2]))
 
 
 OPERATORS = {
     'FullyConnected': (DENSE_SIZES, lambda depth, s: dense_chain(depth, s[1], s[2]), dense_work,
-                       dense_data),
-    'Convolution': (CONV_SIZES, lambda depth, s: conv_chain(depth, s[1]), conv_work, conv_data),
+                       dense_outputs, dense_data),
+    'Convolution': (CONV_SIZES, lambda depth, s: conv_chain(depth, s[1]), conv_work,
+                    conv_outputs, conv_data),
 }
 
 
@@ -122,7 +134,7 @@ def timed(step):
 
 
 def measure(op, repeats, progress):
-    sizes, make, work, make_data = OPERATORS[op]
+    sizes, make, work, outputs, make_data = OPERATORS[op]
     rows = []
     for size in sizes:
         data = make_data(size)
@@ -138,6 +150,7 @@ def measure(op, repeats, progress):
                   / max(median[(4, 'bfloat16')] - median[(1, 'bfloat16')], 1e-9))
         # Exact: a threshold is a measured size's work, which the same layer must reach.
         rows.append({'size': list(size), 'mflop': work(size),
+                     'flop_per_cast_value': 1e6 * work(size) / outputs(size),
                      'float32_ms': round(1e3 * median[(1, 'float32')], 3),
                      'bfloat16_ms': round(1e3 * median[(1, 'bfloat16')], 3),
                      'alone': round(alone, 3), 'inside': round(inside, 3)})
@@ -146,12 +159,13 @@ def measure(op, repeats, progress):
 
 
 def threshold(rows, key, margin):
-    """The smallest work from which every larger size reaches `margin`; None if none does."""
+    """The smallest `key` from which every row (sizes of equal `key` included) ran alone
+    at least `margin` times faster in bfloat16; None if none does."""
     paying = None
-    for row in sorted(rows, key=lambda r: r['mflop'], reverse=True):
-        if row[key] < margin:
+    for value in sorted({row[key] for row in rows}, reverse=True):
+        if any(row['alone'] < margin for row in rows if row[key] >= value):
             break
-        paying = row['mflop']
+        paying = value
     return paying
 
 
@@ -177,14 +191,16 @@ def main(argv=None):
     with tqdm(total=total, desc='sizes', unit='size') as progress:
         for op in args.ops:
             rows = measure(op, args.repeats, progress)
-            result['operators'][op] = {'alone_from_mflop': threshold(rows, 'alone', args.margin),
-                                       'inside_from_mflop': threshold(rows, 'inside', args.margin),
-                                       'rows': rows}
+            result['operators'][op] = {
+                'pays_from_mflop': threshold(rows, 'mflop', args.margin),
+                'pays_from_flop_per_cast_value': threshold(rows, 'flop_per_cast_value',
+                                                           args.margin),
+                'rows': rows}
     print('%s, %s threads; training step (forward + backward), medians of %d'
           % (hardware.describe_cpu_class(klass), threads, args.repeats))
     for op, entry in result['operators'].items():
-        print('\n%s: bfloat16 pays alone from %s MFLOP, inside a bfloat16 region from %s MFLOP'
-              % (op, entry['alone_from_mflop'], entry['inside_from_mflop']))
+        print('\n%s: bfloat16 pays alone from %s MFLOP a call and %s FLOP per value cast'
+              % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value']))
         print('%-22s %10s %12s %12s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
                                                 'alone', 'inside'))
         for row in entry['rows']:

@@ -27,7 +27,7 @@ def test_a_dense_layer_does_two_flops_per_multiply_add(flatten):
     sym = mx.sym.FullyConnected(mx.sym.var('x'), num_hidden=7, flatten=flatten, name='fc')
     data = (4, 3, 5)
     in_units = 15 if flatten else 5
-    work = cost.layer_work('FullyConnected', {}, [data, (7, in_units)],
+    work = cost.layer_work('FullyConnected', [data, (7, in_units)],
                            _output_shape(sym, x=data))
     rows = 4 if flatten else 12
     assert work == pytest.approx(2e-6 * rows * in_units * 7)
@@ -37,19 +37,19 @@ def test_a_convolution_counts_its_groups_strides_and_padding():
     sym = mx.sym.Convolution(mx.sym.var('x'), kernel=(3, 3), stride=(2, 2), pad=(1, 1),
                              num_filter=8, num_group=2, name='conv')
     data, weight = (2, 4, 9, 9), (8, 2, 3, 3)
-    work = cost.layer_work('Convolution', {}, [data, weight], _output_shape(sym, x=data))
+    work = cost.layer_work('Convolution', [data, weight], _output_shape(sym, x=data))
     # 5 x 5 outputs per map, 8 maps, each from 2 channels of 3 x 3 taps.
     assert work == pytest.approx(2e-6 * 2 * 8 * 5 * 5 * 2 * 9)
 
 
 def test_a_deconvolution_counts_its_input():
-    work = cost.layer_work('Deconvolution', {}, [(2, 4, 6, 6), (4, 3, 2, 2)], (2, 3, 12, 12))
+    work = cost.layer_work('Deconvolution', [(2, 4, 6, 6), (4, 3, 2, 2)], (2, 3, 12, 12))
     assert work == pytest.approx(2e-6 * 2 * 4 * 6 * 6 * 3 * 4)
 
 
 def test_unknown_shapes_and_other_operators_have_no_work():
-    assert cost.layer_work('FullyConnected', {}, [None, None], None) is None
-    assert cost.layer_work('Activation', {}, [(2, 3)], (2, 3)) is None
+    assert cost.layer_work('FullyConnected', [None, None], None) is None
+    assert cost.layer_work('Activation', [(2, 3)], (2, 3)) is None
     assert MODEL.pays('FullyConnected', None)
 
 
