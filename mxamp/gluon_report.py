@@ -93,10 +93,14 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
     counts: Counter[str] = collections.Counter()
     runtime = converted_state(net).runtime
     records = runtime.passes if runtime is not None else ()
+    lowered = frozenset().union(*(record.lowered for record in records))
     for node in conversion.nodes:
-        shown = node.computes_in
-        if node.computes_in != node.precision:
+        if node.name in lowered:
+            shown = conversion.dtype
+        elif node.computes_in != node.precision:
             shown = 'float32 (%s storage)' % node.precision
+        else:
+            shown = node.computes_in
         counts[shown] += 1
         reads = ['%s%s' % ('%s->%s' % (read.cast.source, read.cast.to_dtype) if read.cast else read.source,
                            ' +1 zero channel' if read.pad else '')

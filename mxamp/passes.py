@@ -37,7 +37,8 @@ class PassRecord(NamedTuple):
     inference graph records them and keeps MXNet's operators); `operators`, node
     name to the operator that now computes it; `params` whose gradients the new
     operators write, which cannot add (``grad_req='add'`` rebuilds the graph);
-    `line`, what `mxamp.summary` prints for it.
+    `line`, what `mxamp.summary` prints for it; `lowered`, the nodes the precision
+    pass kept in FP32 that now compute in the low dtype.
     """
     name: str
     nodes: FrozenSet[str] = frozenset()
@@ -45,6 +46,7 @@ class PassRecord(NamedTuple):
     params: FrozenSet[str] = frozenset()
     training_only: bool = False
     line: str = ''
+    lowered: FrozenSet[str] = frozenset()
 
 
 class PassContext(NamedTuple):

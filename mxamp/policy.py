@@ -51,11 +51,11 @@ def _names(text):
     return frozenset(text.split())
 
 
-# The GEMM-based ops, compute-bound: what low precision pays for.  _mxamp_convolution is
-# mxamp's own (mxamp.kernels.operators), with bfloat16 kernels where Convolution has them.
+# The GEMM-based ops, compute-bound: what low precision pays for.  _mxamp_convolution and the
+# _mxamp_selfatt products are mxamp's own (mxamp.kernels.operators), with bfloat16 kernels.
 _GEMM = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected RNN dot batch_dot _linalg_gemm
-    _linalg_gemm2
+    _linalg_gemm2 _mxamp_selfatt_qk _mxamp_selfatt_valatt
     _contrib_interleaved_matmul_selfatt_qk _contrib_interleaved_matmul_selfatt_valatt
     _contrib_interleaved_matmul_encdec_qk _contrib_interleaved_matmul_encdec_valatt
     _np_dot _npi_matmul _npi_tensordot _npi_tensordot_int_axes _npi_einsum
@@ -68,10 +68,12 @@ _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNo
 
 # Numerically sensitive (softmax, norms, reductions, exp/log/pow, losses, detection, linear
 # algebra, samplers), legacy ops without low-precision kernels, custom ops, quantization; and
-# mxamp's master-weight kernels, which update FP32 masters and are never in a graph.
+# mxamp's master-weight kernels, which update FP32 masters and are never in a graph; mxamp's
+# own LayerNorm (mxamp.kernels.operators).
 _FLOAT32 = _names('''
     _mxamp_follow_weight _mxamp_sgd_step
-    softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm GroupNorm InstanceNorm
+    softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm _mxamp_layer_norm
+    GroupNorm InstanceNorm
     L2Normalization LRN norm moments _square_sum multi_sum_sq multi_lars
     exp expm1 log log10 log1p log2 _power _power_scalar _rpower_scalar broadcast_power _hypot
     _hypot_scalar broadcast_hypot reciprocal rsqrt rcbrt square erf erfinv gamma gammaln
@@ -205,6 +207,9 @@ _CONDITIONAL = {
     # Sum and Lp pooling accumulate a whole window: overflow-prone in float16.
     'Pooling': ('pool_type', ('sum', 'lp')),
 }
+# Conditional values neutral under bfloat16 all the same: its range is FP32's, and oneDNN's
+# bfloat16 GELU computes in FP32 and rounds its output once, as every activation's.
+_BFLOAT16_NEUTRAL = frozenset([('LeakyReLU', 'gelu')])
 
 # Inputs read as indices, conditions or shapes: never cast, never deciding the data's precision.
 _INDEX_INPUTS = {
@@ -684,7 +689,9 @@ class Policy(object):
         cls = base_class(op)
         if cls == 'conditional':
             key, fp32_values = _CONDITIONAL[op]
-            cls = FLOAT32 if (attrs or {}).get(key) in fp32_values else NEUTRAL
+            value = (attrs or {}).get(key)
+            cls = FLOAT32 if value in fp32_values and not (
+                self.dtype == 'bfloat16' and (op, value) in _BFLOAT16_NEUTRAL) else NEUTRAL
         if op in _FLOAT32_INPUTS and self.batchnorm_data == FLOAT32:
             cls = FLOAT32
         if (self.dtype == 'bfloat16' and cls != FLOAT32

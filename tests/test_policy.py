@@ -90,6 +90,11 @@ def test_conditional_ops_follow_their_attributes():
     assert bf16.op_class('LeakyReLU', {'act_type': 'prelu'}) == FLOAT32
     assert bf16.op_class('Pooling', {'pool_type': 'avg', 'global_pool': 'True'}) == FLOAT32
     assert bf16.op_class('Pooling', {'pool_type': 'avg', 'kernel': '(7, 7)'}) == NEUTRAL
+    # GELU: FP32 under float16 (its range), bfloat16 under bfloat16 (oneDNN computes it in
+    # FP32 and rounds once, as every activation).
+    assert policy.op_class('LeakyReLU', {'act_type': 'gelu'}) == FLOAT32
+    assert bf16.op_class('LeakyReLU', {'act_type': 'gelu'}) == NEUTRAL
+    assert bf16.op_class('LeakyReLU', {'act_type': 'elu'}) == FLOAT32
 
 
 def test_overrides_by_op_node_and_pattern():

@@ -441,7 +441,9 @@ class _Rewrite(object):
         return self.last[(src, k)]
 
 
-_OWN_OPERATORS = (operators.OP_NAME, operators.BATCH_NORM_OP_NAME, operators.POOLING_OP_NAME)
+_OWN_OPERATORS = (operators.OP_NAME, operators.BATCH_NORM_OP_NAME, operators.POOLING_OP_NAME,
+                  operators.SELFATT_QK_OP_NAME, operators.SELFATT_VALATT_OP_NAME,
+                  operators.LAYER_NORM_OP_NAME)
 
 
 def _own_operator_inputs(nodes: Sequence[Mapping[str, Any]],
@@ -455,8 +457,9 @@ def with_fanned_out_inputs(graph: Graph, names: Iterable[str]) -> List[str]:
     """Put a fan-out in `graph` on each array that an own operator named in `names` shares;
     returns the fan-outs' names.
 
-    For own convolutions outside regions (`mxamp.kernels.choice`): MXNet must never sum
-    gradients into an own operator's output (see the module's rewrite).
+    For own convolutions outside regions (`mxamp.kernels.choice`), self-attention products
+    (both reading one projection) and layer normalisations (`mxamp.kernels.transformer`):
+    MXNet must never sum gradients into an own operator's output (see the module's rewrite).
     """
     wanted = set(names)
     if not wanted:

@@ -37,6 +37,8 @@ from mxnet.symbol.register import _make_symbol_function
 
 __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
            'MOVE_CHANNELS_OP_NAME', 'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'CLIP_OP_NAME',
+           'SELFATT_QK_OP_NAME', 'SELFATT_VALATT_OP_NAME', 'LAYER_NORM_OP_NAME', 'selfatt_qk',
+           'selfatt_valatt', 'layer_norm',
            'follow_bfloat16_weight', 'sgd_step_bfloat16', 'OwnConvStatus', 'OwnConvUnavailable',
            'ENV', 'status', 'available', 'describe', 'mode', 'require_loaded', 'convolution',
            'batch_norm', 'fan_out', 'move_channels', 'pooling', 'clip', 'kernels', 'library_path']
@@ -62,6 +64,17 @@ POOLING_OP_NAME = '_mxamp_pooling'
 SGD_STEP_OP_NAME = '_mxamp_sgd_step'
 #: The clip operator's name in MXNet (its gradient: ``_backward__mxamp_clip``): see :func:`clip`.
 CLIP_OP_NAME = '_mxamp_clip'
+#: The self-attention products' names in MXNet (gradients: ``_backward_`` + the name): see
+#: :func:`selfatt_qk` and :func:`selfatt_valatt`.
+SELFATT_QK_OP_NAME = '_mxamp_selfatt_qk'
+SELFATT_VALATT_OP_NAME = '_mxamp_selfatt_valatt'
+#: The layer normalisation's name in MXNet (its gradient: ``_backward__mxamp_layer_norm``): see
+#: :func:`layer_norm`.
+LAYER_NORM_OP_NAME = '_mxamp_layer_norm'
+#: Every operator the library registers.
+_OPERATORS = (OP_NAME, FOLLOW_OP_NAME, BATCH_NORM_OP_NAME, FAN_OUT_OP_NAME, MOVE_CHANNELS_OP_NAME,
+              POOLING_OP_NAME, SGD_STEP_OP_NAME, CLIP_OP_NAME, SELFATT_QK_OP_NAME,
+              SELFATT_VALATT_OP_NAME, LAYER_NORM_OP_NAME)
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
@@ -93,20 +106,8 @@ class OwnConvStatus(NamedTuple):
 
 class _Loaded(NamedTuple):
     library: Any
-    nd_function: Callable[..., Any]
-    sym_function: Callable[..., Any]
-    follow_function: Callable[..., Any]
-    batch_norm_nd: Callable[..., Any]
-    batch_norm_sym: Callable[..., Any]
-    fan_out_nd: Callable[..., Any]
-    fan_out_sym: Callable[..., Any]
-    move_channels_nd: Callable[..., Any]
-    move_channels_sym: Callable[..., Any]
-    pooling_nd: Callable[..., Any]
-    pooling_sym: Callable[..., Any]
-    sgd_step_nd: Callable[..., Any]
-    clip_nd: Callable[..., Any]
-    clip_sym: Callable[..., Any]
+    nd: Dict[str, Callable[..., Any]]  # each operator's NDArray function, by its name
+    sym: Dict[str, Callable[..., Any]]  # and its Symbol function
     onednn_version: str
     cpu_isa: str
 
@@ -186,34 +187,13 @@ def _load() -> _Loaded:
     for name in ('mxamp_own_conv_onednn_version', 'mxamp_own_conv_cpu_isa',
                  'mxamp_own_conv_last_error', 'mxamp_own_conv_kernels'):
         getattr(library, name).restype = ctypes.c_char_p
-    handle, follow, norm, fan, move, pool, sgd, clip_op = [ctypes.c_void_p() for _ in range(8)]
-    check_call(_LIB.NNGetOpHandle(c_str(OP_NAME), ctypes.byref(handle)))
-    check_call(_LIB.NNGetOpHandle(c_str(FOLLOW_OP_NAME), ctypes.byref(follow)))
-    check_call(_LIB.NNGetOpHandle(c_str(BATCH_NORM_OP_NAME), ctypes.byref(norm)))
-    check_call(_LIB.NNGetOpHandle(c_str(FAN_OUT_OP_NAME), ctypes.byref(fan)))
-    check_call(_LIB.NNGetOpHandle(c_str(MOVE_CHANNELS_OP_NAME), ctypes.byref(move)))
-    check_call(_LIB.NNGetOpHandle(c_str(POOLING_OP_NAME), ctypes.byref(pool)))
-    check_call(_LIB.NNGetOpHandle(c_str(SGD_STEP_OP_NAME), ctypes.byref(sgd)))
-    check_call(_LIB.NNGetOpHandle(c_str(CLIP_OP_NAME), ctypes.byref(clip_op)))
-    return _Loaded(library=library,
-                   nd_function=_make_ndarray_function(handle, OP_NAME, OP_NAME),
-                   sym_function=_make_symbol_function(handle, OP_NAME, OP_NAME),
-                   follow_function=_make_ndarray_function(follow, FOLLOW_OP_NAME, FOLLOW_OP_NAME),
-                   batch_norm_nd=_make_ndarray_function(norm, BATCH_NORM_OP_NAME,
-                                                        BATCH_NORM_OP_NAME),
-                   batch_norm_sym=_make_symbol_function(norm, BATCH_NORM_OP_NAME,
-                                                        BATCH_NORM_OP_NAME),
-                   fan_out_nd=_make_ndarray_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
-                   fan_out_sym=_make_symbol_function(fan, FAN_OUT_OP_NAME, FAN_OUT_OP_NAME),
-                   move_channels_nd=_make_ndarray_function(move, MOVE_CHANNELS_OP_NAME,
-                                                           MOVE_CHANNELS_OP_NAME),
-                   move_channels_sym=_make_symbol_function(move, MOVE_CHANNELS_OP_NAME,
-                                                           MOVE_CHANNELS_OP_NAME),
-                   pooling_nd=_make_ndarray_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
-                   pooling_sym=_make_symbol_function(pool, POOLING_OP_NAME, POOLING_OP_NAME),
-                   sgd_step_nd=_make_ndarray_function(sgd, SGD_STEP_OP_NAME, SGD_STEP_OP_NAME),
-                   clip_nd=_make_ndarray_function(clip_op, CLIP_OP_NAME, CLIP_OP_NAME),
-                   clip_sym=_make_symbol_function(clip_op, CLIP_OP_NAME, CLIP_OP_NAME),
+    nd, sym = {}, {}
+    for name in _OPERATORS:
+        handle = ctypes.c_void_p()
+        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+        nd[name] = _make_ndarray_function(handle, name, name)
+        sym[name] = _make_symbol_function(handle, name, name)
+    return _Loaded(library=library, nd=nd, sym=sym,
                    onednn_version=library.mxamp_own_conv_onednn_version().decode(),
                    cpu_isa=library.mxamp_own_conv_cpu_isa().decode())
 
@@ -309,8 +289,8 @@ def convolution(data: Any, weight: Any, bias: Any = None, *, kernel: Sequence[in
                              channels_last)
     inputs = [data, weight] + ([] if bias is None else [bias])
     if isinstance(data, mx.sym.Symbol):
-        return loaded.sym_function(*inputs, name=name, **attributes)
-    return loaded.nd_function(*inputs, **attributes)
+        return loaded.sym[OP_NAME](*inputs, name=name, **attributes)
+    return loaded.nd[OP_NAME](*inputs, **attributes)
 
 
 def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: Any, *,
@@ -349,8 +329,8 @@ def batch_norm(data: Any, gamma: Any, beta: Any, moving_mean: Any, moving_var: A
     if isinstance(data, mx.sym.Symbol):
         for what, symbol in zip(('gamma', 'beta', 'moving_mean', 'moving_var'), inputs[1:]):
             _require_known_shape(what, symbol)
-        return loaded.batch_norm_sym(*inputs, name=name, **attributes)
-    return loaded.batch_norm_nd(*inputs, **attributes)
+        return loaded.sym[BATCH_NORM_OP_NAME](*inputs, name=name, **attributes)
+    return loaded.nd[BATCH_NORM_OP_NAME](*inputs, **attributes)
 
 
 def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
@@ -359,8 +339,8 @@ def fan_out(data: Any, num_outputs: int, *, name: Optional[str] = None) -> Any:
     For the readers of a shared array: MXNet 1.9.1's ``add_n`` is a scalar loop on bfloat16."""
     loaded = _require()
     if isinstance(data, mx.sym.Symbol):
-        return loaded.fan_out_sym(data, num_outputs=int(num_outputs), name=name)
-    return loaded.fan_out_nd(data, num_outputs=int(num_outputs))
+        return loaded.sym[FAN_OUT_OP_NAME](data, num_outputs=int(num_outputs), name=name)
+    return loaded.nd[FAN_OUT_OP_NAME](data, num_outputs=int(num_outputs))
 
 
 def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) -> Any:
@@ -379,8 +359,8 @@ def move_channels(data: Any, *, to: str = 'last', name: Optional[str] = None) ->
         raise ValueError("to=%r: expected 'last' or 'first'" % (to,))
     loaded = _require()
     if isinstance(data, mx.sym.Symbol):
-        return loaded.move_channels_sym(data, to=to, name=name)
-    return loaded.move_channels_nd(data, to=to)
+        return loaded.sym[MOVE_CHANNELS_OP_NAME](data, to=to, name=name)
+    return loaded.nd[MOVE_CHANNELS_OP_NAME](data, to=to)
 
 
 def clip(data: Any, a_min: float, a_max: float, *, name: Optional[str] = None) -> Any:
@@ -396,8 +376,72 @@ def clip(data: Any, a_min: float, a_max: float, *, name: Optional[str] = None) -
     """
     loaded = _require()
     if isinstance(data, mx.sym.Symbol):
-        return loaded.clip_sym(data, a_min=a_min, a_max=a_max, name=name)
-    return loaded.clip_nd(data, a_min=a_min, a_max=a_max)
+        return loaded.sym[CLIP_OP_NAME](data, a_min=a_min, a_max=a_max, name=name)
+    return loaded.nd[CLIP_OP_NAME](data, a_min=a_min, a_max=a_max)
+
+
+def selfatt_qk(projection: Any, *, heads: int, name: Optional[str] = None) -> Any:
+    """Self-attention scores of a head-interleaved projection: MXNet's
+    ``contrib.interleaved_matmul_selfatt_qk``, in float32 or bfloat16.
+
+    `projection` is (sequence, batch, heads * 3 * head_dim), each head's query, key and value
+    side by side; the scores are (batch * heads, sequence, sequence), q k^T / sqrt(head_dim).
+    MXNet 1.9.1 computes them only in float32 on a CPU; here bfloat16 runs oneDNN 3's matmul,
+    accumulating in float32, and the scale applies before the one rounding.
+
+    Examples
+    --------
+    >>> qkv = mx.nd.ones((4, 2, 2 * 3 * 8))
+    >>> mxamp.kernels.operators.selfatt_qk(qkv, heads=2).shape
+    (4, 4, 4)
+    """
+    loaded = _require()
+    if isinstance(projection, mx.sym.Symbol):
+        return loaded.sym[SELFATT_QK_OP_NAME](projection, heads=heads, name=name)
+    return loaded.nd[SELFATT_QK_OP_NAME](projection, heads=heads)
+
+
+def selfatt_valatt(projection: Any, attention: Any, *, heads: int,
+                   name: Optional[str] = None) -> Any:
+    """The attention-weighted values of a head-interleaved projection: MXNet's
+    ``contrib.interleaved_matmul_selfatt_valatt``, in float32 or bfloat16.
+
+    `attention` is (batch * heads, sequence, sequence), as :func:`selfatt_qk` gives the scores;
+    the output is (sequence, batch, heads * head_dim).
+
+    Examples
+    --------
+    >>> qkv = mx.nd.ones((4, 2, 2 * 3 * 8))
+    >>> attention = mx.nd.softmax(mxamp.kernels.operators.selfatt_qk(qkv, heads=2))
+    >>> mxamp.kernels.operators.selfatt_valatt(qkv, attention, heads=2).shape
+    (4, 2, 16)
+    """
+    loaded = _require()
+    if isinstance(projection, mx.sym.Symbol):
+        return loaded.sym[SELFATT_VALATT_OP_NAME](projection, attention, heads=heads, name=name)
+    return loaded.nd[SELFATT_VALATT_OP_NAME](projection, attention, heads=heads)
+
+
+def layer_norm(data: Any, gamma: Any, beta: Any, *, eps: float = 1e-5,
+               name: Optional[str] = None) -> Any:
+    """MXNet's ``LayerNorm`` over the last axis on oneDNN 3: `data` float32 or bfloat16,
+    `gamma`, `beta` and the statistics float32.
+
+    Returns the output (`data`'s dtype) and the rows' mean and variance (float32, one value a
+    row), which its gradient reads.  MXNet 1.9.1's CPU gradient of ``LayerNorm`` is a generic
+    loop several times slower.
+
+    Examples
+    --------
+    >>> x = mx.nd.array([[1, 2, 3], [2, 2, 2]])
+    >>> out, mean, variance = mxamp.kernels.operators.layer_norm(x, mx.nd.ones(3), mx.nd.zeros(3))
+    >>> mean.asnumpy()
+    array([2., 2.], dtype=float32)
+    """
+    loaded = _require()
+    if isinstance(data, mx.sym.Symbol):
+        return loaded.sym[LAYER_NORM_OP_NAME](data, gamma, beta, eps=eps, name=name)
+    return loaded.nd[LAYER_NORM_OP_NAME](data, gamma, beta, eps=eps)
 
 
 def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
@@ -423,8 +467,8 @@ def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
         if pad is not None:
             attributes['pad'] = _tuple(pad)
     if isinstance(data, mx.sym.Symbol):
-        return loaded.pooling_sym(data, name=name, **attributes)
-    return loaded.pooling_nd(data, **attributes)
+        return loaded.sym[POOLING_OP_NAME](data, name=name, **attributes)
+    return loaded.nd[POOLING_OP_NAME](data, **attributes)
 
 
 def _require_known_shape(what: str, symbol: mx.sym.Symbol) -> None:
@@ -442,7 +486,7 @@ def follow_bfloat16_weight(master: mx.nd.NDArray, weight: mx.nd.NDArray) -> None
 
     `mxamp.optimizer.follow_weight` for float32 `master`, bfloat16 `weight` (any oneDNN layout), in
     one asynchronous pass: rounded as ``amp_cast``, compared as floats (NaN equals nothing)."""
-    _require().follow_function(master, weight, out=master)
+    _require().nd[FOLLOW_OP_NAME](master, weight, out=master)
 
 
 def sgd_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.NDArray,
@@ -459,9 +503,9 @@ def sgd_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.
     Returns the new weight (bfloat16, MXNet's layout), for the caller to copy into `weight`.
     """
     inputs = [weight, grad, master] + ([] if momentum == 0 else [momentum_state])
-    return _require().sgd_step_nd(*inputs, lr=float(lr), wd=float(wd), momentum=float(momentum),
-                                  rescale_grad=float(rescale_grad),
-                                  clip_gradient=float(clip_gradient), follow=bool(follow))
+    return _require().nd[SGD_STEP_OP_NAME](
+        *inputs, lr=float(lr), wd=float(wd), momentum=float(momentum),
+        rescale_grad=float(rescale_grad), clip_gradient=float(clip_gradient), follow=bool(follow))
 
 
 def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int,

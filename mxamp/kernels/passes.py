@@ -19,13 +19,21 @@ MXNet's operators, which any MXNet loads.
    which computes the same values vectorised (MXNet 1.9.1's clip and its
    gradient are scalar loops); a clip reading a variable keeps MXNet's, since
    its gradient may add.
-5. `FanOuts`: a fan-out on each array an own convolution shares, since MXNet
-   must never sum gradients into an own operator's output.
+5. `OwnAttention`: transformers' interleaved self-attention products, which
+   MXNet computes only in FP32 on a CPU, in bfloat16 on the own operators
+   (`mxamp.kernels.transformer`).
+6. `OwnLayerNorms`: layer normalisations over the last axis on the own
+   operator, in the precision the precision pass gave them (MXNet's gradient is
+   a slow generic loop).
+7. `FanOuts`: a fan-out on each array an own convolution, self-attention
+   product or layer normalisation shares, since MXNet must never sum gradients
+   into an own operator's output.
 """
 from typing import Sequence
 
+from .. import hardware
 from ..passes import TRAINING, GraphPass, PassContext, PassRecord
-from . import channels_last, choice, operators
+from . import channels_last, choice, operators, transformer
 
 # What the training graph runs a channels-last region's ops on.
 _REGION_OPERATORS = {'Convolution': operators.OP_NAME,
@@ -127,6 +135,42 @@ class OwnClips(GraphPass):
         return PassRecord(self.name, frozenset(node['name'] for node in clips))
 
 
+class OwnAttention(GraphPass):
+    name = 'own attention'
+
+    def applies(self, context):
+        # oneDNN 3's bfloat16 matmul needs the CPU's bfloat16 instructions (no emulation).
+        return _applies(context) and hardware.computes_bfloat16(context.cpu_class) and \
+            operators.available()
+
+    def run(self, graph, context, earlier):
+        moved = frozenset(transformer.with_own_attention(graph))
+        if not moved:
+            return PassRecord(self.name)
+        ops = {node['name']: transformer.OWN_OPERATORS[node['op']] for node in context.source['nodes']
+               if node['name'] in moved}
+        return PassRecord(self.name, moved, ops, lowered=moved,
+                          line="self-attention products in bfloat16 on mxamp's own oneDNN 3 "
+                               "operators: %d (mxamp.kernels.transformer)" % len(moved))
+
+
+class OwnLayerNorms(GraphPass):
+    name = 'own layer normalisations'
+
+    def applies(self, context):
+        return _applies(context) and operators.available()
+
+    def run(self, graph, context, earlier):
+        moved = transformer.own_layer_norms(graph, context.writes_gradient)
+        if not moved:
+            return PassRecord(self.name)
+        return PassRecord(self.name, frozenset(moved),
+                          {name: operators.LAYER_NORM_OP_NAME for name in moved},
+                          frozenset(p for params in moved.values() for p in params),
+                          line="layer normalisations on mxamp's own oneDNN 3 operator: %d "
+                               "(mxamp.kernels.transformer)" % len(moved))
+
+
 class FanOuts(GraphPass):
     name = 'fan-outs'
 
@@ -135,9 +179,12 @@ class FanOuts(GraphPass):
 
     def run(self, graph, context, earlier):
         own = _record(earlier, OwnConvolutions.name).nodes
+        if context.training:  # (inference: no gradient, no sum to avoid)
+            own |= _record(earlier, OwnAttention.name).nodes | \
+                _record(earlier, OwnLayerNorms.name).nodes
         return PassRecord(self.name, frozenset(channels_last.with_fanned_out_inputs(graph, own)))
 
 
 #: The wing's passes, in order (`mxamp.pipeline`).
 PASSES = (ChannelsLastRegions(), StemWithoutDataGradient(), OwnConvolutions(), OwnClips(),
-          FanOuts())
+          OwnAttention(), OwnLayerNorms(), FanOuts())

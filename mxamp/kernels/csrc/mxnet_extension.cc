@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers eight operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers eleven operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -38,6 +38,14 @@
 // "_mxamp_clip" (clip.h), with the attributes of MXNet's clip (a_min, a_max): one input
 // (float32 or bfloat16), the clipped array; its gradient's inputs are (output gradient, input,
 // output), its output the input's gradient.
+// "_mxamp_selfatt_qk" and "_mxamp_selfatt_valatt" (onednn_attention.h), attribute heads, as
+// MXNet's _contrib_interleaved_matmul_selfatt_qk / _valatt: inputs (projection) and
+// (projection, attention), float32 or bfloat16; their gradients' inputs are (output gradient,
+// inputs, output), their outputs the inputs' gradients.
+// "_mxamp_layer_norm" (onednn_layer_norm.h), with the attributes of MXNet's LayerNorm (axis: the
+// last; eps; output_mean_var False): inputs (data, gamma, beta), outputs (output, mean,
+// variance), data and output float32 or bfloat16, the rest float32; its gradient's inputs are
+// (the outputs' gradients, the inputs, the outputs), its outputs the inputs' gradients.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -61,7 +69,9 @@
 #include "fan_out.h"
 #include "master_weights.h"
 #include "move_channels.h"
+#include "onednn_attention.h"
 #include "onednn_batch_norm.h"
+#include "onednn_layer_norm.h"
 #include "mxnet_lib_api_v11.h"
 #include "onednn_conv.h"
 #include "onednn_pooling.h"
@@ -78,6 +88,9 @@ constexpr const char* kMoveChannelsOpName = "_mxamp_move_channels";
 constexpr const char* kPoolingOpName = "_mxamp_pooling";
 constexpr const char* kSgdStepOpName = "_mxamp_sgd_step";
 constexpr const char* kClipOpName = "_mxamp_clip";
+constexpr const char* kSelfAttQkOpName = "_mxamp_selfatt_qk";
+constexpr const char* kSelfAttValAttOpName = "_mxamp_selfatt_valatt";
+constexpr const char* kLayerNormOpName = "_mxamp_layer_norm";
 constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
@@ -1214,6 +1227,261 @@ int pooling_backward(const Call& c) {
   return 1;
 }
 
+// _mxamp_selfatt_qk and _mxamp_selfatt_valatt: attribute heads, as MXNet's
+// _contrib_interleaved_matmul_selfatt_qk / _valatt.
+int64_t parse_heads(const char* const* keys, const char* const* vals, int num) {
+  int64_t heads = 0;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key != "heads") throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    heads = parse_int(key, value);
+  }
+  if (heads <= 0) throw std::invalid_argument("attribute heads (positive) is required");
+  return heads;
+}
+
+// The projection's spec; its shape must be known.
+mxamp::AttentionSpec projection_spec(const char* const* keys, const char* const* vals, int num,
+                                     const unsigned int* shape, int ndim) {
+  if (ndim <= 0) throw std::invalid_argument("the projection's shape is unknown");
+  const std::vector<int64_t> dims(shape, shape + ndim);
+  return mxamp::AttentionSpec::of_projection(dims.data(), ndim, parse_heads(keys, vals, num),
+                                             mxamp::kFlagFloat32);
+}
+
+int selfatt_qk_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                     int* num_out) {
+  parse_heads(keys, vals, num);
+  *num_in = 1;
+  *num_out = 1;
+  return 1;
+}
+
+int selfatt_valatt_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                         int* num_out) {
+  parse_heads(keys, vals, num);
+  *num_in = 2;
+  *num_out = 1;
+  return 1;
+}
+
+int selfatt_qk_infer_shape(const char* const* keys, const char* const* vals, int num,
+                           unsigned int** inshapes, int* indims, int num_in,
+                           unsigned int*** mod_inshapes, int** mod_indims,
+                           unsigned int*** outshapes, int** outdims, int num_out) {
+  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  const mxamp::AttentionSpec spec = projection_spec(keys, vals, num, inshapes[0], indims[0]);
+  give_shapes({spec.projection_shape()}, mod_inshapes, mod_indims);
+  give_shapes({spec.scores_shape()}, outshapes, outdims);
+  return 1;
+}
+
+int selfatt_valatt_infer_shape(const char* const* keys, const char* const* vals, int num,
+                               unsigned int** inshapes, int* indims, int num_in,
+                               unsigned int*** mod_inshapes, int** mod_indims,
+                               unsigned int*** outshapes, int** outdims, int num_out) {
+  if (num_in != 2 || num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  const mxamp::AttentionSpec spec = projection_spec(keys, vals, num, inshapes[0], indims[0]);
+  give_shapes({spec.projection_shape(), spec.scores_shape()}, mod_inshapes, mod_indims);
+  give_shapes({spec.output_shape()}, outshapes, outdims);
+  return 1;
+}
+
+// Every input and the output of one type, float32 or bfloat16.
+int infer_shared_float_type(int* intypes, int num_in, int* outtypes, int num_out,
+                            const char* op) {
+  int known = -1;
+  for (int i = 0; i < num_in && known < 0; ++i) known = intypes[i];
+  if (known < 0) known = outtypes[0];
+  check_float32_or_bfloat16(known, op);
+  for (int i = 0; i < num_in; ++i) {
+    if (intypes[i] >= 0 && intypes[i] != known)
+      throw std::invalid_argument("inputs of different data types (flags " +
+                                  std::to_string(known) + " and " +
+                                  std::to_string(intypes[i]) + ")");
+    intypes[i] = known;
+  }
+  for (int i = 0; i < num_out; ++i) outtypes[i] = known;
+  return 1;
+}
+
+int selfatt_qk_infer_type(const char* const* keys, const char* const* vals, int num,
+                          int* intypes, int num_in, int* outtypes, int num_out) {
+  parse_heads(keys, vals, num);
+  return infer_shared_float_type(intypes, num_in, outtypes, num_out, kSelfAttQkOpName);
+}
+
+int selfatt_valatt_infer_type(const char* const* keys, const char* const* vals, int num,
+                              int* intypes, int num_in, int* outtypes, int num_out) {
+  parse_heads(keys, vals, num);
+  return infer_shared_float_type(intypes, num_in, outtypes, num_out, kSelfAttValAttOpName);
+}
+
+// The spec of a call whose input `at` is the projection, checked against its type.
+mxamp::AttentionSpec call_spec(const Call& c, int at, const char* op) {
+  check_float32_or_bfloat16(c.intypes[at], op);
+  check_one_type(c.intypes, c.num_in);
+  return mxamp::AttentionSpec::of_projection(c.inshapes[at], c.indims[at],
+                                             parse_heads(c.keys, c.vals, c.num), c.intypes[at]);
+}
+
+int selfatt_qk_forward(const Call& c) {
+  if (c.num_in != 1 || c.num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  const mxamp::AttentionSpec spec = call_spec(c, 0, kSelfAttQkOpName);
+  check_same_shape("scores", c.outshapes[0], c.outdims[0], spec.scores_shape());
+  mxamp::selfatt_qk_forward(spec, c.indata[0], c.outdata[0], c.scratch);
+  return 1;
+}
+
+int selfatt_qk_backward(const Call& c) {
+  // MXNet's gradient node: inputs (scores' gradient, projection, scores); output the
+  // projection's gradient.
+  if (c.num_in != 3 || c.num_out != 1) throw std::invalid_argument("expected 3 inputs and 1 output");
+  const mxamp::AttentionSpec spec = call_spec(c, 1, kSelfAttQkOpName);
+  check_same_shape("scores' gradient", c.inshapes[0], c.indims[0], spec.scores_shape());
+  check_same_shape("projection's gradient", c.outshapes[0], c.outdims[0],
+                   spec.projection_shape());
+  mxamp::selfatt_qk_backward(spec, c.indata[0], c.indata[1], c.outdata[0], c.scratch);
+  return 1;
+}
+
+int selfatt_valatt_forward(const Call& c) {
+  if (c.num_in != 2 || c.num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  const mxamp::AttentionSpec spec = call_spec(c, 0, kSelfAttValAttOpName);
+  check_same_shape("attention", c.inshapes[1], c.indims[1], spec.scores_shape());
+  check_same_shape("output", c.outshapes[0], c.outdims[0], spec.output_shape());
+  mxamp::selfatt_valatt_forward(spec, c.indata[0], c.indata[1], c.outdata[0], c.scratch);
+  return 1;
+}
+
+int selfatt_valatt_backward(const Call& c) {
+  // MXNet's gradient node: inputs (output gradient, projection, attention, output); outputs the
+  // gradients of (projection, attention).
+  if (c.num_in != 4 || c.num_out != 2) throw std::invalid_argument("expected 4 inputs and 2 outputs");
+  const mxamp::AttentionSpec spec = call_spec(c, 1, kSelfAttValAttOpName);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.output_shape());
+  check_same_shape("attention", c.inshapes[2], c.indims[2], spec.scores_shape());
+  mxamp::selfatt_valatt_backward(spec, c.indata[0], c.indata[1], c.indata[2], c.outdata[0],
+                                 c.outdata[1], c.scratch);
+  return 1;
+}
+
+// _mxamp_layer_norm: the attributes of MXNet's LayerNorm (axis: the last only; eps;
+// output_mean_var: False only, the mean and variance outputs being the gradient's).
+struct LayerNormAttributes {
+  int64_t axis = -1;
+  float eps = 1e-5f;
+};
+
+LayerNormAttributes parse_layer_norm(const char* const* keys, const char* const* vals, int num) {
+  LayerNormAttributes a;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key == "axis") {
+      a.axis = parse_int(key, value);
+    } else if (key == "eps") {
+      char* end = nullptr;
+      a.eps = std::strtof(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || !(a.eps >= 0))
+        throw std::invalid_argument("eps=" + value + " is not a non-negative number");
+    } else if (key == "output_mean_var") {
+      if (parse_bool(key, value))
+        throw std::invalid_argument("output_mean_var=True: mxamp's layer normalisation keeps "
+                                    "its statistics for the gradient");
+    } else {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  return a;
+}
+
+// The spec of data of `shape`; the axis must be its last.
+mxamp::LayerNormSpec layer_norm_spec(const LayerNormAttributes& a, const int64_t* shape, int ndim,
+                                     int dtype_flag) {
+  if (ndim <= 0) throw std::invalid_argument("the data's shape is unknown");
+  if (a.axis != -1 && a.axis != ndim - 1)
+    throw std::invalid_argument("axis=" + std::to_string(a.axis) +
+                                ": mxamp's layer normalisation normalises the last axis only");
+  mxamp::LayerNormSpec spec;
+  spec.channels = shape[ndim - 1];
+  spec.rows = static_cast<int64_t>(element_count(shape, ndim - 1));
+  spec.eps = a.eps;
+  spec.dtype_flag = dtype_flag;
+  return spec;
+}
+
+int layer_norm_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                     int* num_out) {
+  parse_layer_norm(keys, vals, num);
+  *num_in = 3;
+  *num_out = 3;
+  return 1;
+}
+
+int layer_norm_infer_shape(const char* const* keys, const char* const* vals, int num,
+                           unsigned int** inshapes, int* indims, int num_in,
+                           unsigned int*** mod_inshapes, int** mod_indims,
+                           unsigned int*** outshapes, int** outdims, int num_out) {
+  const LayerNormAttributes a = parse_layer_norm(keys, vals, num);
+  if (num_in != 3 || num_out != 3) throw std::invalid_argument("expected 3 inputs and 3 outputs");
+  if (indims[0] <= 0) throw std::invalid_argument("the data's shape is unknown");
+  const std::vector<int64_t> data(inshapes[0], inshapes[0] + indims[0]);
+  const mxamp::LayerNormSpec spec = layer_norm_spec(a, data.data(), indims[0], 0);
+  give_shapes({data, {spec.channels}, {spec.channels}}, mod_inshapes, mod_indims);
+  give_shapes({data, {spec.rows}, {spec.rows}}, outshapes, outdims);
+  return 1;
+}
+
+// Data and output float32 or bfloat16; gamma, beta and the statistics float32.
+int layer_norm_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                          int num_in, int* outtypes, int num_out) {
+  parse_layer_norm(keys, vals, num);
+  if (num_in != 3 || num_out != 3) throw std::invalid_argument("expected 3 inputs and 3 outputs");
+  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  check_float32_or_bfloat16(known, kLayerNormOpName);
+  for (int i = 1; i < 3; ++i) {
+    if (intypes[i] >= 0 && intypes[i] != mxamp::kFlagFloat32)
+      throw std::invalid_argument(std::string(i == 1 ? "gamma" : "beta") + " must be float32");
+  }
+  intypes[0] = outtypes[0] = known;
+  intypes[1] = intypes[2] = outtypes[1] = outtypes[2] = mxamp::kFlagFloat32;
+  return 1;
+}
+
+int layer_norm_forward(const Call& c) {
+  const LayerNormAttributes a = parse_layer_norm(c.keys, c.vals, c.num);
+  if (c.num_in != 3 || c.num_out != 3) throw std::invalid_argument("expected 3 inputs and 3 outputs");
+  check_float32_or_bfloat16(c.intypes[0], kLayerNormOpName);
+  const mxamp::LayerNormSpec spec = layer_norm_spec(a, c.inshapes[0], c.indims[0], c.intypes[0]);
+  check_same_shape("gamma", c.inshapes[1], c.indims[1], {spec.channels});
+  check_same_shape("beta", c.inshapes[2], c.indims[2], {spec.channels});
+  mxamp::layer_norm_forward(spec, c.indata[0], static_cast<const float*>(c.indata[1]),
+                            static_cast<const float*>(c.indata[2]), c.outdata[0],
+                            static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2]),
+                            c.scratch);
+  return 1;
+}
+
+int layer_norm_backward(const Call& c) {
+  const LayerNormAttributes a = parse_layer_norm(c.keys, c.vals, c.num);
+  // MXNet's gradient node: inputs (the 3 outputs' gradients, data, gamma, beta, output, mean,
+  // variance); outputs the gradients of (data, gamma, beta).  Nothing reads the statistics:
+  // their gradients are zero.
+  if (c.num_in != 9 || c.num_out != 3) throw std::invalid_argument("expected 9 inputs and 3 outputs");
+  const mxamp::LayerNormSpec spec = layer_norm_spec(a, c.inshapes[3], c.indims[3], c.intypes[3]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0],
+                   std::vector<int64_t>(c.inshapes[3], c.inshapes[3] + c.indims[3]));
+  mxamp::layer_norm_backward(spec, c.indata[0], c.indata[3], static_cast<const float*>(c.indata[4]),
+                             static_cast<const float*>(c.indata[5]),
+                             static_cast<const float*>(c.indata[7]),
+                             static_cast<const float*>(c.indata[8]), c.outdata[0],
+                             static_cast<float*>(c.outdata[1]), static_cast<float*>(c.outdata[2]),
+                             c.scratch);
+  return 1;
+}
+
 // One registered operator: its name and functions.  No backward: MXNet registers no gradient.
 struct Operator {
   const char* name;
@@ -1251,6 +1519,16 @@ Operator operators[] = {
     {kClipOpName, &clip_parse, &clip_infer_shape, &clip_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&clip_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&clip_backward)}, 1, nullptr},
+    {kSelfAttQkOpName, &selfatt_qk_parse, &selfatt_qk_infer_shape, &selfatt_qk_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&selfatt_qk_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&selfatt_qk_backward)}, 1, nullptr},
+    {kSelfAttValAttOpName, &selfatt_valatt_parse, &selfatt_valatt_infer_shape,
+     &selfatt_valatt_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&selfatt_valatt_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&selfatt_valatt_backward)}, 1, nullptr},
+    {kLayerNormOpName, &layer_norm_parse, &layer_norm_infer_shape, &layer_norm_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&layer_norm_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&layer_norm_backward)}, 1, nullptr},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 
