@@ -9,6 +9,8 @@ Usage::
         --modes fp32,mxamp --batch 8,16,32 --threads 1,2 --output sweep.json
     .venv/bin/python scripts/benchmark.py --networks deepar,lstm_lm,mlp \\
         --modes fp32,mxamp:auto,mxamp                           # beyond ResNets
+    .venv/bin/python scripts/benchmark.py --networks bert,transformer \\
+        --modes fp32,mxamp:auto,mxamp,mxamp+fusion              # BERT-base, the Transformer
     .venv/bin/python scripts/benchmark.py --networks ssd_512_resnet50_v1_voc,fcn_resnet50_voc \\
         --tasks training --output vision.json                   # a detector, a segmentation net
     .venv/bin/python scripts/benchmark.py --networks tiny --batch 2 --image-size 32 \\
@@ -18,8 +20,9 @@ Usage::
 
 Networks
 --------
-Random weights (Xavier, fixed seed) and inputs; ``scripts/benchmark_families.py``
-builds each, with its own input and loss (its docstring says which).  Defaults:
+Random weights (Xavier, BERT's normal for BERT; fixed seed) and inputs;
+``scripts/benchmark_families.py`` builds each, with its own input and loss (its
+docstring says which).  Defaults:
 
 ==================================================  =====  ==========  ===================
 ``--networks``                                      batch  image size  throughput
@@ -31,6 +34,9 @@ gluoncv classifiers (default: ``resnet50_v1``,      16     224         img/s
 ``deepar`` (GluonTS DeepAR; training only)          32     -           series/s (windows)
 ``lstm_lm`` (gluonnlp ``standard_lstm_lm_200``)     20     -           seq/s (35 tokens)
 ``mlp`` (64 -> 128 -> 128 -> 10 on tabular rows)    256    -           rows/s
+``bert`` (gluonnlp BERT-base, 2-class classifier)   8      -           seq/s (128 tokens)
+``transformer`` (gluonnlp's WMT Transformer,        16     -           pair/s (source and
+``transformer_en_de_512``, teacher-forced)                             target: 32 tokens)
 ==================================================  =====  ==========  ===================
 
 ``--batch`` and ``--image-size`` (image networks only) replace the defaults.
@@ -41,6 +47,11 @@ every mode but ``lstm_lm``, which cannot become one graph (its
 (``+fusion``, ``contrib.amp`` inference), with the reason.  A table of several
 kinds of samples says ``samples/s``, and its notes what each network counts.
 DeepAR's inference is not measured: its forecasts come from another network.
+The Transformer's ``NMTModel`` is a plain ``Block``: it runs inside a
+``HybridBlock`` that repeats its teacher-forced forward as one graph
+(``TeacherForcedTranslation`` in ``scripts/benchmark_families.py``), so it is
+hybridized in every mode, like BERT.  Its inference is that forward, not beam
+search.
 
 Modes
 -----
@@ -59,7 +70,7 @@ inference (``net(*inputs)``, FP32 inputs, FP32 outputs):
 ``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``.
 
 training (forward + backward of the network's loss, then ``trainer.step``; SGD
-with momentum, Adam for DeepAR):
+with momentum; Adam for DeepAR, BERT and the Transformer):
 
 ``fp32``            FP32 net, ``gluon.Trainer``.
 ``mxamp:auto``      ``mxamp.convert(net, 'auto')``, ``mxamp.Trainer`` with its defaults.
@@ -71,7 +82,9 @@ with momentum, Adam for DeepAR):
                     ``amp.scale_loss``.
 
 A mode that fails on a network (``contrib.amp`` may, beyond the classifiers)
-is an ``error`` entry of the table, with the error's line.
+is an ``error`` entry of the table, with the error's line; a mode known to
+fail on a family (``contrib.amp`` on BERT: MXNet's lists leave out gluonnlp's
+fused attention) is skipped, with the reason.
 
 Method
 ------
@@ -391,11 +404,12 @@ def skip_reason(mode):
 
 def unfit_reason(family, task, mode):
     """Why `mode` of `task` cannot run a network of `family` (one line), or None when it can:
-    the modes that need the network as one graph, for a network that cannot become one."""
+    the modes that need the network as one graph, for a network that cannot become one, and
+    the modes known to fail on the family's networks (its ``unfit_modes``)."""
     needs_graph = mode.endswith('+fusion') or (mode, task) == ('contrib.amp', 'inference')
     if family.no_graph and needs_graph:
         return 'needs one graph, and %s cannot become one: %s' % (family.name, family.no_graph)
-    return None
+    return (family.unfit_modes or {}).get(mode)
 
 
 def mode_plan(config, selected):
@@ -951,7 +965,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--networks', default='resnet50_v1,resnet18_v1',
                    help="comma-separated: gluoncv classifier, ssd_* and fcn_* names, 'deepar', "
-                        "'lstm_lm', 'mlp' or 'tiny' (default: %(default)s)")
+                        "'lstm_lm', 'mlp', 'bert', 'transformer' or 'tiny' (default: "
+                        "%(default)s)")
     p.add_argument('--tasks', default='inference,training', help='default: %(default)s')
     p.add_argument('--modes', default=','.join(sorted(set(INFERENCE_MODES + TRAINING_MODES))),
                    help='modes to run (default: all); fp32 is always included')

@@ -34,6 +34,29 @@ Families (``--networks`` names; default batch, image size)
                   parts).
 ``mlp``           a tabular MLP, 64 features -> 128 -> 128 -> 10 classes with
                   ReLU, softmax cross-entropy; batch 256.
+``bert``          gluonnlp's BERT-base (``bert_12_768_12``: 12 layers of 768, 12
+                  heads, on a 30,522-token vocabulary, the size of BERT's
+                  uncased English one) in ``BERTClassifier`` (2 classes, dropout
+                  0.1), initialised as BERT is, ``Normal(0.02)``: a fine-tuning
+                  step on sentence pairs of 128 random tokens (segment 0, then
+                  1; every token valid), softmax cross-entropy on 2 random
+                  labels; Adam, lr 1e-5; batch 8.  Inference: the classifier's
+                  forward.
+``transformer``   gluonnlp's ``transformer_en_de_512`` (6 + 6 layers of 512, 8
+                  heads, feed-forward 2048, source and target embeddings and
+                  output projection tied) on a 32,000-token shared vocabulary
+                  (WMT English-German's shared BPE vocabularies are of that
+                  size: about 37,000 tokens in Vaswani et al. 2017), the
+                  ``NMTModel`` built as ``transformer_en_de_512`` builds it,
+                  Xavier (magnitude 3, as gluonnlp's ``train_transformer.py``):
+                  a teacher-forced step on random sentence pairs of 32 source
+                  and 32 target tokens (every token valid), gluonnlp's
+                  ``MaskedSoftmaxCELoss`` on the next target tokens (as its
+                  machine-translation scripts, without label smoothing); Adam,
+                  lr 1e-5; batch 16 (a few seconds an FP32 step on 2 cores).
+                  Inference: the same teacher-forced forward (the scores of
+                  every target position), not beam search.  Run as
+                  `TeacherForcedTranslation`, one graph (why: its docstring).
 """
 import warnings
 from collections import namedtuple
@@ -47,6 +70,10 @@ HYBRIDIZE = {'static_alloc': True, 'static_shape': True}
 SGD = ('sgd', {'learning_rate': 1e-4, 'momentum': 0.9, 'wd': 1e-5})
 # What gluonts.mx.Trainer gives its Adam by default.
 ADAM = ('adam', {'learning_rate': 1e-3, 'wd': 1e-8, 'clip_gradient': 10.0})
+# BERT's and the Transformer's: a fine-tuning learning rate, MXNet's Adam defaults otherwise
+# (betas 0.9 and 0.999, epsilon 1e-8, no weight decay), which are torch.optim.Adam's, as
+# scripts/torch_peer.py runs its peers.
+FINE_TUNING_ADAM = ('adam', {'learning_rate': 1e-5})
 SEED = 0
 
 Setup = namedtuple('Setup', 'net inputs one loss')
@@ -65,7 +92,7 @@ loss : callable or None
 """
 
 Family = namedtuple('Family', 'name package sample counts batch image_size no_graph optimizer '
-                              'loss_name no_inference setup')
+                              'loss_name no_inference setup unfit_modes', defaults=(None,))
 Family.__doc__ = """What the benchmark needs to know of a family of networks.
 
 Attributes
@@ -93,6 +120,9 @@ no_inference : str or None
     Why inference is not measured; None when it is.
 setup : callable
     ``setup(network, batch, image_size, training)`` -> `Setup`.
+unfit_modes : dict or None
+    The modes known to fail on the family's networks, each with why (one line): the
+    benchmark skips them, with that reason.  None: none known.
 """
 
 
@@ -271,6 +301,131 @@ def _mlp(network, batch, image_size, training, features=64, classes=10):
     return _finish(Setup(net, (x,), (x[:1],), _cross_entropy(labels) if training else None))
 
 
+# --------------------------------------------------------------------------
+# Transformers (gluonnlp): BERT-base, the WMT English-German Transformer
+
+def _vocab(size):
+    """A gluonnlp Vocab of `size` tokens, built offline: numbered words and the four special
+    tokens `nlp.Vocab` adds (unknown, padding, begin and end of sequence)."""
+    import gluonnlp as nlp
+    vocab = nlp.Vocab(nlp.data.count_tokens([str(i) for i in range(size - 4)]))
+    if len(vocab) != size:
+        raise RuntimeError('gluonnlp made a vocabulary of %d tokens, not %d' % (len(vocab), size))
+    return vocab
+
+
+def _tokens(rng, vocab, *shape):
+    return mx.nd.array(rng.randint(0, len(vocab), shape))
+
+
+def _bert(network, batch, image_size, training, length=128, vocabulary=30522, classes=2):
+    import gluonnlp as nlp
+    rng = _seed()
+    vocab = _vocab(vocabulary)
+    bert, _ = nlp.model.get_model('bert_12_768_12', dataset_name=None, vocab=vocab,
+                                  pretrained=False, use_pooler=True, use_decoder=False,
+                                  use_classifier=False)
+    # BERT's own initialisation (a normal of deviation 0.02; gluonnlp's layers set theirs for
+    # the biases and LayerNorms).
+    net = _initialize(nlp.model.BERTClassifier(bert, num_classes=classes, dropout=0.1),
+                      mx.init.Normal(0.02))
+    tokens = _tokens(rng, vocab, batch, length)
+    # A sentence pair a sequence: its first half segment 0, its second segment 1.
+    segments = mx.nd.array(np.broadcast_to(np.arange(length) >= length // 2, (batch, length)),
+                           dtype='float32')
+    # Every token valid: the attention is the same dense computation as a padded batch's, and
+    # the PyTorch peer's (no mask) computes the same.
+    valid_length = mx.nd.full((batch,), length)
+    labels = mx.nd.array(rng.randint(0, classes, size=batch))
+    inputs = (tokens, segments, valid_length)
+    return _finish(Setup(net, inputs, tuple(x[:1] for x in inputs),
+                         _cross_entropy(labels) if training else None))
+
+
+class TeacherForcedTranslation(gluon.HybridBlock):
+    """gluonnlp 0.10's ``NMTModel.forward`` (the teacher-forced pass its training runs), as
+    one graph: the scores of each target position, given the source and the targets before.
+
+    ``NMTModel`` is a plain ``Block``: its forward makes the decoder's memory mask with
+    ``mx.nd`` (``init_state_from_encoder``), between the encoder's graph and the decoder's.
+    This block calls the model's own blocks (embeddings, encoder, decoder, projection) with
+    the same arguments, and makes that mask with the graph's operators: its outputs are the
+    model's (tests/test_benchmark.py compares them), and every mode of the benchmark runs
+    one graph, as BERT's.  (``mxamp.convert`` of the ``NMTModel`` itself converts it in
+    part, and hybridizing that model then fails: its decoder, hybridized whole in FP32,
+    meets the bfloat16 parameters of its converted cells.)
+
+    Parameters
+    ----------
+    nmt : gluonnlp.model.translation.NMTModel
+        The model; this block holds its blocks, not the model (a HybridBlock's children
+        are HybridBlocks).  Its one-step decoder, for beam search, is not used.
+    """
+
+    def __init__(self, nmt, **kwargs):
+        super(TeacherForcedTranslation, self).__init__(**kwargs)
+        # The model's blocks, under their own names (``tgt_embed`` is ``src_embed``: shared).
+        self.src_embed, self.encoder = nmt.src_embed, nmt.encoder
+        self.tgt_embed, self.decoder, self.tgt_proj = nmt.tgt_embed, nmt.decoder, nmt.tgt_proj
+
+    def hybrid_forward(self, F, src_seq, tgt_seq, src_valid_length, tgt_valid_length):
+        """The scores, (batch, target length, vocabulary), as ``NMTModel(...)[0]``."""
+        memory, _ = self.encoder(self.src_embed(src_seq), None, src_valid_length)
+        positions = F.contrib.arange_like(memory, axis=1)
+        memory_mask = F.broadcast_lesser(positions.reshape((1, -1)),
+                                         src_valid_length.reshape((-1, 1)))
+        outputs, _, _ = self.decoder(self.tgt_embed(tgt_seq), [memory, memory_mask],
+                                     tgt_valid_length)
+        return self.tgt_proj(outputs)
+
+
+def nmt_model(vocab, **overrides):
+    """The ``NMTModel`` that gluonnlp's ``transformer_en_de_512`` builds, on `vocab` (source
+    and target), its hyper-parameters replaced by `overrides` (a smaller one for tests).
+
+    ``transformer_en_de_512`` itself needs a dataset name (its vocabularies come from
+    it): the same construction, from its hyper-parameters.
+    """
+    from gluonnlp.model.transformer import (get_transformer_encoder_decoder,
+                                            transformer_en_de_hparams)
+    from gluonnlp.model.translation import NMTModel
+    config = dict(transformer_en_de_hparams, **overrides)
+    encoder, decoder, one_step_decoder = get_transformer_encoder_decoder(
+        units=config['num_units'], hidden_size=config['hidden_size'],
+        dropout=config['dropout'], num_layers=config['num_layers'],
+        num_heads=config['num_heads'], max_src_length=530, max_tgt_length=549,
+        scaled=config['scaled'])
+    return NMTModel(src_vocab=vocab, tgt_vocab=vocab, encoder=encoder, decoder=decoder,
+                    one_step_ahead_decoder=one_step_decoder, share_embed=config['share_embed'],
+                    embed_size=config['embed_size'], tie_weights=config['tie_weights'],
+                    embed_initializer=config['embed_initializer'], prefix='transformer_')
+
+
+def _transformer(network, batch, image_size, training, length=32, vocabulary=32000):
+    import gluonnlp as nlp
+    rng = _seed()
+    vocab = _vocab(vocabulary)
+    net = _initialize(TeacherForcedTranslation(nmt_model(vocab)), mx.init.Xavier(magnitude=3))
+    source = _tokens(rng, vocab, batch, length)
+    # The decoder reads a target's first `length` tokens and scores each next one.
+    target = _tokens(rng, vocab, batch, length + 1)
+    target_in, target_out = target[:, :-1], target[:, 1:]
+    valid_length = mx.nd.full((batch,), length)
+    loss_fn = nlp.loss.MaskedSoftmaxCELoss()
+    loss_fn.hybridize(**HYBRIDIZE)
+    inputs = (source, target_in, valid_length, valid_length)
+    return _finish(Setup(net, inputs, tuple(x[:1] for x in inputs),
+                         (lambda outputs: loss_fn(outputs, target_out, valid_length))
+                         if training else None))
+
+
+# What MXNet 1.9.1's contrib.amp meets in BERT, in training (amp.init) as in inference
+# (convert_hybrid_block).
+BERT_CONTRIB_AMP = ("MXNet's bfloat16 AMP lists leave out gluonnlp's fused self-attention "
+                    "(_contrib_interleaved_matmul_selfatt_valatt), which then gets bfloat16 and "
+                    "float32 inputs and fails: 'Incompatible attr ... expected bfloat16, got "
+                    "float32'")
+
 CLASSIFIER = Family('classifier', 'gluoncv', 'img', 'images', 16, 224, None, SGD,
                     'SoftmaxCrossEntropyLoss', None, _classifier)
 DETECTOR = Family('detector', 'gluoncv', 'img', 'images', 8, 512, None, SGD,
@@ -287,6 +442,13 @@ NAMED = {
                       _lstm_lm),
     'mlp': Family('mlp', None, 'rows', 'rows of 64 features', 256, None, None, SGD,
                   'SoftmaxCrossEntropyLoss', None, _mlp),
+    'bert': Family('bert', 'gluonnlp', 'seq', 'sentence pairs of 128 tokens', 8, None, None,
+                   FINE_TUNING_ADAM, 'SoftmaxCrossEntropyLoss', None, _bert,
+                   {'contrib.amp': BERT_CONTRIB_AMP}),
+    'transformer': Family('transformer', 'gluonnlp', 'pair',
+                          'sentence pairs of 32 source and 32 target tokens', 16, None, None,
+                          FINE_TUNING_ADAM, 'gluonnlp.loss.MaskedSoftmaxCELoss', None,
+                          _transformer),
 }
 
 

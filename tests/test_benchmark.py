@@ -445,6 +445,65 @@ def test_lstm_lm_skips_the_modes_that_need_one_graph(monkeypatch, tmp_path):
     assert 'contrib.amp skipped: ' + reason in data['table'].splitlines()
 
 
+def test_bert_skips_contrib_amp_and_the_transformer_runs_every_mode(monkeypatch, tmp_path):
+    bench = _load()
+    monkeypatch.setattr(bench.hardware, 'cpu_class', lambda: 'amx')
+    workers, data = _run_main(bench, monkeypatch, tmp_path,
+                              ['--networks', 'bert,transformer', '--threads', '1',
+                               '--repeats', '1'],
+                              lambda spec, call: 10.0)
+    started = [(s['network'], s['task'], s['mode'], s['batch']) for s, _ in workers.calls]
+    assert started == (
+        [('bert', 'inference', mode, 8) for mode in bench.INFERENCE_MODES[:-1]]
+        + [('bert', 'training', mode, 8) for mode in bench.TRAINING_MODES[:-1]]
+        + [('transformer', 'inference', mode, 16) for mode in bench.INFERENCE_MODES]
+        + [('transformer', 'training', mode, 16) for mode in bench.TRAINING_MODES])
+    results = {(r['network'], r['task']): r for r in data['results']}
+    reason = bench.families.BERT_CONTRIB_AMP
+    for task in ('inference', 'training'):
+        assert results[('bert', task)]['modes']['contrib.amp'] == {'skipped': reason}
+        assert results[('bert', task)]['throughput_unit'] == 'seq/s'
+        assert results[('transformer', task)]['throughput_unit'] == 'pair/s'
+        # One graph each: hybridized in every mode.
+        for network in ('bert', 'transformer'):
+            assert {str(entry['settings']['hybridize'])
+                    for entry in results[(network, task)]['modes'].values()
+                    if 'settings' in entry} == {str(bench.HYBRIDIZE)}
+    assert 'contrib.amp skipped: ' + reason in data['table'].splitlines()
+    training = results[('bert', 'training')]['modes']['mxamp']['settings']
+    assert (training['loss'], training['optimizer']) == (
+        'SoftmaxCrossEntropyLoss', {'name': 'adam', 'learning_rate': 1e-5})
+    assert results[('transformer', 'training')]['modes']['fp32']['settings']['loss'] == \
+        'gluonnlp.loss.MaskedSoftmaxCELoss'
+    assert 'gluonnlp' in data['meta']['versions']
+
+
+def test_teacher_forced_translation_computes_what_nmt_model_does():
+    """The benchmark's Transformer is one graph; its outputs are gluonnlp's NMTModel's."""
+    pytest.importorskip('gluonnlp', reason='the Transformer is built with gluonnlp')
+    families = _load().families
+    mx = families.mx
+    vocab = families._vocab(50)
+    # transformer_en_de_512's construction, small: 2 + 2 layers of 16, 2 heads.
+    nmt = families.nmt_model(vocab, num_units=16, embed_size=16, hidden_size=32, num_layers=2,
+                             num_heads=2)
+    graph = families.TeacherForcedTranslation(nmt)
+    graph.initialize(mx.init.Xavier(magnitude=3))
+    rng = families.np.random.RandomState(1)
+    source, target = (mx.nd.array(rng.randint(0, 50, (3, length))) for length in (7, 5))
+    # Padded batches too: the memory mask the graph builds is init_state_from_encoder's.
+    source_length, target_length = mx.nd.array([7, 4, 2]), mx.nd.array([5, 5, 3])
+    expected, _ = nmt(source, target, source_length, target_length)
+    assert sorted(graph.collect_params().keys()) == sorted(nmt.collect_params().keys())
+    for hybridized in (False, True):
+        if hybridized:
+            graph.hybridize(**families.HYBRIDIZE)
+        scores = graph(source, target, source_length, target_length)
+        assert scores.shape == (3, 5, 50)
+        families.np.testing.assert_allclose(scores.asnumpy(), expected.asnumpy(), rtol=1e-5,
+                                            atol=1e-6)
+
+
 def test_networks_name_their_family_and_defaults():
     bench = _load()
     families = bench.families
@@ -453,7 +512,8 @@ def test_networks_name_their_family_and_defaults():
             ('ssd_512_resnet50_v1_voc', 'detector', 8, 512),
             ('ssd_300_vgg16_atrous_voc', 'detector', 8, 300),
             ('fcn_resnet50_voc', 'segmentation', 4, 480), ('deepar', 'deepar', 32, None),
-            ('lstm_lm', 'lstm_lm', 20, None), ('mlp', 'mlp', 256, None)):
+            ('lstm_lm', 'lstm_lm', 20, None), ('mlp', 'mlp', 256, None),
+            ('bert', 'bert', 8, None), ('transformer', 'transformer', 16, None)):
         args = bench.parse_args(['--networks', network, '--tasks', 'training'])
         assert families.family_of(network).name == family
         assert bench.configurations(args) == [bench.Config(network, 'training', batch,
@@ -473,6 +533,9 @@ FAMILY_SMOKE = [
     pytest.param('lstm_lm', 2, None, 'gluonnlp', id='lstm_lm'),
     pytest.param('ssd_512_resnet50_v1_voc', 1, 128, 'gluoncv', id='ssd', marks=pytest.mark.slow),
     pytest.param('fcn_resnet50_voc', 1, 64, 'gluoncv', id='fcn', marks=pytest.mark.slow),
+    # Full size (BERT-base, the 6 + 6-layer Transformer), a small batch.
+    pytest.param('bert', 1, None, 'gluonnlp', id='bert', marks=pytest.mark.slow),
+    pytest.param('transformer', 2, None, 'gluonnlp', id='transformer', marks=pytest.mark.slow),
 ]
 
 
