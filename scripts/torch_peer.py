@@ -44,10 +44,11 @@ every sequence full (no padding, so no mask but the decoder's causal one):
 
 These are ``scripts/benchmark_families.py``'s sizes, inputs, losses and
 optimizer (MXNet's Adam defaults are ``torch.optim.Adam``'s).  The layers are
-PyTorch's own, as a PyTorch user would write the network: gluonnlp's
-Transformer normalises its embedded inputs where ``nn.Transformer`` normalises
-its encoder's and decoder's outputs; the matrix products, which dominate the
-work, are the same.
+PyTorch's own, as a PyTorch user would write the network.  BERT has gluonnlp's
+parameters, 109,483,778 of them; gluonnlp's Transformer normalises its embedded
+inputs where ``nn.Transformer`` normalises its encoder's and decoder's outputs,
+and its attention projections have no biases: the matrix products, which
+dominate the work, are the same.
 
 Modes
 -----
