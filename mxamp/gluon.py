@@ -432,8 +432,8 @@ def _rewrite(block, fp32_symbol, policy, shapes):
     inputs = names - {p.name for p in params}
     stored = {p.name for p in params if p.name in candidates and p._data is not None
               and name_of_array(p) == policy.dtype}
-    def converted(declared):
-        return graph_mod.convert_graph(fp32_symbol, policy, params=declared, shapes=shapes,
+    def converted(declared, under=policy):
+        return graph_mod.convert_graph(fp32_symbol, under, params=declared, shapes=shapes,
                                        portable=False, data_inputs=inputs)
 
     conversion = converted(candidates)
@@ -447,7 +447,7 @@ def _rewrite(block, fp32_symbol, policy, shapes):
         conversion = converted(stored)
     settle([p for p in params if p.name in names])
     sync_params(block)
-    _warn_unpaid(block, policy, conversion)
+    _warn_unpaid(block, policy, conversion, converted)
     return conversion
 
 
@@ -533,10 +533,11 @@ def _kernel_gradient_added(block):
     return any(params[name].grad_req == 'add' for name in names if name in params)
 
 
-def _warn_unpaid(block, policy, conversion):
-    """Say once when no layer of a bfloat16 graph does enough work for bfloat16 to pay on
-    this CPU (`mxamp.cost`): under 'auto' the graph computes in FP32, asked for bfloat16
-    it will be slower than FP32."""
+def _warn_unpaid(block, policy, conversion, converted):
+    """Say once when no layer of a bfloat16 graph pays for bfloat16 on this CPU (`mxamp.cost`:
+    by its work, or by its work per value it casts): under 'auto' the graph computes in FP32,
+    asked for bfloat16 it will be slower than FP32.  ``converted(params)`` converts the graph
+    under `policy`: asked for bfloat16, once more weighing costs, as 'auto' would."""
     global _warned_unpaid
     if _warned_unpaid or policy.dtype != 'bfloat16' or policy.bfloat16_storage_only:
         return
@@ -545,14 +546,23 @@ def _warn_unpaid(block, policy, conversion):
         return
     layers = {node.name: (node.op, conversion.works[node.name]) for node in conversion.nodes
               if node.name in conversion.works}
+    if not layers:
+        return
     largest = cost.largest_unpaid(layers, model)
-    if largest is None:
+    if largest is not None:
+        name, op, work, threshold = largest
+        why = ('none of its %d layers does enough work per call for bfloat16 to pay for its '
+               'casts on this %s (the largest, %s %r, %.3g MFLOP; bfloat16 pays from %.3g)'
+               % (len(layers), hardware.describe_cpu_class(policy.cpu_class), op, name, work,
+                  threshold))
+    elif policy.costs is None and not converted(conversion.lp_params,
+                                                policy.with_costs(model)).computes_low:
+        why = ('its layers that do enough work cast more values than that work pays for on '
+               'this %s (FP32 operators or the outputs read them: docs/policy.rst, "Layers too '
+               'small for bfloat16")' % hardware.describe_cpu_class(policy.cpu_class))
+    else:
         return
     _warned_unpaid = True
-    name, op, work, threshold = largest
-    why = ('none of its %d layers does enough work per call for bfloat16 to pay for its casts '
-           'on this %s (the largest, %s %r, %.3g MFLOP; bfloat16 pays from %.3g)'
-           % (len(layers), hardware.describe_cpu_class(policy.cpu_class), op, name, work, threshold))
     if policy.costs is not None:
         text = "mxamp: dtype='auto' computes %s in float32: %s" % (describe_block(block), why)
     else:

@@ -17,6 +17,7 @@ MXNet internals relied on: the operator registry's C API (``MXListAllOpNames``,
 attributes, with MXNet's text description of each attribute's type
 (``"{'relu', 'sigmoid'}, required"``) for the values an attribute takes.
 """
+import copy
 import ctypes
 import fnmatch
 import functools
@@ -673,6 +674,12 @@ class Policy(object):
                    ', inference=True' if self.inference else '',
                    ', kernel_ops=%s' % sorted(self.kernel_ops) if self.kernel_ops else '',
                    ', costs=%r' % self.costs if self.costs is not None else ''))
+
+    def with_costs(self, costs: CostModel) -> 'Policy':
+        """This policy weighing each layer's cost under `costs` (what ``'auto'`` does)."""
+        weighed = copy.copy(self)
+        weighed.costs = costs
+        return weighed
 
     def is_excluded(self, node_name: str) -> bool:
         return any(exclude_matches(node_name, pattern) for pattern in self.exclude)

@@ -229,6 +229,23 @@ def test_bfloat16_asked_for_a_small_net_computes_it_and_says_it_will_be_slower(m
 
 
 @needs_bfloat16_compute
+def test_bfloat16_asked_for_a_layer_that_pays_by_work_but_not_per_value_says_so(monkeypatch):
+    # 134 MFLOP (pays by work) for a million scores that go out of the graph: 128 FLOP a
+    # value cast, below what pays, so 'auto' keeps it FP32; asked for, bfloat16 warns.
+    from mxamp import gluon as gluon_front
+    monkeypatch.setattr(gluon_front, '_warned_unpaid', False)
+    mx.random.seed(6)
+    net = gluon.nn.Dense(4096, in_units=64)
+    net.initialize()
+    mxamp.convert(net, 'bfloat16')
+    with pytest.warns(RuntimeWarning, match="computes in bfloat16 as asked, but its layers that "
+                                            "do enough work cast more values"):
+        net(mx.nd.ones((256, 64))).wait_to_read()
+    conversion, _ = gluon_front.conversion_of(net)
+    assert set(conversion.node_precision.values()) == {'bfloat16'}
+
+
+@needs_bfloat16_compute
 def test_auto_keeps_layers_that_pay_in_bfloat16():
     mx.random.seed(5)
     net = gluon.nn.HybridSequential()
