@@ -9,10 +9,11 @@ gives every HybridBlock of the tree a generated subclass of its own class
 builds it, run the converted graph also when not hybridized, convert children
 added later and refuse what would undo or silently break the conversion
 (``cast``, ``optimize_for``).  A network that cannot become a graph is
-converted in part: its largest subtrees that can.  docs/gluon.rst says what a
-user sees; docs/architecture.rst where this sits.
+converted in part: its largest subtrees that can; the blocks above them run
+their own code, hybridized or not.  docs/gluon.rst says what a user sees;
+docs/architecture.rst where this sits.
 
-MXNet internals relied on (MXNet 1.9.1), each used in one place below:
+MXNet internals relied on (MXNet 1.9.1), each named where it is used below:
 ``HybridBlock._get_graph`` / ``_cached_graph`` (the hook that builds the graph),
 ``_build_cache`` (deferred initialisation, then CachedOp), ``_call_cached_op``,
 ``_cached_op``, ``_cached_op_args``, ``_clear_cached_op``, ``_active``,
@@ -198,12 +199,50 @@ class _Converted(Float32Checkpoints):
         return super(_Converted, self).export(path, epoch, remove_amp_cast=False)
 
 
-class _ConvertedInPart(Float32Checkpoints):
+class _AboveConvertedParts(object):
+    """Mixin placed first in the MRO of a block that stays FP32 above converted parts.
+
+    Such a block runs its own code on NDArrays, calling its parts, which take
+    and return FP32 arrays.  MXNet can hybridize some of them where mxamp's
+    trace cannot (gluonnlp's ``TransformerDecoder`` takes a list of states),
+    but their one graph would run their parts' FP32 code, not the converted
+    one, on the parts' low-precision parameters: ``hybridize()`` passes on to
+    the children and leaves this block imperative.
+    """
+
+    # MXNet 1.9.1: HybridBlock.hybridize sets _active and passes the call on to the
+    # children (Block.hybridize only passes it on).
+    def hybridize(self, active=True, **kwargs):
+        """``hybridize`` of the children; this block keeps running its code on NDArrays."""
+        super(_AboveConvertedParts, self).hybridize(active, **kwargs)
+        if isinstance(self, HybridBlock):
+            _run_imperatively(self)
+
+    # MXNet 1.9.1: Block.__setattr__ refuses a Block attribute that is not an instance
+    # of the attribute's class, here the generated one, so net.decoder = Decoder(...)
+    # would fail where it worked before convert; it is let through, and the new block
+    # stays FP32, as a child added later here does.
+    def __setattr__(self, name, value):
+        existing = self.__dict__.get(name)
+        if isinstance(existing, _AboveConvertedParts) and isinstance(value, existing._mxamp_base):
+            del self.__dict__[name]
+        super(_AboveConvertedParts, self).__setattr__(name, value)
+
+
+def _run_imperatively(block):
+    """Make `block`, a HybridBlock above converted parts, run ``hybrid_forward`` on NDArrays
+    (MXNet 1.9.1: when ``_active`` is False); a graph it cached before is dropped."""
+    block._active = False
+    block._clear_cached_op()
+
+
+class _ConvertedInPart(_AboveConvertedParts, Float32Checkpoints):
     """Mixin placed first in the MRO of a net `convert` converted in part.
 
     The net itself runs as it did (its code calls the converted parts, which
-    take and return FP32 arrays); what it adds is the FP32 checkpoints of a
-    converted net, and the refusal to ``cast()``.
+    take and return FP32 arrays), imperatively (`_AboveConvertedParts`); what
+    it adds is the FP32 checkpoints of a converted net, and the refusal to
+    ``cast()``.
     """
 
     def _converted_parts(self):
@@ -700,17 +739,34 @@ def _float32_params(block):
             if name_of_array(p) == 'float32' and not isinstance(p, mx.gluon.Constant)}
 
 
-def _decided(settings, parts):
+def _decided(settings, parts, read_in_float32=frozenset()):
     """`settings` (`mxamp.network_state.Settings`) with the parameters stored in low precision
     decided on the FP32 graphs of `parts` (``(path, block, graph)``): a parameter two parts
-    read (tied weights) only where both would store it so."""
-    wanted, refused = set(), set()
+    read (tied weights) only where both would store it so, and none of `read_in_float32`,
+    the names of those FP32 code reads (`_read_in_float32`)."""
+    wanted, refused = set(), set(read_in_float32)
     for _, block, graph in parts:
         params = _float32_params(block)
         low = settings.decided_for(graph, params).lp_params
         wanted |= low
         refused |= params - low
     return settings._replace(lp_params=frozenset(wanted - refused))
+
+
+def _read_in_float32(float32_blocks):
+    """Names of the parameters the blocks a net converted in part keeps in FP32 (`_graph_parts`'
+    ``(path, block, why)``) read in their own code: their own, which may be a part's too
+    (gluonnlp ties weights by ``params=``).  That code gets the values as stored."""
+    return {param.name for _, block, _ in float32_blocks
+            for param in list(block.params.values()) + list(block._reg_params.values())}
+
+
+def _above_parts(float32_blocks, parts):
+    """The HybridBlocks of `float32_blocks` (``(path, block, why)``) holding a part of
+    `parts` (``(path, block, graph)``) in their subtree."""
+    part_ids = {id(part) for _, part, _ in parts}
+    return [block for _, block, _ in float32_blocks if isinstance(block, HybridBlock)
+            and any(id(sub) in part_ids for sub in _walk(block))]
 
 
 # --------------------------------------------------------------------------
@@ -881,12 +937,16 @@ def convert_with_rules(net: Block, dtype: Optional[DTypeLike], rules: Rules,
     node_names = [n['name'] for _, _, graph in parts for n in graph['nodes'] if n['op'] != 'null']
     patterns = _exclude_patterns(net, exclude, node_names, exclude_option)
     settings = _decided(Settings.of(name, rules._replace(exclude=tuple(patterns)),
-                                    cost_aware=auto), parts)
+                                    cost_aware=auto), parts, _read_in_float32(float32_blocks))
     for _, part, _ in parts:   # all refusals before any block changes
         _check_shared(part, settings, net)
     for _, part, _ in parts:
         _convert_tree(part, settings, Tree())
     if float32_blocks:
+        for block in _above_parts(float32_blocks, parts):
+            if block is not net:
+                block.__class__ = mixed_class(_AboveConvertedParts, type(block))
+            _run_imperatively(block)   # hybridized before convert: its graph is FP32
         attach(net, NetworkState.converted_in_part(
             settings, [(path, part) for path, part, _ in parts], float32_blocks))
         net.__class__ = mixed_class(_ConvertedInPart, type(net))
