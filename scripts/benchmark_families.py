@@ -352,8 +352,8 @@ class TeacherForcedTranslation(gluon.HybridBlock):
     the same arguments, and makes that mask with the graph's operators: its outputs are the
     model's (tests/test_benchmark.py compares them), and every mode of the benchmark runs
     one graph, as BERT's.  (``mxamp.convert`` of the ``NMTModel`` itself converts it in
-    part, and hybridizing that model then fails: its decoder, hybridized whole in FP32,
-    meets the bfloat16 parameters of its converted cells.)
+    part, since its decoder takes a list of states: its cells become graphs, the decoder and
+    the model run their Python code.)
 
     Parameters
     ----------
