@@ -89,6 +89,8 @@ fused attention) is skipped, with the reason.
 Method
 ------
 Every figure is what a user's script gets: a process that builds one mode.
+``scripts/benchmark_harness.py`` runs the workers and makes the figures, the
+table and the JSON, for ``scripts/torch_peer.py`` as for this script.
 
 * Configurations: each combination of network, task, ``--batch`` and
   ``--threads`` value (both accept comma-separated lists) is measured on its
@@ -192,18 +194,11 @@ with ``skipped`` (why) and no modes.  Schema 3 (``meta.schema_version``)
 counts samples of every family where schema 2 counted images.
 """
 import argparse
-import datetime
 import json
 import os
 import platform
-import shlex
-import signal
-import statistics
-import subprocess
 import sys
 import time
-import traceback
-from collections import namedtuple
 from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -220,6 +215,7 @@ import mxamp  # noqa: E402  (first: enables AMX before oneDNN's first primitive)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import benchmark_families as families  # noqa: E402
+import benchmark_harness as harness  # noqa: E402
 from benchmark_families import HYBRIDIZE  # noqa: E402
 from mxamp import hardware  # noqa: E402
 from mxamp.graph import error_line  # noqa: E402
@@ -249,10 +245,6 @@ EXPLAINED_MODES = {'mxamp:auto': None, 'mxamp': None,
 NOT_EXPLAINED = {'contrib.amp': "not profiled: mxamp.profile measures mxamp's conversion, not "
                                 "MXNet's contrib.amp"}
 EXPLAIN_VERDICTS = 3        # verdicts printed under a row (the JSON holds them all)
-
-
-# One measured configuration: every mode of it is compared with its FP32.
-Config = namedtuple('Config', 'network task batch threads')
 
 
 # --------------------------------------------------------------------------
@@ -433,42 +425,6 @@ def launch_variables():
     return hardware.performance_variables(LAUNCH_ENV)
 
 
-def _rss_mb(field):
-    """This process's current RSS (``'VmRSS'``) or its peak (``'VmHWM'``), in MiB."""
-    with open('/proc/self/status') as status:
-        for line in status:
-            if line.startswith(field + ':'):
-                return int(line.split()[1]) / 1024.0
-    return None
-
-
-def time_iterations(run, batch, warmup, steps):
-    """Run `warmup` untimed iterations, then time `steps` consecutive ones.
-
-    Returns
-    -------
-    dict
-        ``img_per_s``, samples (``batch``) per second over the timed stretch, whatever
-        a sample of the network is (images, series...), ``iteration_ms`` (one value per
-        timed iteration) and, for training, the means ``fwd_bwd_ms`` and
-        ``update_ms`` of its two parts.
-    """
-    for _ in range(warmup):
-        run()
-    iteration_ms, parts = [], []
-    start = time.perf_counter()
-    for _ in range(steps):
-        begin = time.perf_counter()
-        parts.append(run())
-        iteration_ms.append(1e3 * (time.perf_counter() - begin))
-    timing = {'img_per_s': batch * steps / (time.perf_counter() - start),
-              'iteration_ms': iteration_ms}
-    if parts[0] is not None:      # training: (forward+backward s, update s) per iteration
-        timing['fwd_bwd_ms'] = 1e3 * sum(p[0] for p in parts) / steps
-        timing['update_ms'] = 1e3 * sum(p[1] for p in parts) / steps
-    return timing
-
-
 def worker_main(spec):
     """Build and time the one mode of `spec` in this (fresh) process; the worker's answer
     (`explain_main`'s instead for an ``--explain`` worker, ``spec['explain']``).
@@ -476,20 +432,15 @@ def worker_main(spec):
     Returns
     -------
     dict
-        :func:`time_iterations`'s figures, ``base_rss_mb`` (after building,
-        before the first iteration), ``peak_rss_mb``, ``load_average`` (1 min,
-        at the start) and ``environment``: :func:`mxamp.hardware.mxnet_openmp_threads` and the
-        ``variables`` the process was started with.
+        :func:`benchmark_harness.measure`'s figures; its ``environment``:
+        :func:`mxamp.hardware.mxnet_openmp_threads` and the ``variables`` the
+        process was started with.
     """
     if spec.get('explain'):
         return explain_main(spec)
     environment = dict(hardware.mxnet_openmp_threads(), variables=launch_variables())
-    load_average = os.getloadavg()[0]
-    run = build(spec['task'], spec['mode'], spec['network'], spec['batch'], spec['image_size'])
-    base_rss = _rss_mb('VmRSS')
-    timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
-    return dict(timing, base_rss_mb=base_rss, peak_rss_mb=_rss_mb('VmHWM'),
-                load_average=load_average, environment=environment)
+    return harness.measure(spec, lambda: build(spec['task'], spec['mode'], spec['network'],
+                                               spec['batch'], spec['image_size']), environment)
 
 
 def explain_main(spec):
@@ -538,36 +489,11 @@ def _error_line(exc):
     return '%s: %s' % (type(exc).__name__, error_line(exc))
 
 
-def _exit_text(returncode):
-    if returncode >= 0:
-        return 'exit status %d' % returncode
-    try:
-        return 'killed by %s' % signal.Signals(-returncode).name
-    except ValueError:
-        return 'killed by signal %d' % -returncode
-
-
 def run_worker(spec, timeout):
-    """Measure one mode in a fresh Python process, with ``OMP_NUM_THREADS=spec['threads']``.
-
-    Returns
-    -------
-    dict
-        The worker's answer (:func:`worker_main`), or ``{'error': why}`` when it
-        failed, crashed or ran past `timeout` seconds.
-    """
-    command = [sys.executable, os.path.abspath(__file__), '--_worker', json.dumps(spec)]
-    env = dict(LAUNCH_ENV, OMP_NUM_THREADS=str(spec['threads']))
-    try:
-        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {'error': 'timed out after %d s' % timeout}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
-    return {'error': '%s: %s' % (_exit_text(proc.returncode), ' | '.join(tail))}
+    """Measure one mode in a fresh Python process, with ``OMP_NUM_THREADS=spec['threads']``:
+    the worker's answer (:func:`worker_main`), or ``{'error': why}`` when it failed,
+    crashed or ran past `timeout` seconds (:func:`benchmark_harness.run_worker`)."""
+    return harness.run_worker(__file__, spec, timeout, LAUNCH_ENV, RESULT_PREFIX)
 
 
 # --------------------------------------------------------------------------
@@ -576,10 +502,7 @@ def run_worker(spec, timeout):
 def configurations(args):
     """Every (network, task, batch, threads) to measure, in the table's order; a network's
     own default batch (`benchmark_families`) where ``--batch`` is not given."""
-    return [Config(network, task, batch, threads)
-            for network in args.networks for task in args.tasks
-            for batch in args.batch or [families.family_of(network).batch]
-            for threads in args.threads]
+    return harness.configurations(args, lambda network: families.family_of(network).batch)
 
 
 def image_size(network, args):
@@ -598,16 +521,9 @@ def unmeasured_task(config):
 def reproduce_command(config, mode, args):
     """The command line that measures `mode` of `config` alone, with its FP32 baseline."""
     size = image_size(config.network, args)
-    words = ['python', 'scripts/benchmark.py', '--networks', config.network,
-             '--tasks', config.task, '--modes', ','.join(dict.fromkeys(('fp32', mode))),
-             '--batch', str(config.batch), '--threads', str(config.threads)]
-    words += [] if size is None else ['--image-size', str(size)]
-    words += ['--warmup', str(args.warmup), '--steps', str(args.steps),
-              '--repeats', str(args.repeats)]
-    # OMP_NUM_THREADS comes from --threads; the rest of the environment as it was here.
-    variables = ['%s=%s' % (k, shlex.quote(v)) for k, v in launch_variables().items()
-                 if k != 'OMP_NUM_THREADS']
-    return ' '.join(variables + [shlex.quote(w) for w in words])
+    return harness.reproduce_command('scripts/benchmark.py', config, mode, args,
+                                     launch_variables(),
+                                     [] if size is None else ['--image-size', str(size)])
 
 
 def bench(config, args, progress):
@@ -640,20 +556,17 @@ def bench(config, args, progress):
                                  'reproduce': reproduce_command(config, mode, args), 'runs': []}
         specs[mode] = dict(config._asdict(), mode=mode, image_size=size, warmup=args.warmup,
                            steps=args.steps)
-    for round_index in range(args.repeats):
-        for mode in list(specs):
-            progress.set_postfix_str('%s: %s' % (_label(result), mode))
-            answer = run_worker(specs[mode], args.timeout)
-            progress.update()
-            entry = result['modes'][mode]
-            if 'error' in answer:
-                entry['error'] = 'round %d of %d: %s' % (round_index + 1, args.repeats,
-                                                         answer['error'])
-                del specs[mode]
-                progress.total -= args.repeats - round_index - 1
-                progress.refresh()
-            else:
-                entry['runs'].append(answer)
+
+    def before(mode, round_index):
+        progress.set_postfix_str('%s: %s' % (harness.label(result), mode))
+
+    def after(mode, round_index, answer):
+        progress.update()
+        if 'error' in answer:           # not run again: fewer processes to come
+            progress.total -= args.repeats - round_index - 1
+            progress.refresh()
+    harness.run_rounds(result['modes'], specs, args.repeats,
+                       lambda spec: run_worker(spec, args.timeout), before, after)
     derive(result)
     if args.explain:
         explain(result, specs, args, progress)
@@ -669,7 +582,7 @@ def explain(result, specs, args, progress):
         if mode in NOT_EXPLAINED and 'skipped' not in entry:
             entry['explain'] = {'skipped': NOT_EXPLAINED[mode]}
     for mode in [m for m in specs if m in EXPLAINED_MODES]:
-        progress.set_postfix_str('%s: explain %s' % (_label(result), mode))
+        progress.set_postfix_str('%s: explain %s' % (harness.label(result), mode))
         answer = run_worker(dict(specs[mode], explain=True), args.timeout)
         progress.update()
         measured = modes[mode].get('median_img_per_s')
@@ -679,39 +592,12 @@ def explain(result, specs, args, progress):
         modes[mode]['explain'] = answer
 
 
-def _median(values):
-    return float(statistics.median(values)) if values else None
-
-
-def _summarise(entry):
-    """Medians over the rounds of one mode's runs."""
-    runs = entry['runs']
-    entry['img_per_s'] = [run['img_per_s'] for run in runs]
-    entry['median_img_per_s'] = _median(entry['img_per_s'])
-    entry['median_peak_rss_mb'] = _median([run['peak_rss_mb'] for run in runs])
-    entry['median_base_rss_mb'] = _median([run['base_rss_mb'] for run in runs])
-    if 'update_ms' in runs[0]:
-        entry['median_fwd_bwd_ms'] = _median([run['fwd_bwd_ms'] for run in runs])
-        entry['median_update_ms'] = _median([run['update_ms'] for run in runs])
-        entry['median_step_ms'] = entry['median_fwd_bwd_ms'] + entry['median_update_ms']
-
-
 def derive(result):
-    """Medians over rounds and ratios to the configuration's FP32, from the workers' answers."""
-    modes = result['modes']
-    complete = {name: entry for name, entry in modes.items()
-                if entry.get('runs') and 'error' not in entry}
-    for entry in complete.values():
-        _summarise(entry)
+    """Medians over rounds and ratios to the configuration's FP32, from the workers' answers
+    (:func:`benchmark_harness.derive`), then mxamp against ``contrib.amp`` and, for
+    training, mxamp's per-step overhead."""
+    complete = harness.derive(result)
     fp32 = complete.get('fp32', {})
-    for entry in complete.values():
-        if fp32.get('median_img_per_s'):
-            entry['ratio_vs_fp32'] = entry['median_img_per_s'] / fp32['median_img_per_s']
-            # Rounds pair up: mode and FP32 ran seconds apart, under the same load.
-            entry['paired_ratio_vs_fp32'] = _median(
-                [ours / base for ours, base in zip(entry['img_per_s'], fp32['img_per_s'])])
-        if fp32.get('median_peak_rss_mb'):
-            entry['rss_ratio_vs_fp32'] = entry['median_peak_rss_mb'] / fp32['median_peak_rss_mb']
     camp, ours = complete.get('contrib.amp', {}), complete.get('mxamp', {})
     if camp.get('median_img_per_s') and ours.get('median_img_per_s'):
         ours['vs_contrib_amp'] = ours['median_img_per_s'] / camp['median_img_per_s']
@@ -729,49 +615,11 @@ def derive(result):
 # --------------------------------------------------------------------------
 # Report
 
-def _unit(result):
-    # A result of schema 2 counted images.
-    return result.get('throughput_unit', 'img/s')
-
-
 def table_header(results):
     """The table's columns; its throughput's is the results' unit (``img/s``...), or
     ``samples/s`` where they count different samples (the notes say which)."""
-    units = {_unit(res) for res in results}
-    return ('network', 'task', 'batch', 'threads', 'mode',
-            units.pop() if len(units) == 1 else 'samples/s', 'x FP32', 'paired', 'update ms',
-            'peak RSS MB', 'RSS x FP32')
-
-
-def _label(result):
-    return '%s %s, batch %d, threads %d' % (result['network'], result['task'], result['batch'],
-                                            result['threads'])
-
-
-def _cell(entry, key, fmt):
-    value = entry.get(key)
-    return fmt % value if isinstance(value, (int, float)) else '-'
-
-
-def _align(header, blocks, left, indent='', under=None):
-    """Text table: `header`, a rule, then the rows of each block, blocks apart by a blank line.
-
-    The first `left` columns are left-aligned, the others (numbers) right-aligned.
-    `under`, shaped as `blocks`, gives the lines printed under each row.
-    """
-    rows = [row for block in blocks for row in block]
-    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
-
-    def line(row):
-        return indent + '  '.join(c.ljust(w) if i < left else c.rjust(w)
-                                  for i, (c, w) in enumerate(zip(row, widths)))
-    lines = [line(header), indent + '  '.join('-' * w for w in widths)]
-    for number, block in enumerate(blocks):
-        lines += [''] if number else []
-        for index, row in enumerate(block):
-            lines.append(line(row))
-            lines += under[number][index] if under else []
-    return lines
+    return ('network', 'task', 'batch', 'threads', 'mode', harness.throughput_column(results),
+            'x FP32', 'paired', 'update ms', 'peak RSS MB', 'RSS x FP32')
 
 
 def _explanation(entry):
@@ -799,21 +647,15 @@ def _explanation(entry):
 
 
 def _table_row(result, mode, entry):
-    if 'error' in entry:
-        throughput = 'error'
-    elif 'skipped' in entry:
-        throughput = 'skipped'
-    else:
-        throughput = _cell(entry, 'median_img_per_s', '%.2f')
-    return (result['network'], result['task'], str(result['batch']), str(result['threads']),
-            mode, throughput, _cell(entry, 'ratio_vs_fp32', '%.2f'),
-            _cell(entry, 'paired_ratio_vs_fp32', '%.2f'), _cell(entry, 'median_update_ms', '%.0f'),
-            _cell(entry, 'median_peak_rss_mb', '%.0f'), _cell(entry, 'rss_ratio_vs_fp32', '%.2f'))
+    cell = harness.cell
+    return harness.config_cells(result) + (
+        mode, harness.throughput_cell(entry), cell(entry, 'ratio_vs_fp32', '%.2f'),
+        cell(entry, 'paired_ratio_vs_fp32', '%.2f'), cell(entry, 'median_update_ms', '%.0f'),
+        cell(entry, 'median_peak_rss_mb', '%.0f'), cell(entry, 'rss_ratio_vs_fp32', '%.2f'))
 
 
 def _skipped_row(result):
-    return (result['network'], result['task'], str(result['batch']), str(result['threads']),
-            '-', 'skipped') + ('-',) * 5
+    return harness.config_cells(result) + ('-', 'skipped') + ('-',) * 5
 
 
 def _notes(results, header):
@@ -831,7 +673,7 @@ def _notes(results, header):
              if 'skipped' in e}
     notes.extend('%s skipped: %s' % (mode, reason) for mode, reason in sorted(skips))
     for res in results:
-        label = _label(res)
+        label = harness.label(res)
         if 'skipped' in res:
             notes.append('%s: not measured, %s' % (label, res['skipped']))
         for name, o in res.get('mxamp_overhead', {}).items():
@@ -840,15 +682,8 @@ def _notes(results, header):
         ours = res['modes'].get('mxamp', {})
         if ours.get('vs_contrib_amp'):
             notes.append('%s: mxamp = %.2fx contrib.amp' % (label, ours['vs_contrib_amp']))
-        for mode, entry in res['modes'].items():
-            if 'error' in entry:
-                notes.append('%s: %s failed, %s' % (label, mode, entry['error']))
-            counts = {run['environment']['openmp_threads'] for run in entry.get('runs', ())}
-            counts.discard(None)        # not found out: the JSON says why
-            if counts - {res['threads']}:
-                notes.append('%s: %s computed on %s OpenMP threads, not %d (see its runs\' '
-                             'environment)' % (label, mode, '/'.join(map(str, sorted(counts))),
-                                               res['threads']))
+        notes += harness.mode_notes(res, 'openmp_threads', "%s: %s computed on %s OpenMP "
+                                    "threads, not %d (see its runs' environment)")
     return notes
 
 
@@ -868,15 +703,15 @@ def _views(results):
         for (network, task, value), group in groups.items():
             if len(group) < 2:
                 continue
-            unit = _unit(group[0])
+            unit, cell = harness.unit(group[0]), harness.cell
             rows = [(str(res[axis]),
-                     _cell(res['modes'].get('fp32', {}), 'median_img_per_s', '%.2f'),
-                     _cell(res['modes'].get('mxamp', {}), 'median_img_per_s', '%.2f'),
-                     _cell(res['modes'].get('mxamp', {}), 'ratio_vs_fp32', '%.2f'))
+                     cell(res['modes'].get('fp32', {}), 'median_img_per_s', '%.2f'),
+                     cell(res['modes'].get('mxamp', {}), 'median_img_per_s', '%.2f'),
+                     cell(res['modes'].get('mxamp', {}), 'ratio_vs_fp32', '%.2f'))
                     for res in group]
             lines += ['', '%s %s, %s %d: by %s' % (network, task, fixed, value, axis)]
-            lines += _align((axis, 'fp32 ' + unit, 'mxamp ' + unit, 'x FP32'), [rows], left=0,
-                            indent='  ')
+            lines += harness.align((axis, 'fp32 ' + unit, 'mxamp ' + unit, 'x FP32'), [rows],
+                                   left=0, indent='  ')
     return lines
 
 
@@ -888,8 +723,8 @@ def format_table(results):
               for res in results]
     under = [[[]] if 'skipped' in res else [_explanation(entry) for entry in res['modes'].values()]
              for res in results]
-    return '\n'.join(_align(header, blocks, left=5, under=under) + _notes(results, header)
-                     + _views(results))
+    return '\n'.join(harness.align(header, blocks, left=5, under=under)
+                     + _notes(results, header) + _views(results))
 
 
 def _version(package):
@@ -903,11 +738,7 @@ def meta(args, argv):
     """What the run was and where it ran: command line, versions (the packages of the
     networks measured among them), CPU, load."""
     packages = {families.family_of(network).package for network in args.networks} - {None}
-    return {'schema_version': SCHEMA_VERSION,
-            'date': datetime.datetime.now().isoformat(timespec='seconds'),
-            'command': ' '.join(shlex.quote(w) for w in
-                                [os.path.relpath(os.path.abspath(__file__), ROOT)] + argv),
-            'args': {k: v for k, v in vars(args).items() if not k.startswith('_')},
+    return {'schema_version': SCHEMA_VERSION, **harness.run_meta(__file__, argv, args),
             'versions': dict({'mxnet': mx.__version__, 'mxamp': mxamp.__version__,
                               'numpy': np.__version__, 'python': platform.python_version(),
                               'gluoncv': _version('gluoncv')},
@@ -920,45 +751,8 @@ def meta(args, argv):
             'load_average_start': list(os.getloadavg())}
 
 
-def write_json(path, data):
-    """Write `data` to `path` whole or not at all: an interrupted run leaves no half file."""
-    partial = '%s.tmp-%d' % (path, os.getpid())
-    try:
-        with open(partial, 'w') as handle:
-            json.dump(data, handle, indent=1)
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
-
-
 # --------------------------------------------------------------------------
 # Command line
-
-def _count(minimum):
-    """argparse type: an integer >= `minimum`."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError('expected an integer >= %d, got %r' % (minimum, text))
-        return value
-    return parse
-
-
-def _counts(text):
-    """argparse type: comma-separated positive integers, e.g. '1,8,16' -> [1, 8, 16]."""
-    try:
-        values = [int(v) for v in text.split(',')]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            'expected positive integers separated by commas, got %r' % text)
-    return list(dict.fromkeys(values))
-
 
 def parse_args(argv=None):
     usable_cpus = hardware.usable_cpus()
@@ -970,28 +764,15 @@ def parse_args(argv=None):
     p.add_argument('--tasks', default='inference,training', help='default: %(default)s')
     p.add_argument('--modes', default=','.join(sorted(set(INFERENCE_MODES + TRAINING_MODES))),
                    help='modes to run (default: all); fp32 is always included')
-    p.add_argument('--batch', type=_counts,
-                   help="batch sizes, comma-separated (default: each network's own, 16 for "
-                        "an image classifier)")
-    p.add_argument('--threads', type=_counts, default=[usable_cpus],
-                   help='OMP_NUM_THREADS values, comma-separated (default: the CPUs this '
-                        'process may use, %d here)' % usable_cpus)
-    p.add_argument('--image-size', type=_count(1),
+    harness.add_sweep_arguments(p, usable_cpus, "each network's own, 16 for an image "
+                                "classifier", 'OMP_NUM_THREADS')
+    p.add_argument('--image-size', type=harness.count(1),
                    help="for the networks whose input is an image (default: each network's "
                         "own, 224 for a classifier)")
-    p.add_argument('--warmup', type=_count(0), default=2,
-                   help='untimed iterations at the start of each process (default: %(default)s)')
-    p.add_argument('--steps', type=_count(1), default=5,
-                   help='timed consecutive iterations per process (default: %(default)s)')
-    p.add_argument('--repeats', type=_count(1), default=3,
-                   help='rounds, each one process per mode; medians over rounds '
-                        '(default: %(default)s)')
-    p.add_argument('--timeout', type=_count(1), default=3600, help='seconds per process')
-    p.add_argument('--output', default='benchmark.json')
+    harness.add_run_arguments(p, 'benchmark.json')
     p.add_argument('--explain', action='store_true',
                    help='after each configuration, profile its mixed-precision modes with '
                         'mxamp.profile and print the top verdicts under their rows')
-    p.add_argument('--_worker', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.networks = [n for n in args.networks.split(',') if n]
     args.tasks = [t for t in args.tasks.split(',') if t]
@@ -1007,14 +788,9 @@ def parse_args(argv=None):
 
 
 def _worker_entry(spec):
-    """A worker process: its answer (or the error it met) on one stdout line."""
-    try:
-        answer = worker_main(spec)
-    except Exception as exc:
-        traceback.print_exc()
-        answer = {'error': _error_line(exc)}
-    print(RESULT_PREFIX + json.dumps(answer))
-    return 1 if 'error' in answer else 0
+    """A worker process: its answer (or the error it met, :func:`_error_line`) on one stdout
+    line."""
+    return harness.worker_entry(worker_main, spec, RESULT_PREFIX, _error_line)
 
 
 def main(argv=None):
@@ -1032,12 +808,7 @@ def main(argv=None):
                     for modes in measured)
     with tqdm(total=processes, unit='process', desc='benchmark', file=sys.stderr) as progress:
         results = [bench(config, args, progress) for config in configs]
-    info['load_average_end'] = list(os.getloadavg())
-    report = format_table(results)
-    write_json(args.output, {'meta': info, 'results': results, 'table': report})
-    print(report)
-    print('written: %s' % args.output)
-    return 0
+    return harness.finish(args.output, info, results, format_table)
 
 
 if __name__ == '__main__':

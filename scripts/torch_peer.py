@@ -67,18 +67,19 @@ turns that path off ("autocast is enabled"): what PyTorch users get either way.
 
 Method
 ------
-``scripts/benchmark.py``'s: each combination of network, task, ``--batch``
-and ``--threads`` value is measured on its own; ``--repeats`` rounds, each one
-fresh Python process (a worker: this script with a hidden ``--_worker``
-argument) per mode, in the same order every round; a worker builds its mode,
-runs ``--warmup`` untimed iterations, then times ``--steps`` consecutive ones:
-its throughput is batch x steps over that stretch.  The table shows medians
-over rounds; ``x FP32`` is the ratio of the medians, ``paired`` the median of
-the per-round ratios.  A worker starts with ``OMP_NUM_THREADS`` set to the
-configuration's ``--threads`` and calls ``torch.set_num_threads`` with it (the
-default: the CPUs this process may use); it reports the thread count PyTorch
-computes with.  Memory: RSS after building (``base_rss_mb``) and the peak
-(``VmHWM``, ``peak_rss_mb``).
+``scripts/benchmark.py``'s, from the harness both scripts share
+(``scripts/benchmark_harness.py``, the standard library only): each
+combination of network, task, ``--batch`` and ``--threads`` value is measured
+on its own; ``--repeats`` rounds, each one fresh Python process (a worker:
+this script with a hidden ``--_worker`` argument) per mode, in the same order
+every round; a worker builds its mode, runs ``--warmup`` untimed iterations,
+then times ``--steps`` consecutive ones: its throughput is batch x steps over
+that stretch.  The table shows medians over rounds; ``x FP32`` is the ratio of
+the medians, ``paired`` the median of the per-round ratios.  A worker starts
+with ``OMP_NUM_THREADS`` set to the configuration's ``--threads`` and calls
+``torch.set_num_threads`` with it (the default: the CPUs this process may
+use); it reports the thread count PyTorch computes with.  Memory: RSS after
+building (``base_rss_mb``) and the peak (``VmHWM``, ``peak_rss_mb``).
 
 Output
 ------
@@ -93,23 +94,21 @@ whatever the sample is, ``iteration_ms``, ``fwd_bwd_ms`` and ``update_ms``;
 ``.. benchmark::`` directive shows it as it shows the benchmark's.
 """
 import argparse
-import datetime
 import importlib.util
 import json
 import math
 import os
 import platform
-import shlex
-import signal
-import statistics
-import subprocess
 import sys
 import time
-import traceback
 from collections import namedtuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+# benchmark_harness beside this file, also when it is loaded from its path.
+sys.path[:0] = [HERE]
+
+import benchmark_harness as harness  # noqa: E402  (the standard library only)
+
 # The environment this script was started with: the one workers start from.
 LAUNCH_ENV = dict(os.environ)
 RESULT_PREFIX = 'TORCH_PEER_RESULT '
@@ -143,8 +142,6 @@ build : callable
     ``build(torch, batch)`` -> (model, inputs, loss), `loss` a function of the
     model's output.
 """
-
-Config = namedtuple('Config', 'network task batch threads')
 
 
 # --------------------------------------------------------------------------
@@ -296,44 +293,16 @@ def build(torch, task, mode, network, batch):
     return run
 
 
-def _rss_mb(field):
-    """This process's current RSS (``'VmRSS'``) or its peak (``'VmHWM'``), in MiB."""
-    with open('/proc/self/status') as status:
-        for line in status:
-            if line.startswith(field + ':'):
-                return int(line.split()[1]) / 1024.0
-    return None
-
-
-def time_iterations(run, batch, warmup, steps):
-    """`warmup` untimed iterations, then `steps` timed consecutive ones: ``img_per_s``
-    (samples a second, whatever a sample is), ``iteration_ms`` and, for training, the
-    means ``fwd_bwd_ms`` and ``update_ms`` (as ``scripts/benchmark.py``'s)."""
-    for _ in range(warmup):
-        run()
-    iteration_ms, parts = [], []
-    start = time.perf_counter()
-    for _ in range(steps):
-        begin = time.perf_counter()
-        parts.append(run())
-        iteration_ms.append(1e3 * (time.perf_counter() - begin))
-    timing = {'img_per_s': batch * steps / (time.perf_counter() - start),
-              'iteration_ms': iteration_ms}
-    if parts[0] is not None:
-        timing['fwd_bwd_ms'] = 1e3 * sum(p[0] for p in parts) / steps
-        timing['update_ms'] = 1e3 * sum(p[1] for p in parts) / steps
-    return timing
-
-
 def launch_variables():
     """The variables this script was started with that change a measurement."""
     return {k: v for k, v in sorted(LAUNCH_ENV.items()) if k.startswith(PERFORMANCE_PREFIXES)}
 
 
 def worker_main(spec):
-    """Build and time the one mode of `spec` in this (fresh) process: `time_iterations`'s
-    figures, ``base_rss_mb``, ``peak_rss_mb``, ``load_average`` and ``environment`` (the
-    threads PyTorch computes with, its CPU capability, the launch variables)."""
+    """Build and time the one mode of `spec` in this (fresh) process:
+    `benchmark_harness.measure`'s answer (``img_per_s``, ``iteration_ms``, ``base_rss_mb``,
+    ``peak_rss_mb``, ``load_average``...), its ``environment`` the threads PyTorch
+    computes with, its CPU capability and the launch variables."""
     torch = _torch()
     torch.set_num_threads(spec['threads'])
     try:
@@ -342,50 +311,14 @@ def worker_main(spec):
         capability = None
     environment = {'torch_threads': torch.get_num_threads(), 'cpu_capability': capability,
                    'variables': launch_variables()}
-    load_average = os.getloadavg()[0]
-    run = build(torch, spec['task'], spec['mode'], spec['network'], spec['batch'])
-    base_rss = _rss_mb('VmRSS')
-    timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
-    return dict(timing, base_rss_mb=base_rss, peak_rss_mb=_rss_mb('VmHWM'),
-                load_average=load_average, environment=environment)
-
-
-def _worker_entry(spec):
-    """A worker process: its answer (or the error it met) on one stdout line."""
-    try:
-        answer = worker_main(spec)
-    except Exception as exc:
-        traceback.print_exc()
-        lines = str(exc).strip().splitlines()
-        answer = {'error': '%s: %s' % (type(exc).__name__, lines[0] if lines else '')}
-    print(RESULT_PREFIX + json.dumps(answer), flush=True)
-    return 1 if 'error' in answer else 0
-
-
-def _exit_text(returncode):
-    if returncode >= 0:
-        return 'exit status %d' % returncode
-    try:
-        return 'killed by %s' % signal.Signals(-returncode).name
-    except ValueError:
-        return 'killed by signal %d' % -returncode
+    return harness.measure(spec, lambda: build(torch, spec['task'], spec['mode'],
+                                               spec['network'], spec['batch']), environment)
 
 
 def run_worker(spec, timeout):
     """Measure one mode in a fresh Python process with ``OMP_NUM_THREADS=spec['threads']``:
-    the worker's answer, or ``{'error': why}``."""
-    command = [sys.executable, os.path.abspath(__file__), '--_worker', json.dumps(spec)]
-    env = dict(LAUNCH_ENV, OMP_NUM_THREADS=str(spec['threads']))
-    try:
-        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {'error': 'timed out after %d s' % timeout}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
-    return {'error': '%s: %s' % (_exit_text(proc.returncode), ' | '.join(tail))}
+    the worker's answer, or ``{'error': why}`` (`benchmark_harness.run_worker`)."""
+    return harness.run_worker(__file__, spec, timeout, LAUNCH_ENV, RESULT_PREFIX)
 
 
 # --------------------------------------------------------------------------
@@ -393,10 +326,7 @@ def run_worker(spec, timeout):
 
 def configurations(args):
     """Every (network, task, batch, threads) to measure, in the table's order."""
-    return [Config(network, task, batch, threads)
-            for network in args.networks for task in args.tasks
-            for batch in args.batch or [NETWORKS[network].batch]
-            for threads in args.threads]
+    return harness.configurations(args, lambda network: NETWORKS[network].batch)
 
 
 def mode_settings(task, mode):
@@ -414,44 +344,8 @@ def mode_settings(task, mode):
 
 def reproduce_command(config, mode, args):
     """The command line that measures `mode` of `config` alone, with its FP32 baseline."""
-    words = ['python', 'scripts/torch_peer.py', '--networks', config.network,
-             '--tasks', config.task, '--modes', ','.join(dict.fromkeys(('fp32', mode))),
-             '--batch', str(config.batch), '--threads', str(config.threads),
-             '--warmup', str(args.warmup), '--steps', str(args.steps),
-             '--repeats', str(args.repeats)]
-    variables = ['%s=%s' % (k, shlex.quote(v)) for k, v in launch_variables().items()
-                 if k != 'OMP_NUM_THREADS']
-    return ' '.join(variables + [shlex.quote(w) for w in words])
-
-
-def _median(values):
-    return float(statistics.median(values)) if values else None
-
-
-def derive(result):
-    """Medians over rounds and ratios to the configuration's FP32, from the workers'
-    answers (``scripts/benchmark.py``'s figures)."""
-    complete = {name: entry for name, entry in result['modes'].items()
-                if entry.get('runs') and 'error' not in entry}
-    for entry in complete.values():
-        runs = entry['runs']
-        entry['img_per_s'] = [run['img_per_s'] for run in runs]
-        entry['median_img_per_s'] = _median(entry['img_per_s'])
-        entry['median_iteration_ms'] = _median([ms for run in runs for ms in run['iteration_ms']])
-        entry['median_peak_rss_mb'] = _median([run['peak_rss_mb'] for run in runs])
-        entry['median_base_rss_mb'] = _median([run['base_rss_mb'] for run in runs])
-        if 'update_ms' in runs[0]:
-            entry['median_fwd_bwd_ms'] = _median([run['fwd_bwd_ms'] for run in runs])
-            entry['median_update_ms'] = _median([run['update_ms'] for run in runs])
-            entry['median_step_ms'] = entry['median_fwd_bwd_ms'] + entry['median_update_ms']
-    fp32 = complete.get('fp32', {})
-    for entry in complete.values():
-        if fp32.get('median_img_per_s'):
-            entry['ratio_vs_fp32'] = entry['median_img_per_s'] / fp32['median_img_per_s']
-            entry['paired_ratio_vs_fp32'] = _median(
-                [ours / base for ours, base in zip(entry['img_per_s'], fp32['img_per_s'])])
-        if fp32.get('median_peak_rss_mb'):
-            entry['rss_ratio_vs_fp32'] = entry['median_peak_rss_mb'] / fp32['median_peak_rss_mb']
+    return harness.reproduce_command('scripts/torch_peer.py', config, mode, args,
+                                     launch_variables())
 
 
 def bench(config, args, progress):
@@ -466,58 +360,31 @@ def bench(config, args, progress):
         result['modes'][mode] = {'settings': mode_settings(config.task, mode),
                                  'reproduce': reproduce_command(config, mode, args), 'runs': []}
         specs[mode] = dict(config._asdict(), mode=mode, warmup=args.warmup, steps=args.steps)
-    for round_index in range(args.repeats):
-        for mode in list(specs):
-            progress('%s %s, batch %d, threads %d: %s, round %d of %d' % (
-                config.network, config.task, config.batch, config.threads, mode,
-                round_index + 1, args.repeats))
-            answer = run_worker(specs[mode], args.timeout)
-            entry = result['modes'][mode]
-            if 'error' in answer:
-                entry['error'] = 'round %d of %d: %s' % (round_index + 1, args.repeats,
-                                                         answer['error'])
-                del specs[mode]
-            else:
-                entry['runs'].append(answer)
-    derive(result)
+
+    def before(mode, round_index):
+        progress('%s: %s, round %d of %d' % (harness.label(result), mode, round_index + 1,
+                                             args.repeats))
+    harness.run_rounds(result['modes'], specs, args.repeats,
+                       lambda spec: run_worker(spec, args.timeout), before)
+    # scripts/benchmark.py's figures, and the median time of every timed iteration.
+    harness.derive(result, iteration_ms=True)
     return result
 
 
 # --------------------------------------------------------------------------
 # Report
 
-def _cell(entry, key, fmt):
-    value = entry.get(key)
-    return fmt % value if isinstance(value, (int, float)) else '-'
-
-
 def format_table(results):
     """The text report: a block of rows per configuration, then its notes."""
-    units = {r['throughput_unit'] for r in results}
-    header = ('network', 'task', 'batch', 'threads', 'mode',
-              units.pop() if len(units) == 1 else 'samples/s', 'x FP32', 'paired',
-              'median ms', 'update ms', 'peak RSS MB')
-    blocks = []
-    for res in results:
-        blocks.append([(res['network'], res['task'], str(res['batch']), str(res['threads']),
-                        mode, 'error' if 'error' in entry else
-                        _cell(entry, 'median_img_per_s', '%.2f'),
-                        _cell(entry, 'ratio_vs_fp32', '%.2f'),
-                        _cell(entry, 'paired_ratio_vs_fp32', '%.2f'),
-                        _cell(entry, 'median_iteration_ms', '%.0f'),
-                        _cell(entry, 'median_update_ms', '%.0f'),
-                        _cell(entry, 'median_peak_rss_mb', '%.0f'))
-                       for mode, entry in res['modes'].items()])
-    rows = [row for block in blocks for row in block]
-    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
-
-    def line(row):
-        return '  '.join(c.ljust(w) if i < 5 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(row, widths)))
-    lines = [line(header), '  '.join('-' * w for w in widths)]
-    for number, block in enumerate(blocks):
-        lines += [''] if number else []
-        lines += [line(row) for row in block]
+    header = ('network', 'task', 'batch', 'threads', 'mode', harness.throughput_column(results),
+              'x FP32', 'paired', 'median ms', 'update ms', 'peak RSS MB')
+    cell = harness.cell
+    blocks = [[harness.config_cells(res) + (
+        mode, harness.throughput_cell(entry), cell(entry, 'ratio_vs_fp32', '%.2f'),
+        cell(entry, 'paired_ratio_vs_fp32', '%.2f'), cell(entry, 'median_iteration_ms', '%.0f'),
+        cell(entry, 'median_update_ms', '%.0f'), cell(entry, 'median_peak_rss_mb', '%.0f'))
+        for mode, entry in res['modes'].items()] for res in results]
+    lines = harness.align(header, blocks, left=5)
     lines.append('PyTorch %s; %s, median ms (per iteration), update ms, peak RSS: medians over '
                  'the rounds (one process per mode and round); x FP32: ratio of the medians; '
                  'paired: median of the per-round ratios; autocast: torch.autocast(\'cpu\', '
@@ -526,15 +393,7 @@ def format_table(results):
     counts = {r['network']: r['sample'] for r in results}
     lines.append('samples counted: ' + '; '.join('%s: %s' % item for item in counts.items()))
     for res in results:
-        label = '%s %s, batch %d, threads %d' % (res['network'], res['task'], res['batch'],
-                                                 res['threads'])
-        for mode, entry in res['modes'].items():
-            if 'error' in entry:
-                lines.append('%s: %s failed, %s' % (label, mode, entry['error']))
-            threads = {run['environment']['torch_threads'] for run in entry.get('runs', ())}
-            if threads - {res['threads']}:
-                lines.append('%s: %s computed on %s threads, not %d' % (
-                    label, mode, '/'.join(map(str, sorted(threads))), res['threads']))
+        lines += harness.mode_notes(res, 'torch_threads', '%s: %s computed on %s threads, not %d')
     return '\n'.join(lines)
 
 
@@ -556,94 +415,29 @@ def _cpu_info():
 def meta(args, argv, torch_version):
     """What the run was and where it ran (``scripts/benchmark.py``'s keys)."""
     cpu_model, hardware = _cpu_info()
-    return {'date': datetime.datetime.now().isoformat(timespec='seconds'),
-            'command': ' '.join(shlex.quote(w) for w in
-                                [os.path.relpath(os.path.abspath(__file__), ROOT)] + argv),
-            'args': {k: v for k, v in vars(args).items() if not k.startswith('_')},
+    return {**harness.run_meta(__file__, argv, args),
             'versions': {'torch': torch_version, 'python': platform.python_version()},
             'cpu_model': cpu_model, 'cpu_count': os.cpu_count(),
             'usable_cpus': len(os.sched_getaffinity(0)), 'hardware': hardware,
             'environment': launch_variables(), 'load_average_start': list(os.getloadavg())}
 
 
-def write_json(path, data):
-    """Write `data` to `path` whole or not at all."""
-    partial = '%s.tmp-%d' % (path, os.getpid())
-    try:
-        with open(partial, 'w') as handle:
-            json.dump(data, handle, indent=1)
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
-
-
 # --------------------------------------------------------------------------
 # Command line
-
-def _counts(text):
-    """argparse type: comma-separated positive integers, e.g. '1,8,16' -> [1, 8, 16]."""
-    try:
-        values = [int(v) for v in text.split(',')]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            'expected positive integers separated by commas, got %r' % text)
-    return list(dict.fromkeys(values))
-
-
-def _count(minimum):
-    """argparse type: an integer >= `minimum`."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError('expected an integer >= %d, got %r' % (minimum, text))
-        return value
-    return parse
-
-
-def _names(allowed, what):
-    """argparse type: comma-separated names among `allowed`, in their order there."""
-    def parse(text):
-        names = [n for n in text.split(',') if n]
-        unknown = sorted(set(names) - set(allowed))
-        if unknown or not names:
-            raise argparse.ArgumentTypeError('unknown %s %s (known: %s)' % (
-                what, ', '.join(unknown) or repr(text), ', '.join(allowed)))
-        return [n for n in allowed if n in names]
-    return parse
-
 
 def parse_args(argv=None):
     usable_cpus = len(os.sched_getaffinity(0))
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--networks', type=_names(tuple(NETWORKS), 'network'),
+    p.add_argument('--networks', type=harness.names(tuple(NETWORKS), 'network'),
                    default=list(NETWORKS), help='comma-separated: bert, transformer '
                                                 '(default: both)')
-    p.add_argument('--tasks', type=_names(TASKS, 'task'), default=list(TASKS),
+    p.add_argument('--tasks', type=harness.names(TASKS, 'task'), default=list(TASKS),
                    help='default: inference,training')
-    p.add_argument('--modes', type=_names(MODES, 'mode'), default=list(MODES),
+    p.add_argument('--modes', type=harness.names(MODES, 'mode'), default=list(MODES),
                    help='fp32, autocast (default: both); fp32 is always included')
-    p.add_argument('--batch', type=_counts,
-                   help="batch sizes, comma-separated (default: each network's own: "
-                        "bert 8, transformer 16)")
-    p.add_argument('--threads', type=_counts, default=[usable_cpus],
-                   help='torch.set_num_threads and OMP_NUM_THREADS values, comma-separated '
-                        '(default: the CPUs this process may use, %d here)' % usable_cpus)
-    p.add_argument('--warmup', type=_count(0), default=2,
-                   help='untimed iterations at the start of each process (default: %(default)s)')
-    p.add_argument('--steps', type=_count(1), default=5,
-                   help='timed consecutive iterations per process (default: %(default)s)')
-    p.add_argument('--repeats', type=_count(1), default=3,
-                   help='rounds, each one process per mode; medians over rounds '
-                        '(default: %(default)s)')
-    p.add_argument('--timeout', type=_count(1), default=3600, help='seconds per process')
-    p.add_argument('--output', default='torch_peer.json')
-    p.add_argument('--_worker', help=argparse.SUPPRESS)
+    harness.add_sweep_arguments(p, usable_cpus, "each network's own: bert 8, transformer 16",
+                                'torch.set_num_threads and OMP_NUM_THREADS')
+    harness.add_run_arguments(p, 'torch_peer.json')
     args = p.parse_args(argv)
     args.modes = ['fp32'] + [m for m in args.modes if m != 'fp32']
     return args
@@ -653,7 +447,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args._worker:
-        return _worker_entry(json.loads(args._worker))
+        return harness.worker_entry(worker_main, json.loads(args._worker), RESULT_PREFIX)
     if importlib.util.find_spec('torch') is None:
         print('torch_peer.py: PyTorch is not installed in %s; it measures PyTorch, so run it '
               'with a Python that has torch (mxamp itself does not need it)' % sys.executable,
@@ -674,12 +468,7 @@ def main(argv=None):
         result = bench(config, args, progress)
         result['torch_version'] = torch_version
         results.append(result)
-    info['load_average_end'] = list(os.getloadavg())
-    report = format_table(results)
-    write_json(args.output, {'meta': info, 'results': results, 'table': report})
-    print(report)
-    print('written: %s' % args.output)
-    return 0
+    return harness.finish(args.output, info, results, format_table)
 
 
 if __name__ == '__main__':

@@ -64,7 +64,7 @@ class FakeWorkers(object):
 
 def _run_main(bench, monkeypatch, tmp_path, argv, img_per_s, crash=(), explain=None):
     workers = FakeWorkers(bench, img_per_s, crash, explain)
-    monkeypatch.setattr(bench.subprocess, 'run', workers)
+    monkeypatch.setattr(bench.harness.subprocess, 'run', workers)
     out = tmp_path / 'bench.json'
     assert bench.main(argv + ['--output', str(out)]) == 0
     return workers, json.loads(out.read_text())
@@ -200,7 +200,7 @@ def test_batch_and_threads_lists_sweep_every_combination(monkeypatch, tmp_path, 
     args = bench.parse_args(['--networks', 'tiny', '--tasks', 'inference',
                              '--batch', '2,4', '--threads', '1,2'])
     assert bench.configurations(args) == [
-        bench.Config('tiny', 'inference', batch, threads)
+        bench.harness.Config('tiny', 'inference', batch, threads)
         for batch, threads in ((2, 1), (2, 2), (4, 1), (4, 2))]
     assert bench.parse_args([]).threads == [len(os.sched_getaffinity(0))]
     # Without --batch each network runs at its own default: 16 for the image classifiers.
@@ -290,7 +290,7 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
         '--image-size 32 --warmup 2 --steps 5 --repeats 2')
     words = shlex.split(scaling['reproduce'])
     reproduced = bench.parse_args(words[words.index('scripts/benchmark.py') + 1:])
-    assert bench.configurations(reproduced) == [bench.Config('tiny', 'training', 4, 3)]
+    assert bench.configurations(reproduced) == [bench.harness.Config('tiny', 'training', 4, 3)]
     assert reproduced.modes == ['fp32', 'mxamp+scaling']
     assert result['modes']['fp32']['reproduce'].endswith('--modes fp32 --batch 4 --threads 3 '
                                                          '--image-size 32 --warmup 2 --steps 5 '
@@ -301,9 +301,9 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
 def test_output_is_written_whole_or_not_at_all(tmp_path):
     bench = _load()
     out = tmp_path / 'bench.json'
-    bench.write_json(str(out), {'results': [1]})
+    bench.harness.write_json(str(out), {'results': [1]})
     with pytest.raises(TypeError):
-        bench.write_json(str(out), {'results': [object()]})    # fails halfway through
+        bench.harness.write_json(str(out), {'results': [object()]})    # fails halfway through
     assert json.loads(out.read_text()) == {'results': [1]}
     assert os.listdir(str(tmp_path)) == ['bench.json']
 
@@ -516,8 +516,8 @@ def test_networks_name_their_family_and_defaults():
             ('bert', 'bert', 8, None), ('transformer', 'transformer', 16, None)):
         args = bench.parse_args(['--networks', network, '--tasks', 'training'])
         assert families.family_of(network).name == family
-        assert bench.configurations(args) == [bench.Config(network, 'training', batch,
-                                                           args.threads[0])]
+        assert bench.configurations(args) == [bench.harness.Config(network, 'training', batch,
+                                                                   args.threads[0])]
         assert bench.image_size(network, args) == size
     args = bench.parse_args(['--networks', 'fcn_resnet50_voc,mlp', '--batch', '2',
                              '--image-size', '64'])
@@ -557,7 +557,7 @@ def test_each_family_builds_its_training_step_and_inference(network, batch, size
     for task in tasks:
         for mode in ('fp32', 'mxamp:auto', 'mxamp'):
             run = bench.build(task, mode, network, batch, size)
-            timing = bench.time_iterations(run, batch, warmup=0, steps=1)
+            timing = bench.harness.time_iterations(run, batch, warmup=0, steps=1)
             assert timing['img_per_s'] > 0, (task, mode)
             assert (timing.get('update_ms', 0) > 0) == (task == 'training'), (task, mode)
 

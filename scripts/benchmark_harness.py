@@ -1,0 +1,433 @@
+"""The measuring harness of ``scripts/benchmark.py`` and ``scripts/torch_peer.py``.
+
+What the two measure differs (MXNet and mxamp's modes, PyTorch's autocast);
+how they measure and report it is this module's, so that their figures are
+made the same way and stand side by side:
+
+* one measurement per fresh process: :func:`run_worker` starts the script again
+  with a hidden ``--_worker`` argument and ``OMP_NUM_THREADS`` set, reads the
+  worker's answer from its result line or says why there is none;
+  :func:`worker_entry` is that worker's side, :func:`measure` and
+  :func:`time_iterations` its timing and memory;
+* the rounds: :func:`configurations` (network x task x batch x threads) and
+  :func:`run_rounds` (one worker per mode and round, a failed mode not run
+  again);
+* the figures: :func:`derive`'s medians over rounds and ratios to the
+  configuration's FP32;
+* the report: the text table (:func:`align`, :func:`cell`, :func:`mode_notes`),
+  the JSON (:func:`run_meta`, :func:`write_json`, :func:`finish`) and the
+  command-line pieces both parse alike (:func:`count`, :func:`counts`,
+  :func:`names`, :func:`add_sweep_arguments`, :func:`add_run_arguments`,
+  :func:`reproduce_command`).
+
+It imports the standard library only: ``torch_peer.py`` runs under a Python
+with PyTorch and no MXNet, ``benchmark.py`` under one with MXNet and mxamp and
+no PyTorch.  Where the scripts differ in a detail, a parameter says which.
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections import namedtuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# One measured configuration: every mode of it is compared with its FP32.
+Config = namedtuple('Config', 'network task batch threads')
+
+
+# --------------------------------------------------------------------------
+# Worker: one mode in a fresh process
+
+def rss_mb(field):
+    """This process's current RSS (``'VmRSS'``) or its peak (``'VmHWM'``), in MiB."""
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith(field + ':'):
+                return int(line.split()[1]) / 1024.0
+    return None
+
+
+def time_iterations(run, batch, warmup, steps):
+    """Run `warmup` untimed iterations, then time `steps` consecutive ones.
+
+    `run()` runs one iteration, ended by its computation; it returns None, or
+    for training its (forward+backward, update) seconds.
+
+    Returns
+    -------
+    dict
+        ``img_per_s``, samples (``batch``) per second over the timed stretch, whatever
+        a sample of the network is (images, series...), ``iteration_ms`` (one value per
+        timed iteration) and, for training, the means ``fwd_bwd_ms`` and
+        ``update_ms`` of its two parts.
+    """
+    for _ in range(warmup):
+        run()
+    iteration_ms, parts = [], []
+    start = time.perf_counter()
+    for _ in range(steps):
+        begin = time.perf_counter()
+        parts.append(run())
+        iteration_ms.append(1e3 * (time.perf_counter() - begin))
+    timing = {'img_per_s': batch * steps / (time.perf_counter() - start),
+              'iteration_ms': iteration_ms}
+    if parts[0] is not None:      # training: (forward+backward s, update s) per iteration
+        timing['fwd_bwd_ms'] = 1e3 * sum(p[0] for p in parts) / steps
+        timing['update_ms'] = 1e3 * sum(p[1] for p in parts) / steps
+    return timing
+
+
+def measure(spec, build, environment):
+    """A worker's answer: build its mode (``build()`` returns `time_iterations`'s `run`),
+    then time it as `spec` says (``batch``, ``warmup``, ``steps``).
+
+    Returns
+    -------
+    dict
+        :func:`time_iterations`'s figures, ``base_rss_mb`` (after building,
+        before the first iteration), ``peak_rss_mb``, ``load_average`` (1 min,
+        before building) and `environment` (what the script found out about
+        the threads it computes with and its launch variables).
+    """
+    load_average = os.getloadavg()[0]
+    run = build()
+    base_rss = rss_mb('VmRSS')
+    timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
+    return dict(timing, base_rss_mb=base_rss, peak_rss_mb=rss_mb('VmHWM'),
+                load_average=load_average, environment=environment)
+
+
+def first_line(exc):
+    """One line saying what went wrong: the exception's type and its message's first line."""
+    lines = str(exc).strip().splitlines()
+    return '%s: %s' % (type(exc).__name__, lines[0] if lines else '')
+
+
+def worker_entry(worker_main, spec, prefix, describe=first_line):
+    """A worker process: ``worker_main(spec)``'s answer, or ``{'error': describe(exc)}``
+    for the exception it raised (its traceback on stderr), on one stdout line that
+    starts with `prefix`.  Returns the process's exit status."""
+    try:
+        answer = worker_main(spec)
+    except Exception as exc:
+        traceback.print_exc()
+        answer = {'error': describe(exc)}
+    print(prefix + json.dumps(answer), flush=True)
+    return 1 if 'error' in answer else 0
+
+
+def exit_text(returncode):
+    """How a process ended, from its return code: ``exit status 1``, ``killed by SIGSEGV``."""
+    if returncode >= 0:
+        return 'exit status %d' % returncode
+    try:
+        return 'killed by %s' % signal.Signals(-returncode).name
+    except ValueError:
+        return 'killed by signal %d' % -returncode
+
+
+def run_worker(script, spec, timeout, launch_env, prefix):
+    """Measure one mode in a fresh Python process: `script` with ``--_worker spec``, in
+    `launch_env` (the environment the script was started with) with
+    ``OMP_NUM_THREADS=spec['threads']``.
+
+    Returns
+    -------
+    dict
+        The worker's answer (its last stdout line that starts with `prefix`), or
+        ``{'error': why}`` when it failed, crashed or ran past `timeout` seconds.
+    """
+    command = [sys.executable, os.path.abspath(script), '--_worker', json.dumps(spec)]
+    env = dict(launch_env, OMP_NUM_THREADS=str(spec['threads']))
+    try:
+        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {'error': 'timed out after %d s' % timeout}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):])
+    tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+    return {'error': '%s: %s' % (exit_text(proc.returncode), ' | '.join(tail))}
+
+
+# --------------------------------------------------------------------------
+# Configurations and rounds
+
+def configurations(args, default_batch):
+    """Every (network, task, batch, threads) to measure, in the table's order;
+    ``default_batch(network)`` where ``--batch`` is not given."""
+    return [Config(network, task, batch, threads)
+            for network in args.networks for task in args.tasks
+            for batch in args.batch or [default_batch(network)]
+            for threads in args.threads]
+
+
+def reproduce_command(script, config, mode, args, variables, options=()):
+    """The command line that measures `mode` of `config` alone, with its FP32 baseline:
+    `script` (``'scripts/benchmark.py'``), its `options` after ``--threads``, and the
+    launch `variables` but ``OMP_NUM_THREADS``, which comes from ``--threads``."""
+    words = ['python', script, '--networks', config.network,
+             '--tasks', config.task, '--modes', ','.join(dict.fromkeys(('fp32', mode))),
+             '--batch', str(config.batch), '--threads', str(config.threads)]
+    words += list(options) + ['--warmup', str(args.warmup), '--steps', str(args.steps),
+                              '--repeats', str(args.repeats)]
+    # The rest of the environment as it was here.
+    assignments = ['%s=%s' % (k, shlex.quote(v)) for k, v in variables.items()
+                   if k != 'OMP_NUM_THREADS']
+    return ' '.join(assignments + [shlex.quote(w) for w in words])
+
+
+def run_rounds(modes, specs, repeats, measure_one, before=None, after=None):
+    """`repeats` rounds of one worker per mode, in the order of `specs`, every round.
+
+    ``measure_one(spec)`` is a worker's answer; each answer goes to the
+    ``runs`` of its mode's entry in `modes`, or an error becomes the entry's
+    ``error`` (with its round) and the mode leaves `specs`: it is not run
+    again.  ``before(mode, round_index)`` and ``after(mode, round_index,
+    answer)``, where given, are called around each worker (progress).
+    """
+    for round_index in range(repeats):
+        for mode in list(specs):
+            if before is not None:
+                before(mode, round_index)
+            answer = measure_one(specs[mode])
+            if after is not None:
+                after(mode, round_index, answer)
+            entry = modes[mode]
+            if 'error' in answer:
+                entry['error'] = 'round %d of %d: %s' % (round_index + 1, repeats,
+                                                         answer['error'])
+                del specs[mode]
+            else:
+                entry['runs'].append(answer)
+
+
+# --------------------------------------------------------------------------
+# Figures
+
+def median(values):
+    return float(statistics.median(values)) if values else None
+
+
+def summarise(entry, iteration_ms=False):
+    """Medians over the rounds of one mode's runs (and of every timed iteration's
+    ``iteration_ms`` with `iteration_ms`)."""
+    runs = entry['runs']
+    entry['img_per_s'] = [run['img_per_s'] for run in runs]
+    entry['median_img_per_s'] = median(entry['img_per_s'])
+    if iteration_ms:
+        entry['median_iteration_ms'] = median([ms for run in runs for ms in run['iteration_ms']])
+    entry['median_peak_rss_mb'] = median([run['peak_rss_mb'] for run in runs])
+    entry['median_base_rss_mb'] = median([run['base_rss_mb'] for run in runs])
+    if 'update_ms' in runs[0]:
+        entry['median_fwd_bwd_ms'] = median([run['fwd_bwd_ms'] for run in runs])
+        entry['median_update_ms'] = median([run['update_ms'] for run in runs])
+        entry['median_step_ms'] = entry['median_fwd_bwd_ms'] + entry['median_update_ms']
+
+
+def derive(result, iteration_ms=False):
+    """Medians over rounds (:func:`summarise`) and ratios to the configuration's FP32, from
+    the workers' answers; returns the modes measured in every round, by name."""
+    complete = {name: entry for name, entry in result['modes'].items()
+                if entry.get('runs') and 'error' not in entry}
+    for entry in complete.values():
+        summarise(entry, iteration_ms)
+    fp32 = complete.get('fp32', {})
+    for entry in complete.values():
+        if fp32.get('median_img_per_s'):
+            entry['ratio_vs_fp32'] = entry['median_img_per_s'] / fp32['median_img_per_s']
+            # Rounds pair up: mode and FP32 ran seconds apart, under the same load.
+            entry['paired_ratio_vs_fp32'] = median(
+                [ours / base for ours, base in zip(entry['img_per_s'], fp32['img_per_s'])])
+        if fp32.get('median_peak_rss_mb'):
+            entry['rss_ratio_vs_fp32'] = entry['median_peak_rss_mb'] / fp32['median_peak_rss_mb']
+    return complete
+
+
+# --------------------------------------------------------------------------
+# Report
+
+def unit(result):
+    # A result of benchmark.py's schema 2 counted images.
+    return result.get('throughput_unit', 'img/s')
+
+
+def throughput_column(results):
+    """The throughput column's title: the results' unit (``img/s``...), or ``samples/s``
+    where they count different samples (the notes say which)."""
+    units = {unit(res) for res in results}
+    return units.pop() if len(units) == 1 else 'samples/s'
+
+
+def label(result):
+    return '%s %s, batch %d, threads %d' % (result['network'], result['task'], result['batch'],
+                                            result['threads'])
+
+
+def config_cells(result):
+    """A row's first four cells: network, task, batch, threads."""
+    return result['network'], result['task'], str(result['batch']), str(result['threads'])
+
+
+def cell(entry, key, fmt):
+    value = entry.get(key)
+    return fmt % value if isinstance(value, (int, float)) else '-'
+
+
+def throughput_cell(entry):
+    """A mode's median throughput, or ``error`` / ``skipped`` where it has none."""
+    if 'error' in entry:
+        return 'error'
+    if 'skipped' in entry:
+        return 'skipped'
+    return cell(entry, 'median_img_per_s', '%.2f')
+
+
+def align(header, blocks, left, indent='', under=None):
+    """Text table: `header`, a rule, then the rows of each block, blocks apart by a blank line.
+
+    The first `left` columns are left-aligned, the others (numbers) right-aligned.
+    `under`, shaped as `blocks`, gives the lines printed under each row.
+    """
+    rows = [row for block in blocks for row in block]
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+
+    def line(row):
+        return indent + '  '.join(c.ljust(w) if i < left else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(row, widths)))
+    lines = [line(header), indent + '  '.join('-' * w for w in widths)]
+    for number, block in enumerate(blocks):
+        lines += [''] if number else []
+        for index, row in enumerate(block):
+            lines.append(line(row))
+            lines += under[number][index] if under else []
+    return lines
+
+
+def mode_notes(result, threads_key, threads_note):
+    """The notes each mode of `result` needs: why it failed, and on how many threads it
+    computed where that is not the configuration's.
+
+    `threads_key` names the count in a run's ``environment`` (None: not found
+    out); `threads_note` is the note's ``%`` format, of the label, the mode, the
+    counts and the threads asked for.
+    """
+    notes = []
+    name = label(result)
+    for mode, entry in result['modes'].items():
+        if 'error' in entry:
+            notes.append('%s: %s failed, %s' % (name, mode, entry['error']))
+        counts = {run['environment'][threads_key] for run in entry.get('runs', ())}
+        counts.discard(None)        # not found out: the JSON says why
+        if counts - {result['threads']}:
+            notes.append(threads_note % (name, mode, '/'.join(map(str, sorted(counts))),
+                                         result['threads']))
+    return notes
+
+
+def run_meta(script, argv, args):
+    """The JSON's ``meta`` about the run itself: ``date``, ``command`` (`script`,
+    relative to the checkout, and `argv`) and ``args`` (the parsed options)."""
+    return {'date': datetime.datetime.now().isoformat(timespec='seconds'),
+            'command': ' '.join(shlex.quote(w) for w in
+                                [os.path.relpath(os.path.abspath(script), ROOT)] + argv),
+            'args': {k: v for k, v in vars(args).items() if not k.startswith('_')}}
+
+
+def write_json(path, data):
+    """Write `data` to `path` whole or not at all: an interrupted run leaves no half file."""
+    partial = '%s.tmp-%d' % (path, os.getpid())
+    try:
+        with open(partial, 'w') as handle:
+            json.dump(data, handle, indent=1)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def finish(output, info, results, format_table):
+    """End a run: the load average to `info`, the JSON (``meta``, ``results``, ``table``)
+    to `output`, the table on stdout.  Returns the exit status, 0."""
+    info['load_average_end'] = list(os.getloadavg())
+    report = format_table(results)
+    write_json(output, {'meta': info, 'results': results, 'table': report})
+    print(report)
+    print('written: %s' % output)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+def count(minimum):
+    """argparse type: an integer >= `minimum`."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError('expected an integer >= %d, got %r' % (minimum, text))
+        return value
+    return parse
+
+
+def counts(text):
+    """argparse type: comma-separated positive integers, e.g. '1,8,16' -> [1, 8, 16]."""
+    try:
+        values = [int(v) for v in text.split(',')]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            'expected positive integers separated by commas, got %r' % text)
+    return list(dict.fromkeys(values))
+
+
+def names(allowed, what):
+    """argparse type: comma-separated names among `allowed`, in their order there."""
+    def parse(text):
+        given = [n for n in text.split(',') if n]
+        unknown = sorted(set(given) - set(allowed))
+        if unknown or not given:
+            raise argparse.ArgumentTypeError('unknown %s %s (known: %s)' % (
+                what, ', '.join(unknown) or repr(text), ', '.join(allowed)))
+        return [n for n in allowed if n in given]
+    return parse
+
+
+def add_sweep_arguments(parser, usable_cpus, default_batch, threads_set):
+    """``--batch`` and ``--threads``: the sweep.  `default_batch` says what a network runs
+    at without ``--batch``; `threads_set`, what a ``--threads`` value sets."""
+    parser.add_argument('--batch', type=counts,
+                        help='batch sizes, comma-separated (default: %s)' % default_batch)
+    parser.add_argument('--threads', type=counts, default=[usable_cpus],
+                        help='%s values, comma-separated (default: the CPUs this process may '
+                             'use, %d here)' % (threads_set, usable_cpus))
+
+
+def add_run_arguments(parser, output):
+    """``--warmup``, ``--steps``, ``--repeats``, ``--timeout``, ``--output`` (default
+    `output`) and the hidden ``--_worker``."""
+    parser.add_argument('--warmup', type=count(0), default=2,
+                        help='untimed iterations at the start of each process '
+                             '(default: %(default)s)')
+    parser.add_argument('--steps', type=count(1), default=5,
+                        help='timed consecutive iterations per process (default: %(default)s)')
+    parser.add_argument('--repeats', type=count(1), default=3,
+                        help='rounds, each one process per mode; medians over rounds '
+                             '(default: %(default)s)')
+    parser.add_argument('--timeout', type=count(1), default=3600, help='seconds per process')
+    parser.add_argument('--output', default=output)
+    parser.add_argument('--_worker', help=argparse.SUPPRESS)
