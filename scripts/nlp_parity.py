@@ -254,24 +254,13 @@ def transformer_loss(net, batch, smoothing=0.1):
 # -- training ----------------------------------------------------------------------------------
 
 def prepared(net, dtype, initializer):
-    """`net` initialised (the seed drawn before), converted for `dtype`, hybridized.
-
-    An `NMTModel`'s two decoders stay imperative, their cells and final
-    LayerNorm hybridized, in both dtypes: mxamp cannot trace a decoder (its
-    ``states`` input is a list), converts its cells and LayerNorm as parts and
-    keeps the decoder itself in FP32, and that FP32 decoder, once hybridized,
-    inlines the converted cells into an FP32 graph that MXNet refuses
-    ("expected float32, got bfloat16"; docs/nlp.rst, "A known fault").
-    """
+    """`net` initialised (the seed drawn before), converted for `dtype`, hybridized as
+    gluonnlp's scripts hybridize it (an `NMTModel`, converted in part, runs its decoders'
+    Python code and their cells' graphs: docs/gluon.rst)."""
     net.initialize(initializer)
     if dtype != 'float32':
         mxamp.convert(net, dtype)
     net.hybridize(static_alloc=True)
-    if isinstance(net, NMTModel):
-        for decoder in (net.decoder, net.one_step_ahead_decoder):
-            decoder.hybridize(False)
-            for block in list(decoder.transformer_cells) + [decoder.layer_norm]:
-                block.hybridize(static_alloc=True)
     return net
 
 

@@ -127,11 +127,6 @@ def test_a_short_transformer_training_in_bfloat16_lands_near_float32():
     assert abs(mean['bfloat16'] - mean['float32']) < 0.1
 
 
-@pytest.mark.xfail(raises=mx.base.MXNetError, strict=True,
-                   reason="mxamp fault: an NMTModel's decoder takes its states as a list, which "
-                          "mxamp's trace cannot follow, so it stays FP32 above its converted "
-                          'cells; hybridized, it inlines them into an FP32 graph that reads '
-                          'their bfloat16 parameters (docs/nlp.rst, "A known fault")')
 def test_a_converted_nmt_model_hybridizes_whole():
     vocab = nlp_parity.translation_vocab()
     mx.random.seed(0)
