@@ -10,6 +10,7 @@ paths, and why master copies follow changed weights: docs/training.rst, "Master 
 # Annotations stay unevaluated: kvstore servers import this inside `import mxnet`.
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Type, Union
@@ -149,9 +150,13 @@ class MultiPrecision(_MixedInto):
                 return
             first = weight
         many = isinstance(index, (list, tuple))
-        if self._mxamp_native_sgd(first, grad[0] if many else grad):
+        if self._mxamp_native_step(mx.optimizer.SGD, first, grad[0] if many else grad):
             self._mxamp_sgd_steps(*([index, weight, grad, state] if many else
                                     [[index], [weight], [grad], [state]]))
+            return
+        if self._mxamp_native_step(mx.optimizer.Adam, first, grad[0] if many else grad):
+            self._mxamp_adam_steps(*([index, weight, grad, state] if many else
+                                     [[index], [weight], [grad], [state]]))
             return
         if self.multi_precision and _is_low(first):
             self._mxamp_follow(weight if many else [weight], state if many else [state],
@@ -171,10 +176,11 @@ class MultiPrecision(_MixedInto):
             self.update(index, master, _float32(grad), inner)
             cast_into(master, weight)
 
-    def _mxamp_native_sgd(self, weight, grad):
-        """The native one-pass step: MXNet's own ``SGD`` (not a subclass), dense bfloat16; also on
-        ``'avx2'`` CPUs, rounding as ``amp_cast`` does (generic narrowing differs below 2**-100)."""
-        return (type(self).__dict__.get('_mxamp_base') is mx.optimizer.SGD and
+    def _mxamp_native_step(self, base, weight, grad):
+        """Whether the native one-pass step of `base` applies: MXNet's own `base` (``SGD`` or
+        ``Adam``, not a subclass), dense bfloat16; also on ``'avx2'`` CPUs, rounding as
+        ``amp_cast`` does (generic narrowing differs below 2**-100)."""
+        return (type(self).__dict__.get('_mxamp_base') is base and
                 self.multi_precision and weight.stype == 'default' and
                 grad.stype == 'default' and _native_library_takes(weight))
 
@@ -189,6 +195,25 @@ class MultiPrecision(_MixedInto):
         for weight, grad, (master, momentum), lr, wd in zip(weights, grads, states, lrs, wds):
             stepped = operators.sgd_step_bfloat16(
                 weight, grad, master, momentum, lr=lr, wd=wd, momentum=self.momentum,
+                rescale_grad=self.rescale_grad, clip_gradient=clip, follow=follow)
+            stepped.copyto(weight)   # whatever oneDNN layout the weight holds
+
+    def _mxamp_adam_steps(self, indices, weights, grads, states):
+        """Adam on bfloat16 weights, one native pass each, bookkeeping (update count, bias
+        correction folded into the rate) as ``Adam.update``."""
+        operators = _fast_step_kernels()
+        follow = getattr(self, 'follow_weights', True)
+        # Adam passes clip_gradient only when set (None and 0 mean none): -1 is its kernel's none.
+        clip = self.clip_gradient if self.clip_gradient else -1.0
+        for index, weight, grad, (master, (mean, variance)) in zip(indices, weights, grads,
+                                                                  states):
+            self._update_count(index)
+            count = self._index_update_count[index]
+            lr = self._get_lr(index) * math.sqrt(1. - self.beta2 ** count) / (
+                1. - self.beta1 ** count)
+            stepped = operators.adam_step_bfloat16(
+                weight, grad, master, mean, variance, lr=lr, wd=self._get_wd(index),
+                beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
                 rescale_grad=self.rescale_grad, clip_gradient=clip, follow=follow)
             stepped.copyto(weight)   # whatever oneDNN layout the weight holds
 

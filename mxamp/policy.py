@@ -72,7 +72,7 @@ _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNo
 # mxamp's master-weight kernels, which update FP32 masters and are never in a graph; mxamp's
 # own LayerNorm (mxamp.kernels.operators).
 _FLOAT32 = _names('''
-    _mxamp_follow_weight _mxamp_sgd_step
+    _mxamp_follow_weight _mxamp_sgd_step _mxamp_adam_step
     softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm _mxamp_layer_norm
     GroupNorm InstanceNorm
     L2Normalization LRN norm moments _square_sum multi_sum_sq multi_lars

@@ -322,8 +322,9 @@ def test_a_module_step_starts_from_the_parameters_loaded_into_it(tmp_path, dtype
                               to_float32_numpy(cast(cast(arg[name], dtype), 'float32'))), name
 
 
-def _sgd_steps(native, monkeypatch, steps=5, follow_weights=True, **options):
-    """Weights, masters and momenta after `steps` SGD updates of three bfloat16 weights.
+def _steps(name, native, monkeypatch, steps=5, follow_weights=True, **options):
+    """Weights, masters and the optimizer's states after `steps` updates (optimizer `name`) of
+    three bfloat16 weights.
 
     A weight is changed outside the optimizer after the third step.  `native`
     False: the generic path (gradient widened, follow, MXNet's update, narrowed).
@@ -331,20 +332,28 @@ def _sgd_steps(native, monkeypatch, steps=5, follow_weights=True, **options):
     rng = np.random.RandomState(0)
     shapes = [(64, 32, 3, 3), (1000,), (70000,)]   # the last above the threading threshold
     weights = [cast(mx.nd.array(rng.normal(size=shape)), 'bfloat16') for shape in shapes]
-    optimizer = mo.create('sgd', learning_rate=0.1, follow_weights=follow_weights, **options)
+    optimizer = mo.create(name, learning_rate=0.1 if name == 'sgd' else 0.01,
+                          follow_weights=follow_weights, **options)
     optimizer.set_lr_mult({1: 0.5})
     optimizer.set_wd_mult({2: 0.0})
     with monkeypatch.context() as patch:
         if not native:
-            patch.setattr(type(optimizer), '_mxamp_native_sgd', lambda self, weight, grad: False)
+            patch.setattr(type(optimizer), '_mxamp_native_step',
+                          lambda self, base, weight, grad: False)
         states = [optimizer.create_state_multi_precision(i, w) for i, w in enumerate(weights)]
         for step in range(steps):
             grads = [cast(mx.nd.array(rng.normal(size=shape)), 'bfloat16') for shape in shapes]
-            optimizer.update_multi_precision(list(range(3)), weights, grads, states)
+            if optimizer.aggregate_num:   # as Gluon's updater calls it: SGD all at once
+                optimizer.update_multi_precision(list(range(3)), weights, grads, states)
+            else:                         # Adam one weight at a time
+                for i, (weight, grad, state) in enumerate(zip(weights, grads, states)):
+                    optimizer.update_multi_precision(i, weight, grad, state)
             if step == 2:
                 weights[1][:] = cast(mx.nd.ones((1000,)), 'bfloat16')
     arrays = [to_float32_numpy(w) for w in weights] + [master.asnumpy() for master, _ in states]
-    return arrays + [momentum.asnumpy() for _, momentum in states if momentum is not None]
+    inner = [state for _, state in states if state is not None]
+    return arrays + [array.asnumpy() for state in inner
+                     for array in (state if isinstance(state, tuple) else (state,))]
 
 
 @pytest.mark.skipif(not operators.available(),
@@ -363,10 +372,31 @@ def test_the_native_sgd_step_gives_what_the_generic_path_gives(options, monkeypa
     # Also where the generic path narrows with MXNet's generic kernels (an AVX2 CPU): its
     # values here are far above 2**-100, where the two narrowings agree.
     probe = cast(mx.nd.ones((2,)), 'bfloat16')
-    assert mo.create('sgd', momentum=0.9)._mxamp_native_sgd(probe, probe)
-    native = _sgd_steps(True, monkeypatch, **options)
-    generic = _sgd_steps(False, monkeypatch, **options)
+    assert mo.create('sgd', momentum=0.9)._mxamp_native_step(mx.optimizer.SGD, probe, probe)
+    native = _steps('sgd', True, monkeypatch, **options)
+    generic = _steps('sgd', False, monkeypatch, **options)
     assert len(native) == len(generic) == (9 if options['momentum'] else 6)
+    for got, want in zip(native, generic):
+        np.testing.assert_array_equal(got, want)
+    if options.get('follow_weights', True):
+        assert np.abs(native[1] - 1.0).max() < 0.5   # restarted from the changed weight
+
+
+@pytest.mark.skipif(not operators.available(),
+                    reason="mxamp's native library off here: %s" % operators.status().reason)
+@pytest.mark.parametrize('options', [
+    dict(wd=1e-4, rescale_grad=0.3),
+    dict(beta1=0.8, beta2=0.98, epsilon=1e-6, clip_gradient=0.05, rescale_grad=1.7),
+    dict(follow_weights=False),
+], ids=['decay', 'clipped', 'not_following'])
+def test_the_native_adam_step_gives_what_the_generic_path_gives(options, monkeypatch):
+    # As the SGD step: adam_update's float32 expression on the master, its bias correction
+    # folded into the rate as mx.optimizer.Adam folds it, in one native pass.
+    probe = cast(mx.nd.ones((2,)), 'bfloat16')
+    assert mo.create('adam')._mxamp_native_step(mx.optimizer.Adam, probe, probe)
+    native = _steps('adam', True, monkeypatch, **options)
+    generic = _steps('adam', False, monkeypatch, **options)
+    assert len(native) == len(generic) == 12   # weights, masters, means, variances
     for got, want in zip(native, generic):
         np.testing.assert_array_equal(got, want)
     if options.get('follow_weights', True):
@@ -393,13 +423,19 @@ def test_the_native_sgd_step_writes_weights_as_a_bfloat16_cpus_amp_cast_on_every
     assert np.array_equal(np.signbit(got), np.signbit(expected))
 
 
-def test_only_mxnets_own_sgd_takes_the_native_step():
+def test_only_mxnets_own_sgd_and_adam_take_the_native_step():
     probe = cast(mx.nd.ones((2,)), 'bfloat16')
 
     class MySGD(mo.MultiPrecision, mx.optimizer.SGD):   # may change the update: generic path
         pass
 
-    assert not MySGD(momentum=0.9)._mxamp_native_sgd(probe, probe)
-    assert not mo.create('nag', momentum=0.9)._mxamp_native_sgd(probe, probe)
-    assert not mo.create('sgd', momentum=0.9)._mxamp_native_sgd(cast(probe, 'float16'),
-                                                              cast(probe, 'float16'))
+    class MyAdam(mo.MultiPrecision, mx.optimizer.Adam):
+        pass
+
+    sgd, adam = mx.optimizer.SGD, mx.optimizer.Adam
+    assert not MySGD(momentum=0.9)._mxamp_native_step(sgd, probe, probe)
+    assert not MyAdam()._mxamp_native_step(adam, probe, probe)
+    assert not mo.create('nag', momentum=0.9)._mxamp_native_step(sgd, probe, probe)
+    assert not mo.create('adam')._mxamp_native_step(sgd, probe, probe)
+    assert not mo.create('sgd', momentum=0.9)._mxamp_native_step(sgd, cast(probe, 'float16'),
+                                                                 cast(probe, 'float16'))

@@ -36,7 +36,8 @@ from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
 __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
-           'MOVE_CHANNELS_OP_NAME', 'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'CLIP_OP_NAME',
+           'MOVE_CHANNELS_OP_NAME', 'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'ADAM_STEP_OP_NAME',
+           'CLIP_OP_NAME', 'adam_step_bfloat16',
            'SELFATT_QK_OP_NAME', 'SELFATT_VALATT_OP_NAME', 'LAYER_NORM_OP_NAME', 'selfatt_qk',
            'selfatt_valatt', 'layer_norm',
            'follow_bfloat16_weight', 'sgd_step_bfloat16', 'OwnConvStatus', 'OwnConvUnavailable',
@@ -62,6 +63,8 @@ MOVE_CHANNELS_OP_NAME = '_mxamp_move_channels'
 POOLING_OP_NAME = '_mxamp_pooling'
 #: The SGD step operator's name in MXNet (no gradient): see :func:`sgd_step_bfloat16`.
 SGD_STEP_OP_NAME = '_mxamp_sgd_step'
+#: The Adam step operator's name in MXNet (no gradient): see :func:`adam_step_bfloat16`.
+ADAM_STEP_OP_NAME = '_mxamp_adam_step'
 #: The clip operator's name in MXNet (its gradient: ``_backward__mxamp_clip``): see :func:`clip`.
 CLIP_OP_NAME = '_mxamp_clip'
 #: The self-attention products' names in MXNet (gradients: ``_backward_`` + the name): see
@@ -73,7 +76,7 @@ SELFATT_VALATT_OP_NAME = '_mxamp_selfatt_valatt'
 LAYER_NORM_OP_NAME = '_mxamp_layer_norm'
 #: Every operator the library registers.
 _OPERATORS = (OP_NAME, FOLLOW_OP_NAME, BATCH_NORM_OP_NAME, FAN_OUT_OP_NAME, MOVE_CHANNELS_OP_NAME,
-              POOLING_OP_NAME, SGD_STEP_OP_NAME, CLIP_OP_NAME, SELFATT_QK_OP_NAME,
+              POOLING_OP_NAME, SGD_STEP_OP_NAME, ADAM_STEP_OP_NAME, CLIP_OP_NAME, SELFATT_QK_OP_NAME,
               SELFATT_VALATT_OP_NAME, LAYER_NORM_OP_NAME)
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
@@ -506,6 +509,25 @@ def sgd_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.
     return _require().nd[SGD_STEP_OP_NAME](
         *inputs, lr=float(lr), wd=float(wd), momentum=float(momentum),
         rescale_grad=float(rescale_grad), clip_gradient=float(clip_gradient), follow=bool(follow))
+
+
+def adam_step_bfloat16(weight: mx.nd.NDArray, grad: mx.nd.NDArray, master: mx.nd.NDArray,
+                       mean: mx.nd.NDArray, variance: mx.nd.NDArray, *, lr: float, wd: float,
+                       beta1: float, beta2: float, epsilon: float, rescale_grad: float,
+                       clip_gradient: float, follow: bool) -> mx.nd.NDArray:
+    """One Adam step (MXNet's ``adam_update``) on the FP32 master copy of a bfloat16 weight,
+    in one native pass.
+
+    `weight` and `grad` are bfloat16 (`weight` read, not written); `master`, `mean` and
+    `variance` float32, updated in place; `lr` the step's, bias correction included, as
+    ``mx.optimizer.Adam`` passes it (a negative `clip_gradient`: no clipping); `follow`:
+    `mxamp.optimizer.follow_weight` first.  Returns the new weight (bfloat16, MXNet's
+    layout), for the caller to copy into `weight`.
+    """
+    return _require().nd[ADAM_STEP_OP_NAME](
+        weight, grad, master, mean, variance, lr=float(lr), wd=float(wd), beta1=float(beta1),
+        beta2=float(beta2), epsilon=float(epsilon), rescale_grad=float(rescale_grad),
+        clip_gradient=float(clip_gradient), follow=bool(follow))
 
 
 def kernels(data_shape: Sequence[int], *, kernel: Sequence[int], num_filter: int,

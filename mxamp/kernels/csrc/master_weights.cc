@@ -161,4 +161,79 @@ void sgd_step_bfloat16(const SgdStep& step, const uint16_t* weight, const uint16
   }
 }
 
+namespace {
+
+// adam_update's expression, operand for operand (see sgd_step_range).
+template <bool kFollow, bool kClipped>
+MXAMP_LOOP_BODY void adam_step_range(const AdamStep& step, const uint16_t* weight,
+                                     const uint16_t* grad, float* master, float* mean,
+                                     float* variance, uint16_t* new_weight, int64_t begin,
+                                     int64_t end) {
+  const float lr = step.lr, wd = step.wd, beta1 = step.beta1, beta2 = step.beta2,
+              epsilon = step.epsilon, rescale = step.rescale_grad, clip = step.clip_gradient;
+  const float keep1 = 1.f - beta1, keep2 = 1.f - beta2;
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float w = kFollow ? followed(master[i], weight[i]) : master[i];
+    float g = widen_bfloat16(grad[i]) * rescale + w * wd;
+    if (kClipped) g = g > clip ? clip : (g < -clip ? -clip : g);
+    const float m = beta1 * mean[i] + keep1 * g;
+    const float v = beta2 * variance[i] + keep2 * g * g;
+    mean[i] = m;
+    variance[i] = v;
+    const float updated = w - lr * m / (std::sqrt(v) + epsilon);
+    master[i] = updated;
+    new_weight[i] = narrow_as_amp_cast(updated);
+  }
+}
+
+template <bool kFollow, bool kClipped>
+MXAMP_AVX512 void adam_step_chunk_avx512(const AdamStep& step, const uint16_t* weight,
+                                         const uint16_t* grad, float* master, float* mean,
+                                         float* variance, uint16_t* new_weight, int64_t begin,
+                                         int64_t end) {
+  adam_step_range<kFollow, kClipped>(step, weight, grad, master, mean, variance, new_weight,
+                                     begin, end);
+}
+
+template <bool kFollow, bool kClipped>
+MXAMP_ANY_X86 void adam_step_chunk(const AdamStep& step, const uint16_t* weight,
+                                   const uint16_t* grad, float* master, float* mean,
+                                   float* variance, uint16_t* new_weight, int64_t begin,
+                                   int64_t end) {
+  adam_step_range<kFollow, kClipped>(step, weight, grad, master, mean, variance, new_weight,
+                                     begin, end);
+}
+
+template <bool kFollow, bool kClipped>
+void adam_step_loop(const AdamStep& step, const uint16_t* weight, const uint16_t* grad,
+                    float* master, float* mean, float* variance, uint16_t* new_weight,
+                    int64_t n) {
+  const bool wide = has_avx512();
+  for_chunks(n, [&](int64_t begin, int64_t end) {
+    if (wide) {
+      adam_step_chunk_avx512<kFollow, kClipped>(step, weight, grad, master, mean, variance,
+                                                new_weight, begin, end);
+    } else {
+      adam_step_chunk<kFollow, kClipped>(step, weight, grad, master, mean, variance, new_weight,
+                                         begin, end);
+    }
+  });
+}
+
+}  // namespace
+
+void adam_step_bfloat16(const AdamStep& step, const uint16_t* weight, const uint16_t* grad,
+                        float* master, float* mean, float* variance, uint16_t* new_weight,
+                        size_t count) {
+  const int64_t n = static_cast<int64_t>(count);
+  auto run = [&](auto loop) { loop(step, weight, grad, master, mean, variance, new_weight, n); };
+  if (step.follow) {
+    step.clip_gradient >= 0.0f ? run(adam_step_loop<true, true>) : run(adam_step_loop<true, false>);
+  } else {
+    step.clip_gradient >= 0.0f ? run(adam_step_loop<false, true>)
+                               : run(adam_step_loop<false, false>);
+  }
+}
+
 }  // namespace mxamp

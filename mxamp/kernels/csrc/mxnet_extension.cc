@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers eleven operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers twelve operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -26,6 +26,9 @@
 // weight, attributes lr, wd, momentum, rescale_grad, clip_gradient (negative: none) and follow;
 // inputs (weight, gradient, master[, momentum when momentum != 0]), the master and the momentum
 // mutated; output the new bfloat16 weight; no gradient.
+// "_mxamp_adam_step" (master_weights.h): one Adam step likewise, attributes lr, wd, beta1,
+// beta2, epsilon, rescale_grad, clip_gradient (negative: none) and follow; inputs (weight,
+// gradient, master, mean, variance), the last three mutated; output the new bfloat16 weight.
 // "_mxamp_move_channels" (move_channels.h), attribute to (last: (N, C, spatial...) into
 // (N, spatial..., C); first: back): one input (float32 or bfloat16), the moved array; its
 // gradient's inputs are (output gradient, input, output), its output the gradient moved back.
@@ -87,6 +90,7 @@ constexpr const char* kFanOutOpName = "_mxamp_fan_out";
 constexpr const char* kMoveChannelsOpName = "_mxamp_move_channels";
 constexpr const char* kPoolingOpName = "_mxamp_pooling";
 constexpr const char* kSgdStepOpName = "_mxamp_sgd_step";
+constexpr const char* kAdamStepOpName = "_mxamp_adam_step";
 constexpr const char* kClipOpName = "_mxamp_clip";
 constexpr const char* kSelfAttQkOpName = "_mxamp_selfatt_qk";
 constexpr const char* kSelfAttValAttOpName = "_mxamp_selfatt_valatt";
@@ -555,6 +559,110 @@ int sgd_step_compute(const Call& c) {
                            c.num_in == 4 ? static_cast<float*>(c.indata[3]) : nullptr,
                            static_cast<uint16_t*>(c.outdata[0]),
                            element_count(c.inshapes[0], c.indims[0]));
+  return 1;
+}
+
+// _mxamp_adam_step: (weight bfloat16, gradient bfloat16, master, mean, variance float32) ->
+// the new weight (bfloat16); the master, mean and variance mutated.
+mxamp::AdamStep parse_adam_step(const char* const* keys, const char* const* vals, int num) {
+  mxamp::AdamStep step;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key == "lr") {
+      step.lr = parse_float(key, value);
+    } else if (key == "wd") {
+      step.wd = parse_float(key, value);
+    } else if (key == "beta1") {
+      step.beta1 = parse_float(key, value);
+    } else if (key == "beta2") {
+      step.beta2 = parse_float(key, value);
+    } else if (key == "epsilon") {
+      step.epsilon = parse_float(key, value);
+    } else if (key == "rescale_grad") {
+      step.rescale_grad = parse_float(key, value);
+    } else if (key == "clip_gradient") {
+      step.clip_gradient = parse_float(key, value);
+    } else if (key == "follow") {
+      step.follow = parse_bool(key, value);
+    } else {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  return step;
+}
+
+constexpr int kAdamStepInputs = 5;
+
+void check_adam_step_counts(int num_in, int num_out) {
+  if (num_in != kAdamStepInputs || num_out != 1)
+    throw std::invalid_argument("expected 5 inputs (weight, gradient, master, mean, variance) "
+                                "and 1 output");
+}
+
+int adam_step_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                    int* num_out) {
+  parse_adam_step(keys, vals, num);
+  *num_in = kAdamStepInputs;
+  *num_out = 1;
+  return 1;
+}
+
+int adam_step_infer_shape(const char* const* keys, const char* const* vals, int num,
+                          unsigned int** inshapes, int* indims, int num_in,
+                          unsigned int*** mod_inshapes, int** mod_indims,
+                          unsigned int*** outshapes, int** outdims, int num_out) {
+  parse_adam_step(keys, vals, num);
+  check_adam_step_counts(num_in, num_out);
+  if (indims[0] <= 0) throw std::invalid_argument("the weight's shape is unknown");
+  const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
+  for (int i = 1; i < num_in; ++i) {
+    if (indims[i] > 0)
+      check_same_shape("gradient, master, mean and variance", std::vector<int64_t>(
+                           inshapes[i], inshapes[i] + indims[i]).data(), indims[i], shape);
+  }
+  give_shapes(std::vector<std::vector<int64_t>>(num_in, shape), mod_inshapes, mod_indims);
+  give_shapes({shape}, outshapes, outdims);
+  return 1;
+}
+
+int adam_step_infer_type(const char* const* keys, const char* const* vals, int num,
+                         int* intypes, int num_in, int* outtypes, int num_out) {
+  parse_adam_step(keys, vals, num);
+  check_adam_step_counts(num_in, num_out);
+  const int expected[] = {mxamp::kFlagBFloat16, mxamp::kFlagBFloat16, mxamp::kFlagFloat32,
+                          mxamp::kFlagFloat32, mxamp::kFlagFloat32};
+  for (int i = 0; i < num_in; ++i) {
+    if (intypes[i] >= 0 && intypes[i] != expected[i])
+      throw std::invalid_argument(std::string(kAdamStepOpName) +
+                                  " takes a bfloat16 weight and gradient and float32 master, "
+                                  "mean and variance (input " + std::to_string(i) +
+                                  " has type flag " + std::to_string(intypes[i]) + ")");
+    intypes[i] = expected[i];
+  }
+  outtypes[0] = mxamp::kFlagBFloat16;
+  return 1;
+}
+
+int adam_step_mutate(const char* const*, const char* const*, int, int** indices, int* count) {
+  *count = 3;   // the master, the mean and the variance
+  *indices = allocate<int>(*count);
+  for (int i = 0; i < *count; ++i) (*indices)[i] = 2 + i;
+  return 1;
+}
+
+int adam_step_compute(const Call& c) {
+  const mxamp::AdamStep step = parse_adam_step(c.keys, c.vals, c.num);
+  check_adam_step_counts(c.num_in, c.num_out);
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  for (int i = 1; i < c.num_in; ++i)
+    check_same_shape("gradient, master, mean and variance", c.inshapes[i], c.indims[i], shape);
+  mxamp::adam_step_bfloat16(step, static_cast<const uint16_t*>(c.indata[0]),
+                            static_cast<const uint16_t*>(c.indata[1]),
+                            static_cast<float*>(c.indata[2]), static_cast<float*>(c.indata[3]),
+                            static_cast<float*>(c.indata[4]),
+                            static_cast<uint16_t*>(c.outdata[0]),
+                            element_count(shape.data(), c.indims[0]));
   return 1;
 }
 
@@ -1509,6 +1617,9 @@ Operator operators[] = {
      {reinterpret_cast<mxnet::ext::fcomp_t>(&fan_out_backward)}, 1, nullptr},
     {kSgdStepOpName, &sgd_step_parse, &sgd_step_infer_shape, &sgd_step_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&sgd_step_compute)}, {nullptr}, 0, &sgd_step_mutate},
+    {kAdamStepOpName, &adam_step_parse, &adam_step_infer_shape, &adam_step_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&adam_step_compute)}, {nullptr}, 0,
+     &adam_step_mutate},
     {kMoveChannelsOpName, &move_channels_parse, &move_channels_infer_shape,
      &move_channels_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&move_channels_forward)},
