@@ -61,6 +61,7 @@ def _run(qk, valatt, shape, dtype, seed=0):
     heads = shape[2]
     projection, weights, scores_grad, output_grad = [
         cast(mx.nd.array(a), dtype) for a in _operands(shape, seed)]
+    scores_grad = cast(scores_grad, 'float32')   # the scores are float32 in either dtype
     projection.attach_grad()
     weights.attach_grad()
     with autograd.record():
@@ -131,11 +132,14 @@ def _exact(shape, seed=0):
 
 @needs_bfloat16_compute
 @pytest.mark.parametrize('shape', SHAPES)
-def test_bfloat16_products_are_the_exact_product_rounded_once(shape):
+def test_bfloat16_products_are_the_exact_product_rounded_once_scores_not_at_all(shape):
+    # The scores stay float32 (only accumulated); the products' gradients read the scores'
+    # gradient rounded to bfloat16 once, as a cast would.
     own = _run(operators.selfatt_qk, operators.selfatt_valatt, shape, 'bfloat16')
     for name, got, (exact, size) in zip(('scores', 'output', 'projection grad', 'weights grad'),
                                         own, _exact(shape)):
-        bound = _half_bfloat16_step(exact) + ACCUMULATION * size
+        rounding = 2.0 ** -23 * np.abs(exact) if name == 'scores' else _half_bfloat16_step(exact)
+        bound = rounding + ACCUMULATION * size
         excess = np.abs(got - exact) - bound
         assert excess.max() <= 0, '%s: %d values off by more than one rounding (worst %.3g)' % (
             name, int((excess > 0).sum()), excess.max())
@@ -148,6 +152,7 @@ def test_each_gradient_writes_zeros_where_the_other_products_gradient_writes(dty
     seq, batch, heads, head_dim = shape = SHAPES[0]
     projection, weights, scores_grad, output_grad = [
         cast(mx.nd.array(a), dtype) for a in _operands(shape)]
+    scores_grad = cast(scores_grad, 'float32')
     # Garbage in the gradient arrays first: the products must write every value.
     for grad_of, product in ((lambda p, w: operators.selfatt_qk(p, heads=heads), 'qk'),
                              (lambda p, w: operators.selfatt_valatt(p, w, heads=heads), 'valatt')):
@@ -234,8 +239,8 @@ def test_a_converted_transformer_runs_its_attention_on_the_own_operators(mode):
     assert ops.count(operators.SELFATT_VALATT_OP_NAME) == 1
     assert not set(transformer.OWN_OPERATORS) & set(ops)
     # Both read the projection's bfloat16 values (its widening is gone), the output layer
-    # reads the product's (its narrowing is gone); the scores are widened for softmax and the
-    # weights narrowed back.
+    # reads the product's (its narrowing is gone), softmax reads the float32 scores; the
+    # weights are narrowed for the second product: one cast fewer.
     # In training both read it through a fan-out: MXNet must not sum their gradients (it
     # would add into an own operator's output, and its bfloat16 add_n is a scalar loop).
     nodes = json.loads(runtime.tojson(remove_amp_cast=False))['nodes']
@@ -243,11 +248,11 @@ def test_a_converted_transformer_runs_its_attention_on_the_own_operators(mode):
     projection = operators.FAN_OUT_OP_NAME if mode == 'training' else 'FullyConnected'
     assert reads[operators.SELFATT_QK_OP_NAME] == [projection]
     assert reads[operators.SELFATT_VALATT_OP_NAME] == [projection, 'amp_cast']
-    assert reads['softmax'] == ['amp_cast']
+    assert reads['softmax'] == [operators.SELFATT_QK_OP_NAME]
     assert [reads for node in nodes if node['name'].endswith('dense1_fwd')
             for reads in [[nodes[src]['op'] for src, _, _ in node['inputs']]]] == [
         [operators.SELFATT_VALATT_OP_NAME, 'null', 'null']]
-    assert ops.count('amp_cast') == _ops(precision).count('amp_cast')
+    assert ops.count('amp_cast') == _ops(precision).count('amp_cast') - 1
 
 
 @needs_bfloat16_compute
@@ -296,10 +301,11 @@ def _first_step(net, x):
 
 @needs_bfloat16_compute
 def test_first_step_gradients_are_as_close_to_float32_as_with_mxnets_attention(monkeypatch):
-    # The own products round the scores and the attended values to bfloat16, as PyTorch's
-    # autocast does; MXNet's keep them FP32 between casts.  Over seeds 0-5 (AMD EPYC with
+    # The own products keep the scores in float32 and round the attended values to bfloat16
+    # (which the output layer reads in bfloat16 either way).  Over seeds 0-5 (AMD EPYC with
     # avx512_bf16, 2026-11-29) the own products' largest relative gradient error against
-    # FP32 was 0.0065-0.0103, 0.95-1.49x that of MXNet's (0.0062-0.0075).
+    # FP32 was 0.0065-0.0075, 0.99-1.07x that of MXNet's (0.0062-0.0075).  (Rounding the
+    # scores to bfloat16 too, as PyTorch's autocast does, gave 0.95-1.49x.)
     worst = {}
     for how in ('own', 'mxnet'):
         if how == 'mxnet':
@@ -312,7 +318,7 @@ def test_first_step_gradients_are_as_close_to_float32_as_with_mxnets_attention(m
             got = _first_step(_converted(net, x), x)
             errors.append(max(relative_error(mine, theirs) for mine, theirs in zip(got, want)))
         worst[how] = max(errors)
-    assert worst['own'] < 2 * worst['mxnet'], worst
+    assert worst['own'] < 1.25 * worst['mxnet'], worst
 
 
 # Layer normalisation over the last axis: BERT's (768), a ragged vector tail, and 3-D data.

@@ -8,10 +8,10 @@ in float32 on a CPU, so the precision pass keeps them in FP32 between casts: the
 projection widened before both, the scores' gradient and the attention weights in
 FP32.  In a bfloat16 graph a CachedOp runs, each moves onto mxamp's own operator
 (`mxamp.kernels.operators.selfatt_qk` / ``selfatt_valatt``: oneDNN 3's matmul over
-strided views, accumulating in float32), reading the bfloat16 values the casts widened
-and writing bfloat16; a widening of its output followed by a narrowing collapses into
-the bfloat16 value itself (both exact).  Softmax and what else the policy keeps in FP32
-still read FP32, widened once after the product.
+strided views, accumulating in float32), reading the bfloat16 values the casts widened.
+The scores leave in float32 (softmax reads them so: rounding them would shift its
+weights), the attended values in bfloat16, where a widening followed by a narrowing
+collapses into the bfloat16 value itself (both exact).
 
 Layer normalisation
 -------------------
@@ -37,6 +37,8 @@ OWN_OPERATORS = {
     '_contrib_interleaved_matmul_selfatt_qk': operators.SELFATT_QK_OP_NAME,
     '_contrib_interleaved_matmul_selfatt_valatt': operators.SELFATT_VALATT_OP_NAME,
 }
+# Its own operator writes the scores in float32 (softmax reads them so), not bfloat16.
+_SCORES = '_contrib_interleaved_matmul_selfatt_qk'
 _CASTS = ('amp_cast', 'Cast')
 # What mxamp calls the casts it adds here (cf. mxamp.graph.CAST_SUFFIX).
 _WIDEN_SUFFIX, _NARROW_SUFFIX = '_mxamp_attention_float32', '_mxamp_attention_bfloat16'
@@ -92,11 +94,14 @@ def with_own_attention(graph: Graph) -> List[str]:
         inputs = [new(src, k) for src, k, _ in node['inputs']]
         if node['op'] in OWN_OPERATORS and _cast_to(out[inputs[0][0]]) == 'float32':
             own = add(dict(node, op=OWN_OPERATORS[node['op']], inputs=[low(e) for e in inputs]))
+            moved.append(node['name'])
+            if node['op'] == _SCORES:
+                index[nid] = own[0]   # float32 scores: read as MXNet's were
+                continue
             widened = add({'op': 'amp_cast', 'name': node['name'] + _WIDEN_SUFFIX,
                            'attrs': {'dtype': 'float32'}, 'inputs': [own]})
             low_of[(widened[0], 0)] = own
             redirect[(nid, 0)] = widened
-            moved.append(node['name'])
             continue
         if _cast_to(node) == 'bfloat16':
             src, k = cast_input(nodes, node)

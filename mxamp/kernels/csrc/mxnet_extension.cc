@@ -43,7 +43,8 @@
 // output), its output the input's gradient.
 // "_mxamp_selfatt_qk" and "_mxamp_selfatt_valatt" (onednn_attention.h), attribute heads, as
 // MXNet's _contrib_interleaved_matmul_selfatt_qk / _valatt: inputs (projection) and
-// (projection, attention), float32 or bfloat16; their gradients' inputs are (output gradient,
+// (projection, attention), float32 or bfloat16 (qk's scores float32 either way); their
+// gradients' inputs are (output gradient,
 // inputs, output), their outputs the inputs' gradients.
 // "_mxamp_layer_norm" (onednn_layer_norm.h), with the attributes of MXNet's LayerNorm (axis: the
 // last; eps; output_mean_var False): inputs (data, gamma, beta), outputs (output, mean,
@@ -1414,10 +1415,16 @@ int infer_shared_float_type(int* intypes, int num_in, int* outtypes, int num_out
   return 1;
 }
 
+// The projection float32 or bfloat16; the scores float32 either way.
 int selfatt_qk_infer_type(const char* const* keys, const char* const* vals, int num,
                           int* intypes, int num_in, int* outtypes, int num_out) {
   parse_heads(keys, vals, num);
-  return infer_shared_float_type(intypes, num_in, outtypes, num_out, kSelfAttQkOpName);
+  if (num_in != 1 || num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
+  check_float32_or_bfloat16(intypes[0], kSelfAttQkOpName);
+  if (outtypes[0] >= 0 && outtypes[0] != mxamp::kFlagFloat32)
+    throw std::invalid_argument("the scores are float32");
+  outtypes[0] = mxamp::kFlagFloat32;
+  return 1;
 }
 
 int selfatt_valatt_infer_type(const char* const* keys, const char* const* vals, int num,
@@ -1426,10 +1433,9 @@ int selfatt_valatt_infer_type(const char* const* keys, const char* const* vals, 
   return infer_shared_float_type(intypes, num_in, outtypes, num_out, kSelfAttValAttOpName);
 }
 
-// The spec of a call whose input `at` is the projection, checked against its type.
+// The spec of a call whose input `at` is the projection.
 mxamp::AttentionSpec call_spec(const Call& c, int at, const char* op) {
   check_float32_or_bfloat16(c.intypes[at], op);
-  check_one_type(c.intypes, c.num_in);
   return mxamp::AttentionSpec::of_projection(c.inshapes[at], c.indims[at],
                                              parse_heads(c.keys, c.vals, c.num), c.intypes[at]);
 }
@@ -1438,7 +1444,7 @@ int selfatt_qk_forward(const Call& c) {
   if (c.num_in != 1 || c.num_out != 1) throw std::invalid_argument("expected 1 input and 1 output");
   const mxamp::AttentionSpec spec = call_spec(c, 0, kSelfAttQkOpName);
   check_same_shape("scores", c.outshapes[0], c.outdims[0], spec.scores_shape());
-  mxamp::selfatt_qk_forward(spec, c.indata[0], c.outdata[0], c.scratch);
+  mxamp::selfatt_qk_forward(spec, c.indata[0], static_cast<float*>(c.outdata[0]), c.scratch);
   return 1;
 }
 
@@ -1448,15 +1454,19 @@ int selfatt_qk_backward(const Call& c) {
   if (c.num_in != 3 || c.num_out != 1) throw std::invalid_argument("expected 3 inputs and 1 output");
   const mxamp::AttentionSpec spec = call_spec(c, 1, kSelfAttQkOpName);
   check_same_shape("scores' gradient", c.inshapes[0], c.indims[0], spec.scores_shape());
+  if (c.intypes[0] != mxamp::kFlagFloat32)
+    throw std::invalid_argument("the scores' gradient must be float32, as the scores");
   check_same_shape("projection's gradient", c.outshapes[0], c.outdims[0],
                    spec.projection_shape());
-  mxamp::selfatt_qk_backward(spec, c.indata[0], c.indata[1], c.outdata[0], c.scratch);
+  mxamp::selfatt_qk_backward(spec, static_cast<const float*>(c.indata[0]), c.indata[1],
+                             c.outdata[0], c.scratch);
   return 1;
 }
 
 int selfatt_valatt_forward(const Call& c) {
   if (c.num_in != 2 || c.num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
   const mxamp::AttentionSpec spec = call_spec(c, 0, kSelfAttValAttOpName);
+  check_one_type(c.intypes, c.num_in);
   check_same_shape("attention", c.inshapes[1], c.indims[1], spec.scores_shape());
   check_same_shape("output", c.outshapes[0], c.outdims[0], spec.output_shape());
   mxamp::selfatt_valatt_forward(spec, c.indata[0], c.indata[1], c.outdata[0], c.scratch);
@@ -1468,6 +1478,7 @@ int selfatt_valatt_backward(const Call& c) {
   // gradients of (projection, attention).
   if (c.num_in != 4 || c.num_out != 2) throw std::invalid_argument("expected 4 inputs and 2 outputs");
   const mxamp::AttentionSpec spec = call_spec(c, 1, kSelfAttValAttOpName);
+  check_one_type(c.intypes, c.num_in);
   check_same_shape("output gradient", c.inshapes[0], c.indims[0], spec.output_shape());
   check_same_shape("attention", c.inshapes[2], c.indims[2], spec.scores_shape());
   mxamp::selfatt_valatt_backward(spec, c.indata[0], c.indata[1], c.indata[2], c.outdata[0],

@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "master_weights.h"
 #include "onednn_runtime.h"
 
 namespace mxamp {
@@ -36,8 +37,12 @@ class Attention {
     const memory::desc scores(memory::dims{B, H, S, S}, type, memory::format_tag::abcd);
     const memory::desc scores_t(memory::dims{B, H, S, S}, type, memory::format_tag::abdc);
     const memory::desc output(memory::dims{B, H, S, D}, type, memory::dims{H * D, D, B * H * D, 1});
+    // The scores leave in float32 whatever the operands: softmax reads them in float32, and
+    // a bfloat16 rounding of them would shift its weights by up to 2**-8 of a score.
+    const memory::desc scores32(memory::dims{B, H, S, S}, memory::data_type::f32,
+                                memory::format_tag::abcd);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    qk_ = make(part, part_t, scores, scale);          // q k^T
+    qk_ = make(part, part_t, scores32, scale);        // q k^T
     dq_ = make(scores, part, part, scale);           // dS k
     dk_ = make(scores_t, part, part, scale);         // dS^T q
     valatt_ = make(scores, part, output, 1.0f);      // A v
@@ -45,14 +50,26 @@ class Attention {
     dv_ = make(scores_t, output, part, 1.0f);        // A^T dY
   }
 
-  void qk(const void* qkv, void* scores, const Scratch& scratch) const {
+  void qk(const void* qkv, float* scores, const Scratch& scratch) const {
     run(qk_, part(qkv, kQuery), part(qkv, kKey), scores, scratch);
   }
 
-  void qk_backward(const void* scores_grad, const void* qkv, void* qkv_grad,
+  // `scores_grad` is float32, as the scores; in bfloat16 it is rounded once (nearest even, as
+  // a cast rounds) for the two products.
+  void qk_backward(const float* scores_grad, const void* qkv, void* qkv_grad,
                    const Scratch& scratch) const {
-    run(dq_, scores_grad, part(qkv, kKey), part(qkv_grad, kQuery), scratch);
-    run(dk_, scores_grad, part(qkv, kQuery), part(qkv_grad, kKey), scratch);
+    std::unique_ptr<uint16_t[]> rounded;
+    const void* grad = scores_grad;
+    if (spec_.dtype_flag == kFlagBFloat16) {
+      const int64_t count = spec_.batch * spec_.heads * spec_.sequence * spec_.sequence;
+      rounded.reset(new uint16_t[count]);
+      uint16_t* out = rounded.get();
+#pragma omp parallel for simd
+      for (int64_t i = 0; i < count; ++i) out[i] = round_to_bfloat16(scores_grad[i]);
+      grad = out;
+    }
+    run(dq_, grad, part(qkv, kKey), part(qkv_grad, kQuery), scratch);
+    run(dk_, grad, part(qkv, kQuery), part(qkv_grad, kKey), scratch);
     zero_part(qkv_grad, kValue);
   }
 
@@ -187,12 +204,12 @@ std::vector<int64_t> AttentionSpec::output_shape() const {
   return {sequence, batch, heads * head_dim};
 }
 
-void selfatt_qk_forward(const AttentionSpec& spec, const void* qkv, void* scores,
+void selfatt_qk_forward(const AttentionSpec& spec, const void* qkv, float* scores,
                         const Scratch& scratch) {
   primitives(spec).qk(qkv, scores, scratch);
 }
 
-void selfatt_qk_backward(const AttentionSpec& spec, const void* scores_grad, const void* qkv,
+void selfatt_qk_backward(const AttentionSpec& spec, const float* scores_grad, const void* qkv,
                          void* qkv_grad, const Scratch& scratch) {
   primitives(spec).qk_backward(scores_grad, qkv, qkv_grad, scratch);
 }

@@ -6,7 +6,8 @@
 // is the fused projection `qkv`, (sequence, batch, heads * 3 * head_dim), each head's query, key
 // and value side by side; oneDNN's matmul reads the three where they lie (strided views), so
 // nothing is copied or reordered.
-//   qk:     scores (batch * heads, sequence, sequence) = q k^T / sqrt(head_dim)
+//   qk:     scores (batch * heads, sequence, sequence) = q k^T / sqrt(head_dim), in float32
+//           whatever the projection's type (softmax reads them in float32)
 //   valatt: output (sequence, batch, heads * head_dim) = attention v, attention the first's shape
 // Knows nothing of MXNet's extension ABI: mxnet_extension.cc adapts it.
 #ifndef MXAMP_ONEDNN_ATTENTION_H_
@@ -34,11 +35,11 @@ struct AttentionSpec {
   std::vector<int64_t> output_shape() const;      // (sequence, batch, heads * head_dim)
 };
 
-// scores = q k^T / sqrt(head_dim).
-void selfatt_qk_forward(const AttentionSpec& spec, const void* qkv, void* scores,
+// scores (float32) = q k^T / sqrt(head_dim).
+void selfatt_qk_forward(const AttentionSpec& spec, const void* qkv, float* scores,
                         const Scratch& scratch);
-// qkv_grad's query and key parts from the scores' gradient; its value part is zeroed.
-void selfatt_qk_backward(const AttentionSpec& spec, const void* scores_grad, const void* qkv,
+// qkv_grad's query and key parts from the scores' gradient (float32); its value part is zeroed.
+void selfatt_qk_backward(const AttentionSpec& spec, const float* scores_grad, const void* qkv,
                          void* qkv_grad, const Scratch& scratch);
 // output = attention v.
 void selfatt_valatt_forward(const AttentionSpec& spec, const void* qkv, const void* attention,
