@@ -41,7 +41,9 @@ def test_every_operator_has_exactly_one_base_class():
     known = set(CANONICAL) | {operators.OP_NAME, operators.FOLLOW_OP_NAME,
                               operators.BATCH_NORM_OP_NAME, operators.FAN_OUT_OP_NAME,
                               operators.MOVE_CHANNELS_OP_NAME, operators.POOLING_OP_NAME,
-                              operators.SGD_STEP_OP_NAME, operators.CLIP_OP_NAME}
+                              operators.SGD_STEP_OP_NAME, operators.CLIP_OP_NAME,
+                              operators.SELFATT_QK_OP_NAME, operators.SELFATT_VALATT_OP_NAME,
+                              operators.LAYER_NORM_OP_NAME, operators.ADAM_STEP_OP_NAME}
     for members in sets.values():
         assert set(members) <= known, set(members) - known
 
