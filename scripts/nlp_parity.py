@@ -72,11 +72,10 @@ from tqdm import tqdm  # noqa: E402
 try:
     import gluonnlp as nlp
     from gluonnlp.loss import LabelSmoothing, MaskedSoftmaxCELoss
-    from gluonnlp.model.transformer import get_transformer_encoder_decoder
-    from gluonnlp.model.translation import NMTModel
 except ImportError as err:
     sys.exit('nlp_parity: needs GluonNLP 0.10 (pip install mxamp[nlp]): %s' % err)
 
+import benchmark_families  # noqa: E402
 from imagenet.jsonio import dump_json  # noqa: E402
 from mxamp import hardware  # noqa: E402
 from mxamp.atomic_files import replaced_on_success  # noqa: E402
@@ -214,24 +213,10 @@ def reversal_batch(vocab, count, rng):
 
 
 def transformer(vocab, architecture, dropout=0.1):
-    """gluonnlp's ``transformer_en_de_512`` with `architecture`'s changes, not initialised.
-
-    Built as ``transformer_en_de_512`` builds it: gluonnlp 0.10's own function
-    cannot be called without a pretrained dataset's name (it adds ``'_src'`` to
-    ``dataset_name``, a TypeError for None).
-    """
-    hparams = dict(nlp.model.transformer.transformer_en_de_hparams, dropout=dropout,
-                   **architecture)
-    encoder, decoder, one_step_decoder = get_transformer_encoder_decoder(
-        units=hparams['num_units'], hidden_size=hparams['hidden_size'],
-        dropout=hparams['dropout'], num_layers=hparams['num_layers'],
-        num_heads=hparams['num_heads'], max_src_length=530, max_tgt_length=549,
-        scaled=hparams['scaled'])
-    return NMTModel(src_vocab=vocab, tgt_vocab=vocab, encoder=encoder, decoder=decoder,
-                    one_step_ahead_decoder=one_step_decoder, share_embed=hparams['share_embed'],
-                    embed_size=hparams['num_units'],
-                    tie_weights=hparams['tie_weights'],
-                    embed_initializer=hparams['embed_initializer'], prefix='transformer_')
+    """gluonnlp's ``transformer_en_de_512`` with `architecture`'s changes, not initialised:
+    `benchmark_families.nmt_model`, its embeddings as wide as its units."""
+    return benchmark_families.nmt_model(vocab, dropout=dropout,
+                                        embed_size=architecture['num_units'], **architecture)
 
 
 def transformer_outputs(net, batch):
