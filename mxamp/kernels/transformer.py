@@ -17,8 +17,7 @@ Layer normalisation
 -------------------
 ``LayerNorm`` over the last axis moves onto mxamp's own (oneDNN 3's; it stays in the
 precision the precision pass gave it, FP32): MXNet 1.9.1's CPU gradient of it is a
-generic loop, 15 ms a call in BERT-base at batch 8 and sequence 128 on 2 threads against
-under 1 ms.  One whose gamma or beta gradient adds (``grad_req='add'``) keeps MXNet's,
+generic loop, many times slower (docs/policy.rst, "Transformers under bfloat16").  One whose gamma or beta gradient adds (``grad_req='add'``) keeps MXNet's,
 since the own operators write gradients.
 
 The precision pass's graph, which export and summary read, keeps MXNet's operators:

@@ -3,9 +3,8 @@
 // Owns MXNet's LayerNorm over the last axis (its default, and every transformer's), forward
 // in training and its gradient, on oneDNN 3's layer_normalization: data and output float32 or
 // bfloat16, gamma, beta and the statistics float32.  MXNet 1.9.1's own CPU gradient is a
-// generic loop (in gluonnlp's BERT-base, 15 ms per call at batch 8, sequence 128, 2 threads:
-// a seventh of a bfloat16 training step).  Knows nothing of MXNet's extension ABI:
-// mxnet_extension.cc adapts it.
+// generic loop, many times slower (docs/policy.rst, "Transformers under bfloat16").  Knows
+// nothing of MXNet's extension ABI: mxnet_extension.cc adapts it.
 #ifndef MXAMP_ONEDNN_LAYER_NORM_H_
 #define MXAMP_ONEDNN_LAYER_NORM_H_
 
