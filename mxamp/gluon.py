@@ -28,7 +28,6 @@ module drives through that module's moves.
 import ctypes
 import inspect
 import json
-import warnings
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
@@ -38,8 +37,9 @@ from mxnet import autograd
 from mxnet.base import _LIB, SymbolHandle
 from mxnet.gluon import Block, HybridBlock
 
-from . import cost, dtypes
+from . import dtypes
 from . import graph as graph_mod
+from . import gluon_warnings
 from . import hardware
 from . import passes, pipeline
 from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array
@@ -50,11 +50,6 @@ from .network_state import (NetworkState, Settings, Tree, attach, check_converti
 from .policy import Rules, exclude_matches
 
 __all__ = ['convert', 'is_converted']
-
-_warned_float16_cpu = False
-_warned_bfloat16_storage_only = False
-_warned_bfloat16_without_amx = False
-_warned_unpaid = False
 
 
 # --------------------------------------------------------------------------
@@ -120,7 +115,9 @@ class _Converted(Float32Checkpoints):
         _drop_stale_graph(self, _device_type(args))
         if _kernel_gradient_added(self) or _rebuilt_for_larger_batch(self, args):
             self._clear_cached_op()
-        _use_cached_op_for(self, _mode_name(autograd.is_training(), _inputs_take_gradients(args)))
+        if not converted_state(self).serves_every_mode:
+            _use_cached_op_for(self, _mode_name(autograd.is_training(),
+                                                _inputs_take_gradients(args)))
         return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
 
     # MXNet 1.9.1: _clear_cached_op drops the graph, _cached_op and
@@ -454,11 +451,11 @@ def _policy(block, device_type):
 def _rewrite(block, fp32_symbol, policy, shapes):
     """Converted graph of `block`: mxamp.graph.convert_graph under `policy`."""
     if policy.emulate_float16:
-        _warn_float16_cpu()
+        gluon_warnings.warn_float16_cpu()
     if policy.bfloat16_storage_only:
-        _warn_bfloat16_storage_only()
+        gluon_warnings.warn_bfloat16_storage_only()
     elif policy.dtype == 'bfloat16' and hardware.amx_left_off():
-        _warn_bfloat16_without_amx()
+        gluon_warnings.warn_bfloat16_without_amx()
     names = set(fp32_symbol.list_inputs())
     # Only parameters already chosen for low precision (by the whole tree, at
     # convert time, or for a child added later, see _adopt) may be declared in
@@ -486,7 +483,7 @@ def _rewrite(block, fp32_symbol, policy, shapes):
         conversion = converted(stored)
     settle([p for p in params if p.name in names])
     sync_params(block)
-    _warn_unpaid(block, policy, conversion, converted)
+    gluon_warnings.warn_unpaid(block, policy, conversion, converted)
     return conversion
 
 
@@ -570,77 +567,6 @@ def _kernel_gradient_added(block):
         return False
     params = block.collect_params()
     return any(params[name].grad_req == 'add' for name in names if name in params)
-
-
-def _warn_unpaid(block, policy, conversion, converted):
-    """Say once when no layer of a bfloat16 graph pays for bfloat16 on this CPU (`mxamp.cost`:
-    by its work, or by its work per value it casts): under 'auto' the graph computes in FP32,
-    asked for bfloat16 it will be slower than FP32.  ``converted(params)`` converts the graph
-    under `policy`: asked for bfloat16, once more weighing costs, as 'auto' would."""
-    global _warned_unpaid
-    if _warned_unpaid or policy.dtype != 'bfloat16' or policy.bfloat16_storage_only:
-        return
-    model = policy.costs or cost.model_for(policy.cpu_class)
-    if model is None:
-        return
-    layers = {node.name: (node.op, conversion.works[node.name]) for node in conversion.nodes
-              if node.name in conversion.works}
-    if not layers:
-        return
-    largest = cost.largest_unpaid(layers, model)
-    if largest is not None:
-        name, op, work, threshold = largest
-        why = ('none of its %d layers does enough work per call for bfloat16 to pay for its '
-               'casts on this %s (the largest, %s %r, %.3g MFLOP; bfloat16 pays from %.3g)'
-               % (len(layers), hardware.describe_cpu_class(policy.cpu_class), op, name, work,
-                  threshold))
-    elif policy.costs is None and not converted(conversion.lp_params,
-                                                policy.with_costs(model)).computes_low:
-        why = ('its layers that do enough work cast more values than that work pays for on '
-               'this %s (FP32 operators or the outputs read them: docs/policy.rst, "Layers too '
-               'small for bfloat16")' % hardware.describe_cpu_class(policy.cpu_class))
-    else:
-        return
-    _warned_unpaid = True
-    if policy.costs is not None:
-        text = "mxamp: dtype='auto' computes %s in float32: %s" % (describe_block(block), why)
-    else:
-        text = ("mxamp: %s computes in bfloat16 as asked, but %s: expect it slower than float32 "
-                "(dtype='auto' would keep it in float32)" % (describe_block(block), why))
-    warnings.warn(text, RuntimeWarning, stacklevel=hardware.user_stacklevel())
-
-
-def _warn_float16_cpu():
-    global _warned_float16_cpu
-    if not _warned_float16_cpu:
-        _warned_float16_cpu = True
-        warnings.warn('mxamp: float16 on a CPU: MXNet 1.9.1 has no float16 convolution, '
-                      'fully-connected or GEMM kernels on CPU, so these ops compute in FP32 '
-                      'between float16 casts (float16 storage, FP32 accumulation, like '
-                      'tensor cores); other ops run in float16', RuntimeWarning,
-                      stacklevel=hardware.user_stacklevel())
-
-
-def _warn_bfloat16_storage_only():
-    global _warned_bfloat16_storage_only
-    if not _warned_bfloat16_storage_only:
-        _warned_bfloat16_storage_only = True
-        warnings.warn('mxamp: bfloat16 on this %s: parameters are stored in bfloat16 and every '
-                      'op computes in FP32 between casts (results within bfloat16 rounding of a '
-                      'bfloat16 CPU; for portability and half-size parameters, not for speed, '
-                      'and in training not for memory: the FP32 master weights stay beside them)'
-                      % hardware.describe_cpu_class(),
-                      RuntimeWarning, stacklevel=hardware.user_stacklevel())
-
-
-def _warn_bfloat16_without_amx():
-    global _warned_bfloat16_without_amx
-    if not _warned_bfloat16_without_amx:
-        _warned_bfloat16_without_amx = True
-        warnings.warn("mxamp: bfloat16 on this %s trains slower than FP32 (docs/hardware.rst). "
-                      "Enable AMX for the fast path, or keep float32 (dtype='auto' does)"
-                      % hardware.describe_cpu_class(),
-                      RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
 
 def _input_names(block):

@@ -292,6 +292,13 @@ class NetworkState(object):
         self._cached_ops = {}
         self._cached_for = None
 
+    @property
+    def serves_every_mode(self) -> bool:
+        """Whether the current CachedOp (or the next one built) runs in any mode: a call
+        then needs no mode, whose test for input gradients costs a small net's forward a
+        noticeable share (`mxamp.gluon._inputs_take_gradients`)."""
+        return self._cached_for in (None, 'both')
+
     def cached_op_for(self, mode: str, current: Tuple[Any, Any]) -> Tuple[Any, Any]:
         """The ``(CachedOp, its arguments)`` to run in `mode`, given the `current` pair:
         `current` when it serves `mode` or is none yet; else the pair kept for `mode`

@@ -215,8 +215,8 @@ def test_auto_trains_a_net_too_small_to_pay_exactly_as_float32():
 
 @needs_bfloat16_compute
 def test_bfloat16_asked_for_a_small_net_computes_it_and_says_it_will_be_slower(monkeypatch):
-    from mxamp import gluon as gluon_front
-    monkeypatch.setattr(gluon_front, '_warned_unpaid', False)
+    from mxamp import gluon as gluon_front, gluon_warnings
+    monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
     _, net = _fp32_twin(seed=4)
     mxamp.convert(net, 'bfloat16')
     with pytest.warns(RuntimeWarning, match="computes in bfloat16 as asked.*expect it slower "
@@ -232,8 +232,8 @@ def test_bfloat16_asked_for_a_small_net_computes_it_and_says_it_will_be_slower(m
 def test_bfloat16_asked_for_a_layer_that_pays_by_work_but_not_per_value_says_so(monkeypatch):
     # 134 MFLOP (pays by work) for a million scores that go out of the graph: 128 FLOP a
     # value cast, below what pays, so 'auto' keeps it FP32; asked for, bfloat16 warns.
-    from mxamp import gluon as gluon_front
-    monkeypatch.setattr(gluon_front, '_warned_unpaid', False)
+    from mxamp import gluon as gluon_front, gluon_warnings
+    monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
     mx.random.seed(6)
     net = gluon.nn.Dense(4096, in_units=64)
     net.initialize()

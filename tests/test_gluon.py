@@ -17,6 +17,7 @@ from mxnet.gluon import nn
 
 import mxamp
 import mxamp.gluon as mg
+import mxamp.gluon_warnings as gluon_warnings
 import mxamp.dtypes as dtypes
 import mxamp.hardware as hw
 from conftest import computes_in, needs_bfloat16_compute
@@ -239,7 +240,7 @@ def test_bfloat16_without_bfloat16_kernels_stores_bfloat16_and_computes_fp32(mon
     # so it runs on any CPU): the same parameters in the same dtypes as on a bfloat16
     # CPU, every op computing in FP32, one warning per process, trainable.
     monkeypatch.setattr(hw, 'cpu_class', lambda: cpu_class)
-    monkeypatch.setattr(mg, '_warned_bfloat16_storage_only', False)
+    monkeypatch.setattr(gluon_warnings, '_warned_bfloat16_storage_only', False)
     net = make(in_channels=3)
     x = data((2, 3, 16, 16))
     reference = net(x).asnumpy()
@@ -329,7 +330,7 @@ def test_hybridize_after_convert_and_inactive_keep_policy():
 
 
 def test_float16_on_cpu_warns_once(monkeypatch):
-    monkeypatch.setattr(mg, '_warned_float16_cpu', False)
+    monkeypatch.setattr(gluon_warnings, '_warned_float16_cpu', False)
     net = make()
     mg.convert(net, 'float16')
     with warnings.catch_warnings(record=True) as caught:
@@ -508,7 +509,7 @@ def test_amx_left_off_keeps_auto_in_float32_and_bfloat16_says_what_it_costs(monk
         'avx512f', 'avx512bw', 'avx512vl', 'avx512dq', 'avx512_bf16', 'amx_bf16')))
     monkeypatch.setattr(hw, '_amx_enabled', amx_enabled)
     monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
-    monkeypatch.setattr(mg, '_warned_bfloat16_without_amx', False)
+    monkeypatch.setattr(gluon_warnings, '_warned_bfloat16_without_amx', False)
     monkeypatch.setattr(dtypes, '_warned_auto_float32', True)
     assert mg.is_converted(mg.convert(make(), 'auto')) is amx_enabled
     with warnings.catch_warnings(record=True) as caught:

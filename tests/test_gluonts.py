@@ -82,8 +82,8 @@ def test_the_predictor_serializes_and_loads(tmp_path):
 
 @needs_bfloat16_compute
 def test_bfloat16_trains_deepar_close_to_float32_and_says_it_will_be_slower(monkeypatch):
-    from mxamp import gluon as gluon_front
-    monkeypatch.setattr(gluon_front, '_warned_unpaid', False)
+    from mxamp import gluon_warnings
+    monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
     _, _, want = _trained(_deepar, mxamp.gluonts.Trainer(dtype='float32', **_trainer()))
     with pytest.warns(RuntimeWarning, match='expect it slower than float32'):
         mx.random.seed(0)
