@@ -149,6 +149,9 @@ class MultiPrecision(_MixedInto):
                 self._mxamp_overflow_flag(weight, grad)
                 return
             first = weight
+        if not _is_low(first):   # FP32 weights (one dtype a list): MXNet's update as is
+            super(MultiPrecision, self).update_multi_precision(index, weight, grad, state)
+            return
         many = isinstance(index, (list, tuple))
         if self._mxamp_native_step(mx.optimizer.SGD, first, grad[0] if many else grad):
             self._mxamp_sgd_steps(*([index, weight, grad, state] if many else
@@ -158,7 +161,7 @@ class MultiPrecision(_MixedInto):
             self._mxamp_adam_steps(*([index, weight, grad, state] if many else
                                      [[index], [weight], [grad], [state]]))
             return
-        if self.multi_precision and _is_low(first):
+        if self.multi_precision:
             self._mxamp_follow(weight if many else [weight], state if many else [state],
                                self._mxamp_generic(first))
         if not self._mxamp_generic(first):
