@@ -70,10 +70,11 @@ _LOW = _GEMM | _names('BatchNorm _contrib_BatchNormWithReLU _contrib_SyncBatchNo
 # Numerically sensitive (softmax, norms, reductions, exp/log/pow, losses, detection, linear
 # algebra, samplers), legacy ops without low-precision kernels, custom ops, quantization; and
 # mxamp's master-weight kernels, which update FP32 masters and are never in a graph; mxamp's
-# own LayerNorm (mxamp.kernels.operators).
+# own LayerNorm and softmax with a length (mxamp.kernels.operators).
 _FLOAT32 = _names('''
     _mxamp_follow_weight _mxamp_sgd_step _mxamp_adam_step
     softmax log_softmax softmin SoftmaxOutput SoftmaxActivation LayerNorm _mxamp_layer_norm
+    _mxamp_masked_softmax
     GroupNorm InstanceNorm
     L2Normalization LRN norm moments _square_sum multi_sum_sq multi_lars
     exp expm1 log log10 log1p log2 _power _power_scalar _rpower_scalar broadcast_power _hypot

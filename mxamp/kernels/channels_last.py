@@ -443,14 +443,18 @@ class _Rewrite(object):
 
 _OWN_OPERATORS = (operators.OP_NAME, operators.BATCH_NORM_OP_NAME, operators.POOLING_OP_NAME,
                   operators.SELFATT_QK_OP_NAME, operators.SELFATT_VALATT_OP_NAME,
-                  operators.LAYER_NORM_OP_NAME)
+                  operators.LAYER_NORM_OP_NAME, operators.MASKED_SOFTMAX_OP_NAME)
+# Inputs of own operators that take no gradient (a softmax's integer length): never fanned out.
+_NO_GRADIENT_INPUTS = {operators.MASKED_SOFTMAX_OP_NAME: (1,)}
 
 
 def _own_operator_inputs(nodes: Sequence[Mapping[str, Any]],
                          names: Optional[Set[str]] = None) -> Set[Tuple[int, int]]:
-    """The entries that mxamp's own convolutions and batch norms (those named `names`) read."""
+    """The entries that mxamp's own operators (those named `names`) read and give a gradient."""
     return {(src, k) for node in nodes if node['op'] in _OWN_OPERATORS and
-            (names is None or node['name'] in names) for src, k, _ in node['inputs']}
+            (names is None or node['name'] in names)
+            for position, (src, k, _) in enumerate(node['inputs'])
+            if position not in _NO_GRADIENT_INPUTS.get(node['op'], ())}
 
 
 def with_fanned_out_inputs(graph: Graph, names: Iterable[str]) -> List[str]:
@@ -458,8 +462,9 @@ def with_fanned_out_inputs(graph: Graph, names: Iterable[str]) -> List[str]:
     returns the fan-outs' names.
 
     For own convolutions outside regions (`mxamp.kernels.choice`), self-attention products
-    (both reading one projection) and layer normalisations (`mxamp.kernels.transformer`):
-    MXNet must never sum gradients into an own operator's output (see the module's rewrite).
+    (both reading one projection), layer normalisations and softmaxes with a length (their
+    data; the length takes no gradient) (`mxamp.kernels.transformer`): MXNet must never sum
+    gradients into an own operator's output (see the module's rewrite).
     """
     wanted = set(names)
     if not wanted:

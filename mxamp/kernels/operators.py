@@ -39,7 +39,7 @@ __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
            'MOVE_CHANNELS_OP_NAME', 'POOLING_OP_NAME', 'SGD_STEP_OP_NAME', 'ADAM_STEP_OP_NAME',
            'CLIP_OP_NAME', 'adam_step_bfloat16',
            'SELFATT_QK_OP_NAME', 'SELFATT_VALATT_OP_NAME', 'LAYER_NORM_OP_NAME', 'selfatt_qk',
-           'selfatt_valatt', 'layer_norm',
+           'selfatt_valatt', 'layer_norm', 'MASKED_SOFTMAX_OP_NAME', 'masked_softmax',
            'follow_bfloat16_weight', 'sgd_step_bfloat16', 'OwnConvStatus', 'OwnConvUnavailable',
            'ENV', 'status', 'available', 'describe', 'mode', 'require_loaded', 'convolution',
            'batch_norm', 'fan_out', 'move_channels', 'pooling', 'clip', 'kernels', 'library_path']
@@ -74,10 +74,13 @@ SELFATT_VALATT_OP_NAME = '_mxamp_selfatt_valatt'
 #: The layer normalisation's name in MXNet (its gradient: ``_backward__mxamp_layer_norm``): see
 #: :func:`layer_norm`.
 LAYER_NORM_OP_NAME = '_mxamp_layer_norm'
+#: The softmax with a length's name in MXNet (its gradient: ``_backward__mxamp_masked_softmax``):
+#: see :func:`masked_softmax`.
+MASKED_SOFTMAX_OP_NAME = '_mxamp_masked_softmax'
 #: Every operator the library registers.
 _OPERATORS = (OP_NAME, FOLLOW_OP_NAME, BATCH_NORM_OP_NAME, FAN_OUT_OP_NAME, MOVE_CHANNELS_OP_NAME,
               POOLING_OP_NAME, SGD_STEP_OP_NAME, ADAM_STEP_OP_NAME, CLIP_OP_NAME, SELFATT_QK_OP_NAME,
-              SELFATT_VALATT_OP_NAME, LAYER_NORM_OP_NAME)
+              SELFATT_VALATT_OP_NAME, LAYER_NORM_OP_NAME, MASKED_SOFTMAX_OP_NAME)
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
@@ -447,6 +450,36 @@ def layer_norm(data: Any, gamma: Any, beta: Any, *, eps: float = 1e-5,
     return loaded.nd[LAYER_NORM_OP_NAME](data, gamma, beta, eps=eps)
 
 
+def masked_softmax(data: Any, length: Any, *, name: Optional[str] = None) -> Any:
+    """MXNet's ``softmax(data, length, axis=-1, use_length=True)``, vectorised: `data` float32,
+    `length` int32 or int64 of `data`'s shape without its last axis.
+
+    Each row's first ``length`` values get their softmax, the rest 0 (all of a row of length
+    0); a length below 0 or beyond the row counts as 0 or the row's (MXNet reads and writes
+    outside the row there).  Its gradient reaches `data` only.  MXNet 1.9.1 computes this
+    softmax and its gradient in a scalar loop on a CPU; the values are MXNet's to float32's
+    rounding.
+
+    Raises
+    ------
+    ValueError
+        For a Symbol variable as `length` with no shape.
+
+    Examples
+    --------
+    >>> scores = mx.nd.array([[1, 2, 3], [1, 1, 1]])
+    >>> weights = mxamp.kernels.operators.masked_softmax(scores, mx.nd.array([2, 0], dtype='int32'))
+    >>> weights.asnumpy().round(4)
+    array([[0.2689, 0.7311, 0.    ],
+           [0.    , 0.    , 0.    ]], dtype=float32)
+    """
+    loaded = _require()
+    if isinstance(data, mx.sym.Symbol):
+        _require_known_shape('length', length)
+        return loaded.sym[MASKED_SOFTMAX_OP_NAME](data, length, axis=-1, name=name)
+    return loaded.nd[MASKED_SOFTMAX_OP_NAME](data, length, axis=-1)
+
+
 def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
             stride: Optional[Sequence[int]] = None, pad: Optional[Sequence[int]] = None,
             global_pool: bool = False, count_include_pad: bool = True,
@@ -475,11 +508,11 @@ def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',
 
 
 def _require_known_shape(what: str, symbol: mx.sym.Symbol) -> None:
-    """Refuse a statistics input of unknown shape: MXNet 1.9.1's shape inference for extension
-    operators (``src/c_api/c_api.cc``) sizes its buffer by the inputs' dimension counts, an
-    unknown shape counting -1, so too many unknown shapes write past it and kill the process."""
+    """Refuse a statistics or length input of unknown shape: MXNet 1.9.1's shape inference for
+    extension operators (``src/c_api/c_api.cc``) sizes its buffer by the inputs' dimension
+    counts, an unknown shape counting -1, so unknown shapes write past it and kill the process."""
     if symbol.get_children() is None and '__shape__' not in (symbol.list_attr() or {}):
-        raise ValueError('%s (%s) has no shape: give it one (mx.sym.var(name, shape=(C,))); '
+        raise ValueError('%s (%s) has no shape: give it one (mx.sym.var(name, shape=...)); '
                          "MXNet's shape inference for extension operators cannot infer it"
                          % (what, symbol.name))
 

@@ -25,9 +25,12 @@ MXNet's operators, which any MXNet loads.
 6. `OwnLayerNorms`: layer normalisations over the last axis on the own
    operator, in the precision the precision pass gave them (MXNet's gradient is
    a slow generic loop).
-7. `FanOuts`: a fan-out on each array an own convolution, self-attention
-   product or layer normalisation shares, since MXNet must never sum gradients
-   into an own operator's output.
+7. `OwnSoftmax`: softmaxes with a length over the last axis (the attention
+   weights of gluonnlp's BERT) on the own vectorised operator, in FP32, MXNet's
+   values (MXNet's softmax with a length and its gradient are scalar loops).
+8. `FanOuts`: a fan-out on each array an own convolution, self-attention
+   product, layer normalisation or softmax with a length shares, since MXNet
+   must never sum gradients into an own operator's output.
 """
 from typing import Sequence
 
@@ -171,6 +174,26 @@ class OwnLayerNorms(GraphPass):
                                "(mxamp.kernels.transformer)" % len(moved))
 
 
+class OwnSoftmax(GraphPass):
+    name = 'own softmaxes with a length'
+
+    def applies(self, context):
+        return _applies(context) and operators.available()
+
+    def run(self, graph, context, earlier):
+        float32_readers = frozenset(
+            record.name for record in context.conversion.nodes
+            if record.precision == 'float32' and record.plan.inputs[:1] == ('float32',))
+        moved = transformer.own_masked_softmaxes(graph, float32_readers, context.source,
+                                                 context.shapes)
+        if not moved:
+            return PassRecord(self.name)
+        return PassRecord(self.name, frozenset(moved),
+                          {name: operators.MASKED_SOFTMAX_OP_NAME for name in moved},
+                          line="softmaxes with a length on mxamp's own vectorised operator: %d "
+                               "(mxamp.kernels.transformer)" % len(moved))
+
+
 class FanOuts(GraphPass):
     name = 'fan-outs'
 
@@ -181,10 +204,11 @@ class FanOuts(GraphPass):
         own = _record(earlier, OwnConvolutions.name).nodes
         if context.training:  # (inference: no gradient, no sum to avoid)
             own |= _record(earlier, OwnAttention.name).nodes | \
-                _record(earlier, OwnLayerNorms.name).nodes
+                _record(earlier, OwnLayerNorms.name).nodes | \
+                _record(earlier, OwnSoftmax.name).nodes
         return PassRecord(self.name, frozenset(channels_last.with_fanned_out_inputs(graph, own)))
 
 
 #: The wing's passes, in order (`mxamp.pipeline`).
 PASSES = (ChannelsLastRegions(), StemWithoutDataGradient(), OwnConvolutions(), OwnClips(),
-          OwnAttention(), OwnLayerNorms(), FanOuts())
+          OwnAttention(), OwnLayerNorms(), OwnSoftmax(), FanOuts())

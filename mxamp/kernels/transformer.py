@@ -20,16 +20,26 @@ precision the precision pass gave it, FP32): MXNet 1.9.1's CPU gradient of it is
 generic loop, many times slower (docs/policy.rst, "Transformers under bfloat16").  One whose gamma or beta gradient adds (``grad_req='add'``) keeps MXNet's,
 since the own operators write gradients.
 
+Softmax with a length
+---------------------
+The attention weights, ``softmax(scores, length, axis=-1, use_length=True)`` (gluonnlp's
+BERT masks its padding so), stay in FP32, but move onto mxamp's own vectorised operator
+(`mxamp.kernels.operators.masked_softmax`, MXNet's values): MXNet 1.9.1 has no oneDNN
+softmax with a length, and computes it and its gradient in a scalar loop
+(docs/policy.rst, "Transformers under bfloat16").  Only one over the last axis, with no
+temperature but 1 and no ``dtype``, reading float32 data, moves; its length, an integer
+input, takes no gradient.
+
 The precision pass's graph, which export and summary read, keeps MXNet's operators:
 any MXNet runs it.
 """
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..graph import assemble_graph, cast_input
+from ..graph import assemble_graph, cast_input, infer_entry_shapes
 from ..passes import Graph
 from . import operators
 
-__all__ = ['OWN_OPERATORS', 'with_own_attention', 'own_layer_norms']
+__all__ = ['OWN_OPERATORS', 'with_own_attention', 'own_layer_norms', 'own_masked_softmaxes']
 
 #: MXNet's self-attention operator -> mxamp's, computing the same product in bfloat16.
 OWN_OPERATORS = {
@@ -139,3 +149,72 @@ def own_layer_norms(graph: Graph, writes_gradient: Callable[[str], bool]) -> Dic
             node['op'] = operators.LAYER_NORM_OP_NAME
             moved[node['name']] = params
     return moved
+
+
+def _is_true(text: Any) -> bool:
+    return str(text) in ('True', 'true', '1')
+
+
+def _unit_temperature(text: Optional[str]) -> bool:
+    """Whether a softmax's ``temperature`` attribute (None: unset) divides by 1."""
+    if text in (None, 'None'):
+        return True
+    try:
+        return float(text) == 1.0
+    except ValueError:
+        return False
+
+
+def own_masked_softmaxes(graph: Graph, float32_readers: AbstractSet[str], source: Graph,
+                         shapes: Mapping[str, Tuple[int, ...]]) -> List[str]:
+    """Put `graph`'s softmaxes with a length over the last axis on mxamp's own operator, in
+    place; returns the names of the nodes moved.
+
+    A ``softmax`` moves when it has ``use_length``, no ``dtype`` and no temperature but 1, its
+    axis is the last (-1, or the last index of its data's shape, which MXNet's inference on
+    `source`, the precision pass's graph, from the variables' `shapes` must then know), and it
+    reads its data in float32: named in `float32_readers` (the precision pass's record) and not
+    reading a cast to another dtype.  The others stay MXNet's.
+    """
+    nodes = graph['nodes']
+    moved = []
+    for node in nodes:
+        attrs = node.get('attrs', {})
+        if node['op'] != 'softmax' or len(node['inputs']) != 2 or \
+                node['name'] not in float32_readers or \
+                not _is_true(attrs.get('use_length', 'False')) or \
+                attrs.get('dtype', 'None') != 'None' or \
+                not _unit_temperature(attrs.get('temperature')) or \
+                _cast_to(nodes[node['inputs'][0][0]]) not in (None, 'float32'):
+            continue
+        axis = _int(attrs.get('axis', '-1'))
+        if axis is None or (axis != -1 and
+                            _data_dimensions(source, node['name'], shapes) != axis + 1):
+            continue
+        node['op'] = operators.MASKED_SOFTMAX_OP_NAME
+        node['attrs'] = dict({key: value for key, value in attrs.items() if key.startswith('__')},
+                             axis='-1')
+        moved.append(node['name'])
+    return moved
+
+
+def _int(text: str) -> Optional[int]:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _data_dimensions(source: Graph, name: str, shapes: Mapping[str, Tuple[int, ...]]
+                     ) -> Optional[int]:
+    """How many dimensions the data of `source`'s node `name` has; None if unknown."""
+    nodes = source['nodes']
+    node = next((node for node in nodes if node['name'] == name), None)
+    if node is None:
+        return None
+    src, k, _ = node['inputs'][0]
+    if nodes[src]['op'] == 'null':
+        shape = shapes.get(nodes[src]['name'])
+    else:
+        shape = infer_entry_shapes(source, shapes).get((src, k))
+    return None if shape is None else len(shape)

@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers twelve operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers thirteen operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -50,6 +50,12 @@
 // last; eps; output_mean_var False): inputs (data, gamma, beta), outputs (output, mean,
 // variance), data and output float32 or bfloat16, the rest float32; its gradient's inputs are
 // (the outputs' gradients, the inputs, the outputs), its outputs the inputs' gradients.
+// "_mxamp_masked_softmax" (masked_softmax.h), with the attributes of MXNet's softmax with
+// use_length=True that it computes (axis: the last only; no temperature, no dtype): inputs
+// (data, float32; length, int32 or int64, of the data's shape without its last axis), output
+// the softmax over the first `length` values of each row, 0 beyond; its gradient's inputs are
+// (output gradient, data, length, output), its outputs the gradients of (data, length), the
+// length's zero, as MXNet's.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -71,6 +77,7 @@
 
 #include "clip.h"
 #include "fan_out.h"
+#include "masked_softmax.h"
 #include "master_weights.h"
 #include "move_channels.h"
 #include "onednn_attention.h"
@@ -96,6 +103,7 @@ constexpr const char* kClipOpName = "_mxamp_clip";
 constexpr const char* kSelfAttQkOpName = "_mxamp_selfatt_qk";
 constexpr const char* kSelfAttValAttOpName = "_mxamp_selfatt_valatt";
 constexpr const char* kLayerNormOpName = "_mxamp_layer_norm";
+constexpr const char* kMaskedSoftmaxOpName = "_mxamp_masked_softmax";
 constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
@@ -1601,6 +1609,129 @@ int layer_norm_backward(const Call& c) {
   return 1;
 }
 
+// _mxamp_masked_softmax: axis (the last only: -1, or the last dimension's index).
+int64_t parse_masked_softmax(const char* const* keys, const char* const* vals, int num) {
+  int64_t axis = -1;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key != "axis")
+      throw std::invalid_argument("unknown attribute " + key + "=" + value +
+                                  " (mxamp's masked softmax takes axis alone)");
+    axis = parse_int(key, value);
+  }
+  return axis;
+}
+
+// The spec of data of `shape` with lengths of type `length_flag`; the axis must be its last.
+mxamp::MaskedSoftmaxSpec masked_softmax_spec(int64_t axis, const int64_t* shape, int ndim,
+                                             int length_flag) {
+  if (ndim <= 0) throw std::invalid_argument("the data's shape is unknown");
+  if (axis != -1 && axis != ndim - 1)
+    throw std::invalid_argument("axis=" + std::to_string(axis) +
+                                ": mxamp's masked softmax computes over the last axis only");
+  mxamp::MaskedSoftmaxSpec spec;
+  spec.columns = shape[ndim - 1];
+  spec.rows = static_cast<int64_t>(element_count(shape, ndim - 1));
+  spec.length_flag = length_flag;
+  return spec;
+}
+
+// The lengths' shape for data of `shape`: the data's without its last axis, (1,) for 1-D data,
+// as MXNet's softmax infers it.
+std::vector<int64_t> masked_softmax_length_shape(const int64_t* shape, int ndim) {
+  if (ndim == 1) return {1};
+  return std::vector<int64_t>(shape, shape + ndim - 1);
+}
+
+// Throws unless `flag` is unknown (negative), int32 or int64: the lengths MXNet's softmax takes.
+void check_length_type(int flag) {
+  if (flag >= 0 && flag != mxamp::kFlagInt32 && flag != mxamp::kFlagInt64)
+    throw std::invalid_argument("length type flag " + std::to_string(flag) + ": " +
+                                kMaskedSoftmaxOpName + " takes int32 or int64 lengths, as "
+                                "MXNet's softmax");
+}
+
+int masked_softmax_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                         int* num_out) {
+  parse_masked_softmax(keys, vals, num);
+  *num_in = 2;
+  *num_out = 1;
+  return 1;
+}
+
+int masked_softmax_infer_shape(const char* const* keys, const char* const* vals, int num,
+                               unsigned int** inshapes, int* indims, int num_in,
+                               unsigned int*** mod_inshapes, int** mod_indims,
+                               unsigned int*** outshapes, int** outdims, int num_out) {
+  const int64_t axis = parse_masked_softmax(keys, vals, num);
+  if (num_in != 2 || num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  if (indims[0] <= 0) throw std::invalid_argument("the data's shape is unknown");
+  const std::vector<int64_t> data(inshapes[0], inshapes[0] + indims[0]);
+  masked_softmax_spec(axis, data.data(), indims[0], mxamp::kFlagInt32);
+  give_shapes({data, masked_softmax_length_shape(data.data(), indims[0])}, mod_inshapes,
+              mod_indims);
+  give_shapes({data}, outshapes, outdims);
+  return 1;
+}
+
+// Data and output float32; the lengths int32 or int64, left as they are.
+int masked_softmax_infer_type(const char* const* keys, const char* const* vals, int num,
+                              int* intypes, int num_in, int* outtypes, int num_out) {
+  parse_masked_softmax(keys, vals, num);
+  if (num_in != 2 || num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  if (known >= 0 && known != mxamp::kFlagFloat32)
+    throw std::invalid_argument("data type flag " + std::to_string(known) + ": " +
+                                kMaskedSoftmaxOpName + " takes float32 data");
+  check_length_type(intypes[1]);
+  intypes[0] = outtypes[0] = mxamp::kFlagFloat32;
+  return 1;
+}
+
+int masked_softmax_forward(const Call& c) {
+  const int64_t axis = parse_masked_softmax(c.keys, c.vals, c.num);
+  if (c.num_in != 2 || c.num_out != 1) throw std::invalid_argument("expected 2 inputs and 1 output");
+  if (c.intypes[0] != mxamp::kFlagFloat32)
+    throw std::invalid_argument(std::string(kMaskedSoftmaxOpName) + " takes float32 data");
+  check_length_type(c.intypes[1]);
+  const mxamp::MaskedSoftmaxSpec spec =
+      masked_softmax_spec(axis, c.inshapes[0], c.indims[0], c.intypes[1]);
+  check_same_shape("length", c.inshapes[1], c.indims[1],
+                   masked_softmax_length_shape(c.inshapes[0], c.indims[0]));
+  check_same_shape("output", c.outshapes[0], c.outdims[0],
+                   std::vector<int64_t>(c.inshapes[0], c.inshapes[0] + c.indims[0]));
+  mxamp::masked_softmax_forward(spec, static_cast<const float*>(c.indata[0]), c.indata[1],
+                                static_cast<float*>(c.outdata[0]));
+  return 1;
+}
+
+int masked_softmax_backward(const Call& c) {
+  const int64_t axis = parse_masked_softmax(c.keys, c.vals, c.num);
+  // MXNet's gradient node: inputs (output gradient, data, length, output), outputs the
+  // gradients of (data, length).
+  if (c.num_in != 4 || c.num_out != 2) throw std::invalid_argument("expected 4 inputs and 2 outputs");
+  if (c.intypes[0] != mxamp::kFlagFloat32 || c.intypes[3] != mxamp::kFlagFloat32)
+    throw std::invalid_argument(std::string(kMaskedSoftmaxOpName) + " takes float32 data");
+  check_length_type(c.intypes[2]);
+  const mxamp::MaskedSoftmaxSpec spec =
+      masked_softmax_spec(axis, c.inshapes[1], c.indims[1], c.intypes[2]);
+  const std::vector<int64_t> shape(c.inshapes[1], c.inshapes[1] + c.indims[1]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], shape);
+  check_same_shape("output", c.inshapes[3], c.indims[3], shape);
+  check_same_shape("length", c.inshapes[2], c.indims[2],
+                   masked_softmax_length_shape(shape.data(), c.indims[1]));
+  mxamp::masked_softmax_backward(spec, static_cast<const float*>(c.indata[0]),
+                                 static_cast<const float*>(c.indata[3]), c.indata[2],
+                                 static_cast<float*>(c.outdata[0]));
+  // The length's gradient: zero, as MXNet's softmax writes it (same type as the length).
+  if (c.outdata[1] != nullptr)
+    std::memset(c.outdata[1], 0,
+                element_count(c.outshapes[1], c.outdims[1]) *
+                    (c.intypes[2] == mxamp::kFlagInt64 ? sizeof(int64_t) : sizeof(int32_t)));
+  return 1;
+}
+
 // One registered operator: its name and functions.  No backward: MXNet registers no gradient.
 struct Operator {
   const char* name;
@@ -1651,6 +1782,10 @@ Operator operators[] = {
     {kLayerNormOpName, &layer_norm_parse, &layer_norm_infer_shape, &layer_norm_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&layer_norm_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&layer_norm_backward)}, 1, nullptr},
+    {kMaskedSoftmaxOpName, &masked_softmax_parse, &masked_softmax_infer_shape,
+     &masked_softmax_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&masked_softmax_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&masked_softmax_backward)}, 1, nullptr},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 

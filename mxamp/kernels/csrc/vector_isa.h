@@ -1,7 +1,7 @@
 // Elementwise loops compiled twice, for any x86-64 CPU and for AVX-512, run on what the CPU has.
 //
-// Owns that choice for mxamp's own elementwise kernels (fan_out.cc, master_weights.cc,
-// bfloat16_batch_norm.cc).  Every CPU that computes bfloat16 has AVX-512 (avx512_core and up),
+// Owns that choice for mxamp's own elementwise and row-wise kernels (fan_out.cc,
+// master_weights.cc, clip.cc, bfloat16_batch_norm.cc, masked_softmax.cc).  Every CPU that computes bfloat16 has AVX-512 (avx512_core and up),
 // and on data in the cache their bfloat16 loops are bound by arithmetic: compiled for any x86-64
 // CPU (SSE2, 4 floats a vector) they take about twice as long.  GCC 12's target_clones cannot
 // name ISA extensions, only CPU models, so a kernel is written as:
@@ -9,7 +9,8 @@
 //   * a loop body over [begin, end), MXAMP_LOOP_BODY (always inlined, "#pragma omp simd"), with
 //     no OpenMP region of its own (one would be compiled for any CPU);
 //   * two wrappers calling it, one plain and one MXAMP_AVX512;
-//   * for_chunks, calling the wrapper has_avx512() picks on each kChunk-value chunk.
+//   * for_chunks, calling the wrapper has_avx512() picks on each kChunk-value chunk (or
+//     for_row_chunks, on chunks of whole rows, for a kernel that works a row at a time).
 //
 // bfloat16_batch_norm.cc's loops have no plain twin: they are called only where has_avx512(),
 // and oneDNN's kernels serve everywhere else.
@@ -54,6 +55,19 @@ void for_chunks(int64_t n, const Chunk& chunk) {
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk;
     chunk(begin, n - begin < kChunk ? n : begin + kChunk);
+  }
+}
+
+// chunk(begin, end) over the rows [0, rows) of `columns` values each, about kChunk values (at
+// least one row) at a time, on the calling thread's OpenMP team.
+template <typename Chunk>
+void for_row_chunks(int64_t rows, int64_t columns, const Chunk& chunk) {
+  const int64_t per_chunk = columns >= kChunk ? 1 : kChunk / (columns > 0 ? columns : 1);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+#pragma omp parallel for if (rows * columns >= kParallelFrom) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * per_chunk;
+    chunk(begin, rows - begin < per_chunk ? rows : begin + per_chunk);
   }
 }
 
