@@ -369,4 +369,9 @@ def test_bert_first_step_with_the_own_softmax_is_as_with_mxnets(monkeypatch, see
     net, inputs, mxnet_loss, mxnets = _bert_first_step('bfloat16', seed)
     assert 'softmax' in _bert_ops(net, inputs, 'training')
     assert abs(own_loss - mxnet_loss) < 1e-5 * abs(mxnet_loss)
-    assert max(relative_error(a, b) for a, b in zip(own, mxnets)) < 1e-2
+    # The key biases' gradients are zero in exact arithmetic (softmax ignores a constant added
+    # to a row's scores): what is left is rounding noise, some 1e-13, which no relative bound
+    # holds.  Those below a millionth of the largest gradient are left out.
+    largest = max(float(np.abs(b).max()) for b in mxnets)
+    assert max(relative_error(a, b) for a, b in zip(own, mxnets)
+               if np.abs(b).max() > 1e-6 * largest) < 1e-2
