@@ -153,7 +153,7 @@ _WIDEST = _names('''
 # out), casts, optimizer updates (never in a forward graph), control flow (refused anyway).
 _NEUTRAL = _names('''
     relu sigmoid tanh softsign hard_sigmoid abs negative sign ceil floor fix rint round trunc
-    sqrt cbrt degrees radians clip logical_not Dropout BlockGrad
+    sqrt cbrt degrees radians clip logical_not Dropout _mxamp_dropout BlockGrad
     Flatten Reshape SwapAxis transpose expand_dims squeeze slice slice_axis slice_like
     _mxamp_fan_out _mxamp_move_channels _mxamp_pooling _mxamp_clip SliceChannel _split_v2
     _split_v2_backward reshape_like broadcast_like broadcast_axis
@@ -237,12 +237,13 @@ _FLOAT32_OUTPUTS = {
 # Ops with a bfloat16 CPU kernel in MXNet 1.9.1, forward and backward, tried op by op on
 # avx512_bf16.  Absent on purpose, as they fail: transpose (double free on 4-D input), Dropout,
 # dot/batch_dot/linalg, RNN, Embedding, LayerNorm, UpSampling, Crop, softmax-output losses.
+# mxamp's own operators (mxamp.kernels.operators) with bfloat16 loops are in, _mxamp_dropout too.
 BFLOAT16_CPU_KERNELS = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
     _mxamp_batch_norm Activation LeakyReLU relu sigmoid tanh softsign Pooling _contrib_AdaptiveAvgPooling2D
     _contrib_BilinearResize2D Flatten Reshape expand_dims squeeze SwapAxis reshape_like
     slice_like broadcast_like broadcast_axis broadcast_to BlockGrad _copy _mxamp_fan_out
-    _mxamp_move_channels _mxamp_pooling _mxamp_clip make_loss
+    _mxamp_move_channels _mxamp_pooling _mxamp_clip _mxamp_dropout make_loss
     Concat stack add_n elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add
     broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
     _maximum _minimum _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar

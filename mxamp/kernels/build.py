@@ -34,12 +34,13 @@ _CSRC = os.path.join('mxamp', 'kernels', 'csrc')
 SOURCES = tuple(os.path.join(_CSRC, name) for name in (
     'onednn_runtime.cc', 'onednn_conv.cc', 'onednn_batch_norm.cc', 'onednn_pooling.cc',
     'onednn_attention.cc', 'onednn_layer_norm.cc', 'master_weights.cc', 'fan_out.cc',
-    'move_channels.cc', 'clip.cc', 'bfloat16_batch_norm.cc', 'masked_softmax.cc',
+    'move_channels.cc', 'clip.cc', 'dropout.cc', 'bfloat16_batch_norm.cc', 'masked_softmax.cc',
     'mxnet_extension.cc'))
 HEADERS = tuple(os.path.join(_CSRC, name) for name in (
     'onednn_runtime.h', 'onednn_conv.h', 'onednn_batch_norm.h', 'onednn_pooling.h',
     'onednn_attention.h', 'onednn_layer_norm.h', 'master_weights.h', 'fan_out.h',
-    'move_channels.h', 'clip.h', 'bfloat16_batch_norm.h', 'masked_softmax.h', 'vector_isa.h',
+    'move_channels.h', 'clip.h', 'dropout.h', 'bfloat16_batch_norm.h', 'masked_softmax.h',
+    'vector_isa.h',
     'mxnet_lib_api_v11.h'))
 LIBRARY = 'libmxamp_own_conv.so'
 NOT_BUILT_NOTE = 'own_conv_not_built.txt'  # read by mxamp/kernels/operators.py

@@ -40,6 +40,7 @@ __all__ = ['OP_NAME', 'FOLLOW_OP_NAME', 'BATCH_NORM_OP_NAME', 'FAN_OUT_OP_NAME',
            'CLIP_OP_NAME', 'adam_step_bfloat16',
            'SELFATT_QK_OP_NAME', 'SELFATT_VALATT_OP_NAME', 'LAYER_NORM_OP_NAME', 'selfatt_qk',
            'selfatt_valatt', 'layer_norm', 'MASKED_SOFTMAX_OP_NAME', 'masked_softmax',
+           'DROPOUT_OP_NAME', 'dropout',
            'follow_bfloat16_weight', 'sgd_step_bfloat16', 'OwnConvStatus', 'OwnConvUnavailable',
            'ENV', 'status', 'available', 'describe', 'mode', 'require_loaded', 'convolution',
            'batch_norm', 'fan_out', 'move_channels', 'pooling', 'clip', 'kernels', 'library_path']
@@ -77,10 +78,13 @@ LAYER_NORM_OP_NAME = '_mxamp_layer_norm'
 #: The softmax with a length's name in MXNet (its gradient: ``_backward__mxamp_masked_softmax``):
 #: see :func:`masked_softmax`.
 MASKED_SOFTMAX_OP_NAME = '_mxamp_masked_softmax'
+#: The dropout's name in MXNet (its gradient: ``_backward__mxamp_dropout``): see :func:`dropout`.
+DROPOUT_OP_NAME = '_mxamp_dropout'
 #: Every operator the library registers.
 _OPERATORS = (OP_NAME, FOLLOW_OP_NAME, BATCH_NORM_OP_NAME, FAN_OUT_OP_NAME, MOVE_CHANNELS_OP_NAME,
               POOLING_OP_NAME, SGD_STEP_OP_NAME, ADAM_STEP_OP_NAME, CLIP_OP_NAME, SELFATT_QK_OP_NAME,
-              SELFATT_VALATT_OP_NAME, LAYER_NORM_OP_NAME, MASKED_SOFTMAX_OP_NAME)
+              SELFATT_VALATT_OP_NAME, LAYER_NORM_OP_NAME, MASKED_SOFTMAX_OP_NAME,
+              DROPOUT_OP_NAME)
 
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_native')
 _LIBRARY_NAME = 'libmxamp_own_conv.so'
@@ -478,6 +482,33 @@ def masked_softmax(data: Any, length: Any, *, name: Optional[str] = None) -> Any
         _require_known_shape('length', length)
         return loaded.sym[MASKED_SOFTMAX_OP_NAME](data, length, axis=-1, name=name)
     return loaded.nd[MASKED_SOFTMAX_OP_NAME](data, length, axis=-1)
+
+
+def dropout(data: Any, p: float = 0.5, *, name: Optional[str] = None) -> Any:
+    """MXNet's ``Dropout`` as it trains (``mode='training'``, no ``axes``), vectorised:
+    `data` float32 or bfloat16.
+
+    Returns the output (`data`'s dtype) and the mask its gradient reads, one bit a value as
+    MXNet's ``Dropout`` keeps it (uint8, (bytes,): bit i % 8 of byte i // 8 set where value i
+    of the flattened data was kept).  Each value is kept with probability 1 - `p` and
+    scaled by 1 / (1 - `p`) (in float32, a bfloat16 value rounded once), as MXNet computes
+    it; `p` 0 is the identity; `p` 1 gives zeros (MXNet 1.9.1: NaN).  It always drops: the
+    extension ABI does not say whether MXNet trains.  Each call draws its random bits' seed
+    from MXNet's random state (``mx.random.seed`` makes runs repeat); the bits of a value
+    depend on the seed and its index alone, not on the thread count (``csrc/dropout.h``).
+    MXNet 1.9.1's own CPU ``Dropout`` draws each value from a Mersenne twister in a scalar loop.
+
+    Examples
+    --------
+    >>> out, mask = mxamp.kernels.operators.dropout(mx.nd.ones((2, 4)), p=0.5)
+    >>> kept = np.unpackbits(mask.asnumpy(), bitorder='little').reshape(2, 4)
+    >>> bool((out.asnumpy() == 2 * kept).all())   # kept: 1 / (1 - p); dropped: 0
+    True
+    """
+    loaded = _require()
+    if isinstance(data, mx.sym.Symbol):
+        return loaded.sym[DROPOUT_OP_NAME](data, p=float(p), name=name)
+    return loaded.nd[DROPOUT_OP_NAME](data, p=float(p))
 
 
 def pooling(data: Any, *, kernel: Sequence[int] = (), pool_type: str = 'max',

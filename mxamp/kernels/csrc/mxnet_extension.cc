@@ -1,6 +1,6 @@
 // MXNet 1.9.1 extension library (mx.library.load) registering mxamp's native operators.
 //
-// Registers thirteen operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
+// Registers fourteen operators.  "_mxamp_follow_weight" (master_weights.h): inputs (FP32 master,
 // bfloat16 weight), output the master that follows the weight; no attributes, no gradient.
 // "_mxamp_convolution", with the attributes of MXNet's Convolution
 // (kernel, stride, dilate, pad, num_filter, num_group, no_bias; layout NCW/NCHW/NCDHW only;
@@ -56,6 +56,12 @@
 // the softmax over the first `length` values of each row, 0 beyond; its gradient's inputs are
 // (output gradient, data, length, output), its outputs the gradients of (data, length), the
 // length's zero, as MXNet's.
+// "_mxamp_dropout" (dropout.h), with the attributes of MXNet's Dropout (p; mode training or
+// always, both dropping; axes empty; cudnn_off accepted and ignored), always dropping, since the
+// ABI does not say whether MXNet is training: one input (float32 or bfloat16), outputs the
+// dropped-out array and its mask (uint8, (bytes,), one bit a value).  Each call draws its
+// seed from MXNet's CPU random states (mx.random.seed sets them).  Its gradient's inputs are
+// (the 2 outputs' gradients, the input, the outputs), its output the input's gradient.
 //
 // The extension ABI (MX_LIBRARY_VERSION 11) is implemented here directly, on raw pointers:
 // see mxnet_lib_api_v11.h for why MXNet's lib_api.cc is not compiled in.  What the ABI does not
@@ -70,12 +76,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "clip.h"
+#include "dropout.h"
 #include "fan_out.h"
 #include "masked_softmax.h"
 #include "master_weights.h"
@@ -104,7 +112,8 @@ constexpr const char* kSelfAttQkOpName = "_mxamp_selfatt_qk";
 constexpr const char* kSelfAttValAttOpName = "_mxamp_selfatt_valatt";
 constexpr const char* kLayerNormOpName = "_mxamp_layer_norm";
 constexpr const char* kMaskedSoftmaxOpName = "_mxamp_masked_softmax";
-constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: max pooling's workspace
+constexpr const char* kDropoutOpName = "_mxamp_dropout";
+constexpr int kFlagUInt8 = 3;  // mshadow's type flag of uint8: workspaces, dropout's mask
 
 // The message of the last failure on this thread, read by MXNet through _msgSize/_msgGet right
 // after the failing call.
@@ -237,6 +246,7 @@ struct Call {
   void** outdata;
   int num_out;
   mxamp::Scratch scratch;
+  void* rng_cpu_states;  // MXNet's RandGenerator<cpu, float>::GetStates(): std::mt19937[1024]
 };
 
 void check_same_shape(const char* what, const int64_t* shape, int ndim,
@@ -1732,6 +1742,113 @@ int masked_softmax_backward(const Call& c) {
   return 1;
 }
 
+// _mxamp_dropout: the attributes of MXNet's Dropout (p, default 0.5; mode training or always,
+// both dropping here; axes empty: a mask shared along axes is MXNet's alone; cudnn_off ignored).
+float parse_dropout(const char* const* keys, const char* const* vals, int num) {
+  float p = 0.5f;
+  for (int i = 0; i < num; ++i) {
+    const std::string key(keys[i]), value(vals[i]);
+    if (key.compare(0, 2, "__") == 0) continue;
+    if (key == "p") {
+      p = parse_float(key, value);
+      mxamp::check_dropout_probability(p);
+    } else if (key == "mode") {
+      if (value != "training" && value != "always")
+        throw std::invalid_argument("mode=" + value + ": expected training or always");
+    } else if (key == "axes") {
+      if (!parse_tuple(key, value).empty())
+        throw std::invalid_argument("axes=" + value + ": mxamp's dropout takes no axes");
+    } else if (key != "cudnn_off") {
+      throw std::invalid_argument("unknown attribute " + key + "=" + value);
+    }
+  }
+  return p;
+}
+
+void check_dropout_counts(int num_in, int num_out) {
+  if (num_in != 1 || num_out != 2) throw std::invalid_argument("expected 1 input and 2 outputs");
+}
+
+int dropout_parse(const char* const* keys, const char* const* vals, int num, int* num_in,
+                  int* num_out) {
+  parse_dropout(keys, vals, num);
+  *num_in = 1;
+  *num_out = 2;
+  return 1;
+}
+
+// The output takes the data's shape; the mask one bit a value, (bytes,).
+std::vector<int64_t> dropout_mask_shape(const int64_t* shape, int ndim) {
+  return {static_cast<int64_t>((element_count(shape, ndim) + 7) / 8)};
+}
+
+int dropout_infer_shape(const char* const* keys, const char* const* vals, int num,
+                        unsigned int** inshapes, int* indims, int num_in,
+                        unsigned int*** mod_inshapes, int** mod_indims,
+                        unsigned int*** outshapes, int** outdims, int num_out) {
+  parse_dropout(keys, vals, num);
+  check_dropout_counts(num_in, num_out);
+  if (indims[0] <= 0) throw std::invalid_argument("the data's shape is unknown");
+  const std::vector<int64_t> shape(inshapes[0], inshapes[0] + indims[0]);
+  give_shapes({shape}, mod_inshapes, mod_indims);
+  give_shapes({shape, dropout_mask_shape(shape.data(), indims[0])}, outshapes, outdims);
+  return 1;
+}
+
+// Data and output float32 or bfloat16; the mask uint8.
+int dropout_infer_type(const char* const* keys, const char* const* vals, int num, int* intypes,
+                       int num_in, int* outtypes, int num_out) {
+  parse_dropout(keys, vals, num);
+  check_dropout_counts(num_in, num_out);
+  const int known = intypes[0] >= 0 ? intypes[0] : outtypes[0];
+  check_float32_or_bfloat16(known, kDropoutOpName);
+  intypes[0] = outtypes[0] = known;
+  outtypes[1] = kFlagUInt8;
+  return 1;
+}
+
+// A seed for one forward call: two draws from the first of MXNet's CPU random states, the
+// engines of its parallel random resource, which mx.random.seed reseeds.  The engine runs one
+// operator holding that resource at a time.
+uint64_t draw_seed(void* rng_cpu_states) {
+  if (rng_cpu_states == nullptr) throw std::invalid_argument("MXNet passed no CPU random states");
+  std::mt19937& engine = *static_cast<std::mt19937*>(rng_cpu_states);
+  const uint64_t high = engine();
+  return high << 32 | engine();
+}
+
+int dropout_forward(const Call& c) {
+  const float p = parse_dropout(c.keys, c.vals, c.num);
+  check_dropout_counts(c.num_in, c.num_out);
+  check_float32_or_bfloat16(c.intypes[0], kDropoutOpName);
+  const std::vector<int64_t> shape(c.inshapes[0], c.inshapes[0] + c.indims[0]);
+  check_same_shape("output", c.outshapes[0], c.outdims[0], shape);
+  check_same_shape("mask", c.outshapes[1], c.outdims[1],
+                   dropout_mask_shape(shape.data(), c.indims[0]));
+  mxamp::dropout_forward(c.indata[0], c.outdata[0], static_cast<uint8_t*>(c.outdata[1]),
+                         element_count(c.inshapes[0], c.indims[0]), p,
+                         draw_seed(c.rng_cpu_states), c.intypes[0] == mxamp::kFlagBFloat16);
+  return 1;
+}
+
+int dropout_backward(const Call& c) {
+  const float p = parse_dropout(c.keys, c.vals, c.num);
+  // MXNet's gradient node: inputs (output gradient, mask gradient, data, output, mask); output
+  // the data's gradient.  Nothing reads the mask: its gradient is zero.
+  if (c.num_in != 5 || c.num_out != 1) throw std::invalid_argument("expected 5 inputs and 1 output");
+  check_float32_or_bfloat16(c.intypes[0], kDropoutOpName);
+  const std::vector<int64_t> shape(c.outshapes[0], c.outshapes[0] + c.outdims[0]);
+  check_same_shape("output gradient", c.inshapes[0], c.indims[0], shape);
+  check_same_shape("mask", c.inshapes[4], c.indims[4],
+                   dropout_mask_shape(shape.data(), c.outdims[0]));
+  if (c.intypes[0] != c.intypes[2] || c.intypes[4] != kFlagUInt8)
+    throw std::invalid_argument("the output gradient must have the data's type, the mask uint8");
+  mxamp::dropout_backward(c.indata[0], static_cast<const uint8_t*>(c.indata[4]), c.outdata[0],
+                          element_count(c.outshapes[0], c.outdims[0]), p,
+                          c.intypes[0] == mxamp::kFlagBFloat16);
+  return 1;
+}
+
 // One registered operator: its name and functions.  No backward: MXNet registers no gradient.
 struct Operator {
   const char* name;
@@ -1786,6 +1903,9 @@ Operator operators[] = {
      &masked_softmax_infer_type,
      {reinterpret_cast<mxnet::ext::fcomp_t>(&masked_softmax_forward)},
      {reinterpret_cast<mxnet::ext::fcomp_t>(&masked_softmax_backward)}, 1, nullptr},
+    {kDropoutOpName, &dropout_parse, &dropout_infer_shape, &dropout_infer_type,
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&dropout_forward)},
+     {reinterpret_cast<mxnet::ext::fcomp_t>(&dropout_backward)}, 1, nullptr},
 };
 constexpr int kOperatorCount = sizeof(operators) / sizeof(operators[0]);
 
@@ -1894,7 +2014,8 @@ int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const ch
                     const char**, int*, int num_out, mxnet::ext::xpu_malloc_t cpu_malloc,
                     void* cpu_alloc, mxnet::ext::xpu_malloc_t, void*, void*,
                     mxnet::ext::sparse_malloc_t, void*, int* instypes, int*, void**, void**,
-                    void**, void**, int64_t*, int64_t*, int64_t*, int64_t*, void*, void*) {
+                    void**, void**, int64_t*, int64_t*, int64_t*, int64_t*, void* rng_cpu_states,
+                    void*) {
   last_error.clear();
   try {
     for (int i = 0; i < num_in; ++i) {
@@ -1909,7 +2030,8 @@ int _opCallFCompute(mxnet::ext::fcomp_t fcomp, const char* const* keys, const ch
                                               " bytes of temporary memory; MXNet gives at most "
                                               "2 GiB to an extension");
                    return cpu_malloc(cpu_alloc, static_cast<int>(bytes));
-                 }};
+                 },
+                 rng_cpu_states};
     return reinterpret_cast<RawCompute>(fcomp)(call);
   } catch (const std::exception& e) {
     return fail(e.what());

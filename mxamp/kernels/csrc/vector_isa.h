@@ -1,7 +1,7 @@
 // Elementwise loops compiled twice, for any x86-64 CPU and for AVX-512, run on what the CPU has.
 //
 // Owns that choice for mxamp's own elementwise and row-wise kernels (fan_out.cc,
-// master_weights.cc, clip.cc, bfloat16_batch_norm.cc, masked_softmax.cc).  Every CPU that computes bfloat16 has AVX-512 (avx512_core and up),
+// master_weights.cc, clip.cc, dropout.cc, bfloat16_batch_norm.cc, masked_softmax.cc).  Every CPU that computes bfloat16 has AVX-512 (avx512_core and up),
 // and on data in the cache their bfloat16 loops are bound by arithmetic: compiled for any x86-64
 // CPU (SSE2, 4 floats a vector) they take about twice as long.  GCC 12's target_clones cannot
 // name ISA extensions, only CPU models, so a kernel is written as:
