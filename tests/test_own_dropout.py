@@ -1,12 +1,16 @@
-"""mxamp's own dropout (`mxamp.kernels.operators.dropout`).
+"""mxamp's own dropout (`mxamp.kernels.operators.dropout`) and the pass that puts a converted
+training graph's ``Dropout`` on it (`mxamp.kernels.dropout`).
 
 The operator computes MXNet's ``Dropout`` as it trains: each value kept with probability
 1 - p and scaled by MXNet's float32 1 / (1 - p), the others x * 0; bfloat16 values scaled in
 float32 and rounded once; the gradient dy times the same mask and scale.  Its random bits are
 Philox4x32-10's, keyed by a seed each call draws from MXNet's random state: ``mx.random.seed``
-repeats them, two calls differ, and the thread count changes nothing.
+repeats them, two calls differ, and the thread count changes nothing.  In a converted bfloat16
+network the training graph runs it in place of MXNet's ``Dropout`` (mode 'training', no axes,
+0 < p < 1, an operator's output); inference and export keep MXNet's.
 """
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -15,14 +19,20 @@ import textwrap
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import autograd
+from mxnet import autograd, gluon
 
+import mxamp
+import mxamp.gluon as mg
 from mxamp.dtypes import cast, to_float32_numpy, to_numpy
+from mxamp.kernels import dropout as dropout_mod
 from mxamp.kernels import operators
+from conftest import relative_error
 
 pytestmark = [pytest.mark.skipif(not operators.available(),
                                  reason='own operators off here: %s' % operators.status().reason),
-              pytest.mark.usefixtures('quiet_precision_warnings')]
+              pytest.mark.usefixtures('quiet_precision_warnings'),
+              # mxamp's note that these small layers do not pay for bfloat16 says nothing here.
+              pytest.mark.filterwarnings('ignore:mxamp:RuntimeWarning')]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A million values: 5 binomial standard deviations are 0.16% of p = 0.1's kept count.
@@ -266,3 +276,252 @@ def test_what_it_does_not_compute_is_refused_with_the_reason():
     with pytest.raises(mx.base.MXNetError, match='takes no axes'):
         handle(mx.nd.ones((2, 4)), p=0.5, axes=(1,))[0].wait_to_read()
     mx.nd.waitall()
+
+
+# -- the pass -------------------------------------------------------------------------------------
+
+class _Net(gluon.HybridBlock):
+    """Two dense layers with dropouts between: gluon's (p 0.3), F.Dropout's of the given
+    attributes, and a dropout that is the network's output (p 0.1)."""
+
+    def __init__(self, middle=None, units=64, classes=10, **kwargs):
+        super(_Net, self).__init__(**kwargs)
+        self._middle = {'p': 0.2} if middle is None else middle
+        with self.name_scope():
+            self.hidden = gluon.nn.Dense(units, activation='relu', flatten=False)
+            self.dropout = gluon.nn.Dropout(0.3)
+            self.output = gluon.nn.Dense(classes)
+
+    def hybrid_forward(self, F, x):
+        hidden = F.Dropout(self.dropout(self.hidden(x)), **self._middle)
+        return F.Dropout(self.output(hidden), p=0.1)
+
+
+def _converted(net, x, dtype='bfloat16', **kwargs):
+    net.initialize(mx.init.Xavier())
+    net(x)
+    mxamp.convert(net, dtype, **kwargs)
+    net.hybridize()
+    with autograd.record():
+        net(x)
+    return net
+
+
+def _runtime_ops(net, x, mode):
+    symbol = mg._runtime_graph(net, net._cached_graph[1], (x,), mode).symbol
+    return [node['op'] for node in json.loads(symbol.tojson(remove_amp_cast=False))['nodes']]
+
+
+def _x(shape=(8, 32)):
+    return _data(shape, seed=2)
+
+
+@pytest.mark.parametrize('mode', ['training', 'inference', 'training with input gradients'])
+def test_a_converted_training_graph_drops_out_on_the_own_operator(mode):
+    x = _x()
+    net = _converted(_Net(), x)
+    ops = _runtime_ops(net, x, mode)
+    if mode == 'inference':
+        assert ops.count('Dropout') == 3 and operators.DROPOUT_OP_NAME not in ops
+    else:
+        assert ops.count(operators.DROPOUT_OP_NAME) == 3 and 'Dropout' not in ops
+    # The precision pass's graph, which export writes, keeps MXNet's.
+    assert [node['op'] for node in json.loads(net._cached_graph[1].tojson())['nodes']].count(
+        'Dropout') == 3
+
+
+def test_export_keeps_mxnets_dropout_and_runs_on_plain_mxnet(tmp_path):
+    x = _x()
+    net = _converted(_Net(), x)
+    out = to_float32_numpy(net(x))
+    net.export(str(tmp_path / 'net'))
+    with open(str(tmp_path / 'net-symbol.json')) as f:
+        ops = [node['op'] for node in json.load(f)['nodes']]
+    assert ops.count('Dropout') == 3 and operators.DROPOUT_OP_NAME not in ops
+    loaded = gluon.SymbolBlock.imports(str(tmp_path / 'net-symbol.json'), ['data'],
+                                       str(tmp_path / 'net-0000.params'))
+    assert relative_error(to_float32_numpy(loaded(x)), out) < 1e-6
+
+
+def test_a_dropout_that_is_the_output_gives_one_output_and_its_gradient():
+    x = _x()
+    net = _converted(_Net(), x)
+    x.attach_grad()
+    with autograd.record():
+        out = net(x)
+    assert isinstance(out, mx.nd.NDArray) and out.shape == (8, 10)
+    out.backward()
+    grad = to_float32_numpy(x.grad)
+    assert np.isfinite(grad).all() and grad.any()
+    # The output's dropped values are exact zeros, about a tenth of them.
+    assert 0 < (to_float32_numpy(out) == 0).mean() < 0.4
+
+
+@pytest.mark.parametrize('middle', [{'p': 0.2, 'axes': (1,)}, {'p': 0.0},
+                                    {'p': 1.0}, {'p': 0.2, 'mode': 'always'}])
+def test_dropouts_the_own_operator_does_not_stand_in_for_stay_mxnets(middle):
+    x = _x((8, 4, 32))
+    net = _converted(_Net(middle), x)
+    ops = _runtime_ops(net, x, 'training')
+    assert ops.count('Dropout') == 1 and ops.count(operators.DROPOUT_OP_NAME) == 2
+
+
+def test_a_network_that_runs_as_its_float32_self_keeps_mxnets_masks():
+    # Under 'auto' no layer this small pays for bfloat16: the network computes and stores
+    # everything in FP32 and trains as its FP32 self, value for value, dropouts included.
+    x = _x()
+    net = _converted(_Net(), x, 'auto')
+    conversion = mg.converted_state(net).conversion_for('cpu')[1]
+    assert not conversion.computes_low and not conversion.lp_params
+    ops = _runtime_ops(net, x, 'training')
+    assert ops.count('Dropout') == 3 and operators.DROPOUT_OP_NAME not in ops
+    fp32 = _Net()
+    fp32.initialize()
+    fp32(x)
+    for mine, theirs in zip(fp32.collect_params().values(), net.collect_params().values()):
+        mine.set_data(theirs.data())
+    fp32.hybridize()
+    outputs = []
+    for block in (net, fp32):
+        mx.random.seed(4)
+        with autograd.record():
+            outputs.append(block(x).asnumpy())
+    assert np.array_equal(outputs[0], outputs[1])
+
+
+def test_a_dropout_of_the_inputs_stays_mxnets():
+    class _InputDropout(gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super(_InputDropout, self).__init__(**kwargs)
+            with self.name_scope():
+                self.dense = gluon.nn.Dense(4)
+
+        def hybrid_forward(self, F, x):
+            return self.dense(F.Dropout(x, p=0.2))
+    x = _x()
+    ops = _runtime_ops(_converted(_InputDropout(), x), x, 'training with input gradients')
+    assert 'Dropout' in ops and operators.DROPOUT_OP_NAME not in ops
+
+
+def test_summary_names_the_own_dropouts():
+    x = _x()
+    text = mxamp.summary(_converted(_Net(), x), print_fn=None)
+    assert "dropouts on mxamp's own vectorised operator in training: 3" in text
+    assert text.count('Dropout (training: %s)' % operators.DROPOUT_OP_NAME) == 3
+
+
+def test_the_pass_reads_the_precision_pass_record():
+    graph = {'nodes': [{'op': 'null', 'name': 'x', 'inputs': []},
+                       {'op': 'relu', 'name': 'r', 'inputs': [[0, 0, 0]]},
+                       {'op': 'Dropout', 'name': 'd', 'attrs': {'p': '0.5'}, 'inputs': [[1, 0, 0]]},
+                       {'op': 'Dropout', 'name': 'e', 'inputs': [[2, 0, 0]]}],
+             'heads': [[3, 0, 0]]}
+    assert dropout_mod.movable_dropouts(graph, {'r': 'float32', 'd': 'float32',
+                                                'e': 'bfloat16'}) == ['d', 'e']
+    assert dropout_mod.movable_dropouts(graph, {'d': 'float16', 'e': 'float32'}) == ['e']
+    assert dropout_mod.with_own_dropouts(graph, ['e']) == ['e']
+    assert [node['op'] for node in graph['nodes']] == ['null', 'relu', 'Dropout',
+                                                       operators.DROPOUT_OP_NAME]
+
+
+class _Shared(gluon.HybridBlock):
+    """A dropout whose input another operator reads too: h + dropout(h); returns both."""
+
+    def __init__(self, **kwargs):
+        super(_Shared, self).__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(256, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        hidden = self.dense(x)
+        return hidden + F.Dropout(hidden, p=0.5), hidden
+
+
+def test_a_shared_input_is_fanned_out_and_both_gradients_arrive():
+    # MXNet may add the second reader's gradient into the first's output (in place), which an
+    # own operator, writing its gradient, would overwrite: the input gets a fan-out.
+    x = _x((16, 64))
+    net = _converted(_Shared(), x)
+    ops = _runtime_ops(net, x, 'training')
+    assert operators.DROPOUT_OP_NAME in ops and operators.FAN_OUT_OP_NAME in ops
+    with autograd.record():
+        out, hidden = net(x)
+    out.backward()
+    out, hidden = to_float32_numpy(out), to_float32_numpy(hidden)
+    # d out / d hidden = 1 + 2 * kept (p 0.5); the bias's gradient sums it over the batch.
+    kept = np.abs(out - hidden) > 1e-3 * np.abs(hidden)
+    want = (1 + 2 * kept).sum(axis=0)
+    got = to_float32_numpy(net.dense.bias.grad())
+    assert relative_error(got, want) < 1e-2
+
+
+def test_a_dropout_computed_in_bfloat16_trains_on_bfloat16_data():
+    # MXNet's Dropout has no bfloat16 kernel: the precision pass keeps it in FP32 unless the
+    # user asks (lp_ops); the own operator then computes it on the bfloat16 data.
+    x = _x((8, 4, 32))
+    net = _converted(_Net(), x, lp_ops=['Dropout'])
+    precision = {node.name: node.precision
+                 for node in mg.converted_state(net).conversion_for('cpu')[1].nodes}
+    assert set(precision[name] for name in precision if 'dropout' in name) == {'bfloat16'}
+    ops = _runtime_ops(net, x, 'training')
+    assert ops.count(operators.DROPOUT_OP_NAME) == 3 and 'Dropout' not in ops
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    assert np.isfinite(to_float32_numpy(net.hidden.weight.grad())).all()
+
+
+def test_a_converted_net_with_dropouts_learns():
+    rng = np.random.RandomState(0)
+    centres = rng.normal(0, 1, (10, 32)).astype(np.float32)
+    labels = rng.randint(0, 10, 512)
+    data = centres[labels] + rng.normal(0, 0.5, (512, 32)).astype(np.float32)
+    x, y = mx.nd.array(data), mx.nd.array(labels)
+    mx.random.seed(0)
+    net = _converted(_Net(units=128), x[:8])
+    trainer = mxamp.Trainer(net.collect_params(), 'adam', {'learning_rate': 3e-3})
+    loss_of = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for step in range(60):
+        batch = slice(64 * (step % 8), 64 * (step % 8 + 1))
+        with autograd.record():
+            loss = loss_of(net(x[batch]), y[batch])
+        loss.backward()
+        trainer.step(64)
+        losses.append(float(loss.mean().asscalar()))
+    assert operators.DROPOUT_OP_NAME in _runtime_ops(net, x[:64], 'training')
+    assert np.mean(losses[-8:]) < 0.5 * np.mean(losses[:8]), losses
+    # Inference (MXNet's Dropout, the identity) classifies the data.
+    assert (net(x).asnumpy().argmax(axis=1) == labels).mean() > 0.8
+
+
+def test_gluonnlps_bert_drops_out_on_the_own_operator_in_training():
+    nlp = pytest.importorskip('gluonnlp', reason='needs GluonNLP 0.10 (the test extra)')
+    vocab = nlp.vocab.BERTVocab(nlp.data.count_tokens(['w%d' % i for i in range(30)]))
+    bert, _ = nlp.model.get_model('bert_12_768_12', dataset_name=None, vocab=vocab,
+                                  pretrained=False, use_pooler=True, use_decoder=False,
+                                  use_classifier=False, hparam_allow_override=True, dropout=0.1,
+                                  num_layers=2, units=64, hidden_size=128, num_heads=2,
+                                  embed_size=64)
+    net = nlp.model.BERTClassifier(bert, num_classes=2, dropout=0.1)
+    mx.random.seed(0)
+    net.initialize(mx.init.Normal(0.02))
+    tokens = mx.nd.array(np.random.RandomState(0).randint(5, 30, (4, 16)))
+    types, lengths = mx.nd.zeros((4, 16)), mx.nd.array([16, 12, 9, 16])
+    mxamp.convert(net, 'bfloat16')
+    net.hybridize()
+    with autograd.record():
+        loss = net(tokens, types, lengths).sum()
+    loss.backward()
+    symbol = net._cached_graph[1]
+    dropouts = [node['op'] for node in json.loads(symbol.tojson())['nodes']].count('Dropout')
+    training = mg._runtime_graph(net, symbol, (tokens, types, lengths), 'training').symbol
+    inference = mg._runtime_graph(net, symbol, (tokens, types, lengths), 'inference').symbol
+    ops = {mode: [node['op'] for node in json.loads(graph.tojson())['nodes']]
+           for mode, graph in (('training', training), ('inference', inference))}
+    # Embeddings, per layer attention weights and two hidden states, the classifier's input.
+    assert dropouts >= 7
+    assert ops['training'].count(operators.DROPOUT_OP_NAME) == dropouts
+    assert 'Dropout' not in ops['training']
+    assert ops['inference'].count('Dropout') == dropouts
+    assert np.isfinite(float(loss.asscalar()))

@@ -78,7 +78,7 @@ def test_the_kernel_wing_names_its_passes_in_order():
     names = [graph_pass.name for graph_pass in pipeline.kernel_passes()]
     assert names == ['channels-last regions', 'stem without data gradient', 'own convolutions',
                      'own clips', 'own attention', 'own layer normalisations',
-                     'own softmaxes with a length', 'fan-outs']
+                     'own softmaxes with a length', 'own dropouts', 'fan-outs']
     assert pipeline.low_precision_kernel_ops() == (
         frozenset(['clip']) if operators.available() else frozenset())
 

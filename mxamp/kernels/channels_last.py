@@ -443,7 +443,8 @@ class _Rewrite(object):
 
 _OWN_OPERATORS = (operators.OP_NAME, operators.BATCH_NORM_OP_NAME, operators.POOLING_OP_NAME,
                   operators.SELFATT_QK_OP_NAME, operators.SELFATT_VALATT_OP_NAME,
-                  operators.LAYER_NORM_OP_NAME, operators.MASKED_SOFTMAX_OP_NAME)
+                  operators.LAYER_NORM_OP_NAME, operators.MASKED_SOFTMAX_OP_NAME,
+                  operators.DROPOUT_OP_NAME)
 # Inputs of own operators that take no gradient (a softmax's integer length): never fanned out.
 _NO_GRADIENT_INPUTS = {operators.MASKED_SOFTMAX_OP_NAME: (1,)}
 

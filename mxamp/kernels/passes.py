@@ -28,15 +28,19 @@ MXNet's operators, which any MXNet loads.
 7. `OwnSoftmax`: softmaxes with a length over the last axis (the attention
    weights of gluonnlp's BERT) on the own vectorised operator, in FP32, MXNet's
    values (MXNet's softmax with a length and its gradient are scalar loops).
-8. `FanOuts`: a fan-out on each array an own convolution, self-attention
-   product, layer normalisation or softmax with a length shares, since MXNet
-   must never sum gradients into an own operator's output.
+8. `OwnDropouts`: dropouts (``Dropout`` in training mode, without axes) on the
+   own vectorised operator (`mxamp.kernels.dropout`), in training graphs; the
+   inference graph records them and keeps MXNet's ``Dropout``, the identity
+   there.  Not in a graph that runs as its FP32 self (nothing in bfloat16).
+9. `FanOuts`: a fan-out on each array an own convolution, self-attention
+   product, layer normalisation, softmax with a length or dropout shares,
+   since MXNet must never sum gradients into an own operator's output.
 """
 from typing import Sequence
 
 from .. import hardware
 from ..passes import TRAINING, GraphPass, PassContext, PassRecord
-from . import channels_last, choice, operators, transformer
+from . import channels_last, choice, dropout, operators, transformer
 
 # What the training graph runs a channels-last region's ops on.
 _REGION_OPERATORS = {'Convolution': operators.OP_NAME,
@@ -194,6 +198,29 @@ class OwnSoftmax(GraphPass):
                                "(mxamp.kernels.transformer)" % len(moved))
 
 
+class OwnDropouts(GraphPass):
+    name = 'own dropouts'
+
+    def applies(self, context):
+        # A graph that computes nothing in bfloat16 and stores no parameter so (dtype='auto'
+        # where no layer pays) runs as its FP32 self, value for value: MXNet's masks too.
+        conversion = context.conversion
+        return _applies(context) and operators.available() and \
+            bool(conversion.computes_low or conversion.lp_params)
+
+    def run(self, graph, context, earlier):
+        precision = {record.name: record.precision for record in context.conversion.nodes}
+        moved = frozenset(dropout.movable_dropouts(context.source, precision))
+        if not moved:
+            return PassRecord(self.name)
+        if context.training:
+            dropout.with_own_dropouts(graph, moved)
+        return PassRecord(self.name, moved, {name: operators.DROPOUT_OP_NAME for name in moved},
+                          training_only=True,
+                          line="dropouts on mxamp's own vectorised operator in training: %d "
+                               "(mxamp.kernels.dropout; inference runs MXNet's)" % len(moved))
+
+
 class FanOuts(GraphPass):
     name = 'fan-outs'
 
@@ -205,10 +232,11 @@ class FanOuts(GraphPass):
         if context.training:  # (inference: no gradient, no sum to avoid)
             own |= _record(earlier, OwnAttention.name).nodes | \
                 _record(earlier, OwnLayerNorms.name).nodes | \
-                _record(earlier, OwnSoftmax.name).nodes
+                _record(earlier, OwnSoftmax.name).nodes | \
+                _record(earlier, OwnDropouts.name).nodes
         return PassRecord(self.name, frozenset(channels_last.with_fanned_out_inputs(graph, own)))
 
 
 #: The wing's passes, in order (`mxamp.pipeline`).
 PASSES = (ChannelsLastRegions(), StemWithoutDataGradient(), OwnConvolutions(), OwnClips(),
-          OwnAttention(), OwnLayerNorms(), OwnSoftmax(), FanOuts())
+          OwnAttention(), OwnLayerNorms(), OwnSoftmax(), OwnDropouts(), FanOuts())
