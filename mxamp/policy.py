@@ -39,7 +39,7 @@ __all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLAS
            'FLOAT16_CPU_EMULATED', 'Condition', 'Policy', 'Rules',
            'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
            'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
-           'int_tuple', 'policy_lists', 'registered_ops']
+           'int_tuple', 'is_true', 'policy_lists', 'registered_ops']
 
 #: ``layout`` attributes of MXNet's Convolution meaning channels second (``'None'``: the default).
 CHANNELS_FIRST_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
@@ -380,6 +380,15 @@ def _amx_kernel_takes(out_per_group, in_per_group):
     """Whether oneDNN 2.4 runs a bfloat16 convolution (not depthwise) on AMX kernels in all three
     primitives (oneDNN verbose): channels per group in multiples of 32 (in: or an RGB stem's)."""
     return out_per_group % 32 == 0 and (in_per_group < 16 or in_per_group % 32 == 0)
+
+
+def is_true(text: Any) -> bool:
+    """A boolean attribute of a graph node (``'True'``, ``'1'``, True...) as a bool.
+
+    >>> is_true('True'), is_true(None)
+    (True, False)
+    """
+    return str(text).lower() in ('1', 'true')
 
 
 def int_tuple(text: Any) -> Tuple[int, ...]:

@@ -35,7 +35,7 @@ from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Nam
 from .. import graph as graph_mod
 from . import operators
 from ..passes import Graph
-from ..policy import CHANNELS_FIRST_LAYOUTS, int_tuple
+from ..policy import CHANNELS_FIRST_LAYOUTS, int_tuple, is_true
 
 __all__ = ['ELEMENTWISE_OPS', 'Region', 'find_regions', 'with_channels_last',
            'with_fanned_out_inputs']
@@ -75,10 +75,6 @@ class Region(NamedTuple):
             self.convolutions, self.batch_norms, self.borders)
 
 
-def _is_true(text: Any) -> bool:
-    return str(text).lower() in ('1', 'true')
-
-
 def _data_inputs(node: Mapping[str, Any]) -> List[int]:
     """Positions of the inputs of a region node that carry channels-last data."""
     return ([0] if node['op'] in (_CONVOLUTION, _BATCH_NORM, _POOLING)
@@ -107,7 +103,7 @@ def _eligible(nid: int, node: Mapping[str, Any], nodes: Sequence[Mapping[str, An
         return str(attrs.get('layout', 'None')) in CHANNELS_FIRST_LAYOUTS and \
             in_shapes[0] is not None and len(in_shapes[0]) == len(out_shape)
     if op == _BATCH_NORM:
-        return int(attrs.get('axis', 1)) == 1 and not _is_true(attrs.get('output_mean_var', False)) \
+        return int(attrs.get('axis', 1)) == 1 and not is_true(attrs.get('output_mean_var', False)) \
             and in_shapes[0] == out_shape
     return False
 
@@ -117,7 +113,7 @@ def _own_pooling_computes(attrs: Mapping[str, Any]) -> bool:
     if str(attrs.get('layout', 'None')) not in CHANNELS_FIRST_LAYOUTS or \
             attrs.get('pool_type', 'max') not in ('max', 'avg'):
         return False
-    if _is_true(attrs.get('global_pool', False)):
+    if is_true(attrs.get('global_pool', False)):
         return True  # one window, whatever the convention
     if attrs.get('pooling_convention', 'valid') != 'valid':
         return False

@@ -37,6 +37,7 @@ from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Tu
 
 from ..graph import assemble_graph, cast_input, infer_entry_shapes
 from ..passes import Graph
+from ..policy import is_true
 from . import operators
 
 __all__ = ['OWN_OPERATORS', 'with_own_attention', 'own_layer_norms', 'own_masked_softmaxes']
@@ -151,10 +152,6 @@ def own_layer_norms(graph: Graph, writes_gradient: Callable[[str], bool]) -> Dic
     return moved
 
 
-def _is_true(text: Any) -> bool:
-    return str(text) in ('True', 'true', '1')
-
-
 def _unit_temperature(text: Optional[str]) -> bool:
     """Whether a softmax's ``temperature`` attribute (None: unset) divides by 1."""
     if text in (None, 'None'):
@@ -182,7 +179,7 @@ def own_masked_softmaxes(graph: Graph, float32_readers: AbstractSet[str], source
         attrs = node.get('attrs', {})
         if node['op'] != 'softmax' or len(node['inputs']) != 2 or \
                 node['name'] not in float32_readers or \
-                not _is_true(attrs.get('use_length', 'False')) or \
+                not is_true(attrs.get('use_length', 'False')) or \
                 attrs.get('dtype', 'None') != 'None' or \
                 not _unit_temperature(attrs.get('temperature')) or \
                 _cast_to(nodes[node['inputs'][0][0]]) not in (None, 'float32'):
