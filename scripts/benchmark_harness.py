@@ -15,7 +15,7 @@ made the same way and stand side by side:
 * the figures: :func:`derive`'s medians over rounds and ratios to the
   configuration's FP32;
 * the report: the text table (:func:`align`, :func:`cell`, :func:`mode_notes`),
-  the JSON (:func:`run_meta`, :func:`write_json`, :func:`finish`) and the
+  the JSON (:func:`run_meta`, :func:`cpu_info`, :func:`write_json`, :func:`finish`) and the
   command-line pieces both parse alike (:func:`count`, :func:`counts`,
   :func:`names`, :func:`add_sweep_arguments`, :func:`add_run_arguments`,
   :func:`reproduce_command`).
@@ -28,6 +28,7 @@ import argparse
 import datetime
 import json
 import os
+import platform
 import shlex
 import signal
 import statistics
@@ -333,6 +334,21 @@ def mode_notes(result, threads_key, threads_note):
             notes.append(threads_note % (name, mode, '/'.join(map(str, sorted(counts))),
                                          result['threads']))
     return notes
+
+
+def cpu_info():
+    """The CPU's model name and whether it has AVX512-BF16 and AMX-BF16 (``/proc/cpuinfo``)."""
+    fields = {}
+    try:
+        with open('/proc/cpuinfo') as handle:
+            for line in handle:
+                key, _, value = line.partition(':')
+                fields.setdefault(key.strip(), value.strip())   # the first CPU's
+    except OSError:
+        pass
+    flags = set(fields.get('flags', '').split())
+    return (fields.get('model name') or platform.processor() or 'CPU',
+            {flag: flag in flags for flag in ('avx512_bf16', 'amx_bf16')})
 
 
 def run_meta(script, argv, args):

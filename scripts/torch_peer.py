@@ -397,24 +397,9 @@ def format_table(results):
     return '\n'.join(lines)
 
 
-def _cpu_info():
-    """The CPU's model name and whether it has AVX512-BF16 and AMX-BF16 (``/proc/cpuinfo``)."""
-    fields = {}
-    try:
-        with open('/proc/cpuinfo') as handle:
-            for line in handle:
-                key, _, value = line.partition(':')
-                fields.setdefault(key.strip(), value.strip())   # the first CPU's
-    except OSError:
-        pass
-    flags = set(fields.get('flags', '').split())
-    return (fields.get('model name') or platform.processor() or 'CPU',
-            {flag: flag in flags for flag in ('avx512_bf16', 'amx_bf16')})
-
-
 def meta(args, argv, torch_version):
     """What the run was and where it ran (``scripts/benchmark.py``'s keys)."""
-    cpu_model, hardware = _cpu_info()
+    cpu_model, hardware = harness.cpu_info()
     return {**harness.run_meta(__file__, argv, args),
             'versions': {'torch': torch_version, 'python': platform.python_version()},
             'cpu_model': cpu_model, 'cpu_count': os.cpu_count(),
