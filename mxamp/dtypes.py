@@ -42,6 +42,9 @@ _NUMPY: Dict[str, np.dtype] = {'float32': np.dtype(np.float32), 'float16': np.dt
                                'bfloat16': BFLOAT16}
 _NAME_OF_NUMPY = {np_dtype: name for name, np_dtype in _NUMPY.items()}
 _NAME_OF_NUMPY[NUMPY_BFLOAT16] = 'bfloat16'
+# What NDArray.dtype returns, looked up as it is: a converted net reads its inputs' dtypes at
+# every call, and np.dtype() costs more than the rest of that check.
+_NAME_OF_RETURNED = {**_NAME_OF_NUMPY, np.float32: 'float32', np.float16: 'float16'}
 # MXNet's TypeFlag enum (mshadow/base.h), as stored in a variable's ``__dtype__`` attribute.
 _TYPE_FLAG = {'float32': 0, 'float16': 2, 'bfloat16': 12}
 _ALIASES = {'fp32': 'float32', 'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}
@@ -55,7 +58,7 @@ def dtype_name(dtype: DTypeLike, allowed: Sequence[str] = ('float32',) + LOW_PRE
         name = _ALIASES.get(dtype.lower(), dtype.lower())
     else:
         try:
-            name = _NAME_OF_NUMPY.get(np.dtype(dtype))
+            name = _NAME_OF_RETURNED.get(dtype) or _NAME_OF_NUMPY.get(np.dtype(dtype))
         except TypeError:
             pass
     if name is None or name not in allowed:

@@ -111,14 +111,20 @@ class _Converted(Float32Checkpoints):
     # None, then runs it.  A graph built for another device type, or before a child
     # was added, is rebuilt; a block whose graphs differ by mode keeps one CachedOp
     # per mode (_use_cached_op_for).
+    # Each call reads its inputs' shapes, dtypes and device once (_CallArrays): each read is
+    # a C call, and on a small net these checks are a visible share of the forward.
     def _call_cached_op(self, *args):
-        _drop_stale_graph(self, _device_type(args))
-        if _kernel_gradient_added(self) or _rebuilt_for_larger_batch(self, args):
+        state = converted_state(self)
+        arrays = _CallArrays(args)
+        _drop_stale_graph(self, arrays.device_type)
+        if _kernel_gradient_added(self, state) or _rebuilt_for_larger_batch(self, args, arrays):
             self._clear_cached_op()
-        if not converted_state(self).serves_every_mode:
+        if not state.serves_every_mode:
             _use_cached_op_for(self, _mode_name(autograd.is_training(),
                                                 _inputs_take_gradients(args)))
-        return super(_Converted, self)._call_cached_op(*_float32_inputs(args))
+        if arrays.low_precision:
+            args = _float32_inputs(args)
+        return super(_Converted, self)._call_cached_op(*args)
 
     # MXNet 1.9.1: _clear_cached_op drops the graph, _cached_op and
     # _cached_op_args; the CachedOp kept for the other mode goes with them.
@@ -256,17 +262,17 @@ def is_converted(block: Block) -> bool:
     return isinstance(block, _Converted)
 
 
-def _rebuilt_for_larger_batch(block, args):
-    """Whether `args` are larger than the inputs `block`'s graph was converted for, enough
-    for a layer kept in FP32 as too small (`mxamp.cost`) to pay: the graph is then built
-    again for them.  (A first call on one sample, say, does not keep the net in FP32.)"""
+def _rebuilt_for_larger_batch(block, args, arrays):
+    """Whether `args` (read into `arrays`, a `_CallArrays`) are larger than the inputs
+    `block`'s graph was converted for, enough for a layer kept in FP32 as too small
+    (`mxamp.cost`) to pay: the graph is then built again for them.  (A first call on one
+    sample, say, does not keep the net in FP32.)"""
     if not block._cached_graph:
         return False
     state = converted_state(block)
-    arrays = [arg for arg in _flat(args) if isinstance(arg, mx.nd.NDArray)]
-    if state.shapes_weighed(tuple(array.shape for array in arrays)):
+    if state.shapes_weighed(arrays.shapes):
         return False   # the common call: the shapes of the last one, nothing to weigh
-    device = _device_type(args) or _params_device_type(block)
+    device = arrays.device_type or _params_device_type(block)
     cached = state.conversion_for(device)
     if cached is None or not cached[1].small_layers:
         return False
@@ -355,6 +361,19 @@ def _device_type(args):
         if isinstance(arg, mx.nd.NDArray):
             return arg.context.device_type
     return None
+
+
+class _CallArrays(object):
+    """The NDArrays among a call's arguments, with what a converted block checks at every
+    call read once: their ``shapes``, the first one's ``device_type`` (None without
+    arrays) and whether any is ``low_precision`` (float16 or bfloat16)."""
+    __slots__ = ('shapes', 'device_type', 'low_precision')
+
+    def __init__(self, args):
+        arrays = [arg for arg in _flat(args) if isinstance(arg, mx.nd.NDArray)]
+        self.shapes = tuple(array.shape for array in arrays)
+        self.device_type = arrays[0].context.device_type if arrays else None
+        self.low_precision = any(name_of_array(array) in LOW_PRECISION for array in arrays)
 
 
 def _float32_inputs(args):
@@ -556,13 +575,14 @@ def pass_context(block: HybridBlock, conversion: graph_mod.Conversion, mode: str
         block._backend is not None)
 
 
-def _kernel_gradient_added(block):
-    """Whether a parameter whose gradient a later pass's operator writes now adds its gradient.
+def _kernel_gradient_added(block, state):
+    """Whether a parameter whose gradient a later pass's operator writes now adds its gradient
+    (`state`: `block`'s).
 
     ``grad_req`` may change after the CachedOp was made; the own operators
     always write gradients, so the graph is then rebuilt without them there.
     """
-    names = converted_state(block).gradients_written
+    names = state.gradients_written
     if not names:
         return False
     params = block.collect_params()

@@ -31,6 +31,12 @@ def test_precision_name_is_a_name_or_none():
         == ['float32', 'float16', 'bfloat16', None, None, None]
     assert dtypes.name_of_array(mx.nd.zeros(1, dtype='int32')) is None
     assert dtypes.name_of_array(dtypes.cast(mx.nd.zeros(1), 'bfloat16')) == 'bfloat16'
+    # What NDArray.dtype returns (numpy scalar types, MXNet's bfloat16 dtype) is looked up as is.
+    assert [dtypes.name_of_array(mx.nd.zeros(1, dtype=t)) for t in ('float32', 'float16', 'float64',
+                                                                    'uint8')] \
+        == ['float32', 'float16', None, None]
+    assert [dtypes.precision_name(t) for t in (np.dtype('float32'), np.dtype('float16'), [1])] \
+        == ['float32', 'float16', None]
 
 
 def test_generic_narrowing_rounds_to_nearest_even():
