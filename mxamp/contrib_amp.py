@@ -19,7 +19,8 @@ import mxnet as mx
 from .dtypes import DTypeLike, dtype_name, is_auto
 from .gluon import convert_with_rules
 from .graph import load_graph
-from .policy import Condition, Rules, canonical_conditions, canonical_ops, policy_lists
+from .policy import (Condition, Rules, canonical_conditions, canonical_ops, policy_lists,
+                     refuse_failing_bfloat16_ops)
 from .symbol import PYTHON_NAMES, SymbolOptions, check_variables, convert_checked
 
 __all__ = ['convert_hybrid_block', 'convert_model', 'convert_symbol', 'list_conditional_fp32_ops',
@@ -240,6 +241,8 @@ def _translated(function: str, target_dtype: DTypeLike, target_dtype_ops: Option
         if both:
             raise ValueError('%s(): %s in both target_dtype_ops and %s (contrib.amp refuses that too)'
                              % (function, ', '.join(both), other_name))
+    if only and not is_auto(target_dtype) and dtype_name(target_dtype) == 'bfloat16':
+        refuse_failing_bfloat16_ops(frozenset(only), 'target_dtype_ops')
     exclude: Tuple[str, ...] = ()
     if excluded_sym_names is not None:
         names = (tuple(excluded_sym_names) if isinstance(excluded_sym_names, abc.Iterable)

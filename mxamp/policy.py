@@ -23,8 +23,8 @@ import fnmatch
 import functools
 import re
 from collections import abc
-from typing import (Any, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
-                    Tuple)
+from typing import (AbstractSet, Any, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple,
+                    Optional, Sequence, Tuple)
 
 import mxnet as mx
 from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint, py_str
@@ -34,12 +34,13 @@ from .dtypes import LOW_PRECISION, DTypeLike, dtype_name
 from .hardware import AMX, AVX512_BF16, CPU_CLASSES, computes_bfloat16
 from .hardware import cpu_class as this_cpu_class
 
-__all__ = ['BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS', 'BFLOAT16_CPU_OPS_BY_CLASS',
-           'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS', 'CLASSES',
+__all__ = ['BFLOAT16_CPU_FAILS', 'BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS',
+           'BFLOAT16_CPU_OPS_BY_CLASS', 'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS', 'CLASSES',
            'FLOAT16_CPU_EMULATED', 'Condition', 'Policy', 'Rules',
            'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
            'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
-           'int_tuple', 'is_true', 'policy_lists', 'registered_ops']
+           'int_tuple', 'is_true', 'policy_lists', 'refuse_failing_bfloat16_ops',
+           'registered_ops']
 
 #: ``layout`` attributes of MXNet's Convolution meaning channels second (``'None'``: the default).
 CHANNELS_FIRST_LAYOUTS = ('None', 'NCW', 'NCHW', 'NCDHW')
@@ -251,6 +252,14 @@ BFLOAT16_CPU_KERNELS = _names('''
     SequenceMask SequenceReverse _contrib_div_sqrt_dim _contrib_gradientmultiplier
     _contrib_round_ste _contrib_sign_ste zeros_like ones_like shape_array size_array
     max min _rnn_param_concat Cast amp_cast amp_multicast SliceChannel slice slice_axis
+''')
+
+# Ops MXNet 1.9.1 cannot compute in bfloat16 on a CPU in any mode: tried op by op on bfloat16
+# input, each raises at its first call (Dropout in inference too, where it is the identity),
+# and transpose corrupts the heap.  The user's lp_ops may not name them under bfloat16.
+BFLOAT16_CPU_FAILS = _names('''
+    Dropout transpose dot batch_dot _linalg_gemm _linalg_gemm2 RNN LayerNorm UpSampling Crop
+    SoftmaxOutput
 ''')
 
 # Ops whose bfloat16 kernel is MXNet's generic one (no oneDNN), slower than the FP32 op
@@ -611,6 +620,17 @@ class Rules(NamedTuple):
         return cls(fp32, low, tuple(exclude or ()), only, conditions)
 
 
+def refuse_failing_bfloat16_ops(ops: AbstractSet[str], what: str) -> None:
+    """ValueError naming option `what` when `ops` (canonical names), forced to bfloat16, hold
+    one MXNet 1.9.1 cannot compute so on a CPU (`BFLOAT16_CPU_FAILS`)."""
+    failing = sorted(ops & BFLOAT16_CPU_FAILS)
+    if failing:
+        them = 'it' if len(failing) == 1 else 'them'
+        raise ValueError('%s: MXNet %s cannot compute %s in bfloat16 on a CPU (a net converted so '
+                         'fails where MXNet runs it); leave %s to the policy, which keeps %s in FP32'
+                         % (what, mx.__version__, ', '.join(failing), them, them))
+
+
 class Policy(object):
     """Precision decisions for one target dtype.
 
@@ -651,10 +671,14 @@ class Policy(object):
                  costs: Optional[CostModel] = None) -> None:
         self.dtype = dtype_name(dtype, allowed=LOW_PRECISION)
         fp32, low = frozenset(rules.fp32_ops), frozenset(rules.lp_ops)
+        if self.dtype == 'bfloat16':
+            refuse_failing_bfloat16_ops(low, 'lp_ops')
         if rules.lp_ops_only is not None:
             # Rules.of refused the overlaps, so neither set gains what the other holds.
             only = frozenset(rules.lp_ops_only)
             default = default_lp_ops(self.dtype)
+            if self.dtype == 'bfloat16':
+                refuse_failing_bfloat16_ops(only - default, 'lp_ops_only')
             fp32 |= default - only - low
             low |= only - default
         conditions: Dict[str, List[Tuple[str, FrozenSet[str]]]] = {}

@@ -457,23 +457,6 @@ def test_a_shared_input_is_fanned_out_and_both_gradients_arrive():
     assert relative_error(got, want) < 1e-2
 
 
-@needs_bfloat16_compute
-def test_a_dropout_computed_in_bfloat16_trains_on_bfloat16_data():
-    # MXNet's Dropout has no bfloat16 kernel: the precision pass keeps it in FP32 unless the
-    # user asks (lp_ops); the own operator then computes it on the bfloat16 data.
-    x = _x((8, 4, 32))
-    net = _converted(_Net(), x, lp_ops=['Dropout'])
-    precision = {node.name: node.precision
-                 for node in mg.converted_state(net).conversion_for('cpu')[1].nodes}
-    assert set(precision[name] for name in precision if 'dropout' in name) == {'bfloat16'}
-    ops = _runtime_ops(net, x, 'training')
-    assert ops.count(operators.DROPOUT_OP_NAME) == 3 and 'Dropout' not in ops
-    with autograd.record():
-        loss = net(x).sum()
-    loss.backward()
-    assert np.isfinite(to_float32_numpy(net.hidden.weight.grad())).all()
-
-
 def test_a_converted_net_with_dropouts_learns():
     rng = np.random.RandomState(0)
     centres = rng.normal(0, 1, (10, 32)).astype(np.float32)
