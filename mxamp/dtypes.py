@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np
@@ -44,7 +44,7 @@ _NAME_OF_NUMPY = {np_dtype: name for name, np_dtype in _NUMPY.items()}
 _NAME_OF_NUMPY[NUMPY_BFLOAT16] = 'bfloat16'
 # What NDArray.dtype returns, looked up as it is: a converted net reads its inputs' dtypes at
 # every call, and np.dtype() costs more than the rest of that check.
-_NAME_OF_RETURNED = {**_NAME_OF_NUMPY, np.float32: 'float32', np.float16: 'float16'}
+_NAME_OF_RETURNED: Dict[Any, str] = {**_NAME_OF_NUMPY, np.float32: 'float32', np.float16: 'float16'}
 # MXNet's TypeFlag enum (mshadow/base.h), as stored in a variable's ``__dtype__`` attribute.
 _TYPE_FLAG = {'float32': 0, 'float16': 2, 'bfloat16': 12}
 _ALIASES = {'fp32': 'float32', 'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}

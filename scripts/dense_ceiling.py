@@ -46,9 +46,8 @@ class _MXNet:
     def __init__(self, threads):
         if threads is not None:
             os.environ['OMP_NUM_THREADS'] = str(threads)  # before MXNet starts OpenMP
-        import mxamp  # first: enables AMX before oneDNN's first primitive
+        from mxamp.dtypes import cast  # mxamp first: it enables AMX before oneDNN's first primitive
         import mxnet as mx
-        from mxamp.dtypes import cast
         self.mx, self.cast = mx, cast
         self.version = 'mxnet %s' % mx.__version__
         self.threads = threads or int(os.environ.get('OMP_NUM_THREADS') or os.cpu_count())

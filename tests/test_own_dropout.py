@@ -26,7 +26,7 @@ import mxamp.gluon as mg
 from mxamp.dtypes import cast, to_float32_numpy, to_numpy
 from mxamp.kernels import dropout as dropout_mod
 from mxamp.kernels import operators
-from conftest import needs_bfloat16_compute, relative_error
+from conftest import relative_error
 
 pytestmark = [pytest.mark.skipif(not operators.available(),
                                  reason='own operators off here: %s' % operators.status().reason),
