@@ -35,7 +35,8 @@ from .hardware import AMX, AVX512_BF16, CPU_CLASSES, computes_bfloat16
 from .hardware import cpu_class as this_cpu_class
 
 __all__ = ['BFLOAT16_CPU_FAILS', 'BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS',
-           'BFLOAT16_CPU_OPS_BY_CLASS', 'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS', 'CLASSES',
+           'BFLOAT16_CPU_OPS_BY_CLASS', 'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS',
+           'CLASSES',
            'FLOAT16_CPU_EMULATED', 'Condition', 'Policy', 'Rules',
            'PolicyLists', 'attributes', 'base_class', 'canonical', 'canonical_conditions',
            'canonical_ops', 'default_lp_ops', 'emulates_float16', 'exclude_matches',
@@ -236,8 +237,8 @@ _FLOAT32_OUTPUTS = {
 }
 
 # Ops with a bfloat16 CPU kernel in MXNet 1.9.1, forward and backward, tried op by op on
-# avx512_bf16.  Absent on purpose, as they fail: transpose (double free on 4-D input), Dropout,
-# dot/batch_dot/linalg, RNN, Embedding, LayerNorm, UpSampling, Crop, softmax-output losses.
+# avx512_bf16.  Absent on purpose, as they fail: BFLOAT16_CPU_FAILS (below), Embedding and the
+# other softmax-output losses.
 # mxamp's own operators (mxamp.kernels.operators) with bfloat16 loops are in, _mxamp_dropout too.
 BFLOAT16_CPU_KERNELS = _names('''
     Convolution _mxamp_convolution Deconvolution FullyConnected BatchNorm _contrib_BatchNormWithReLU
