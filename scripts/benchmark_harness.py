@@ -360,12 +360,32 @@ def run_meta(script, argv, args):
             'args': {k: v for k, v in vars(args).items() if not k.startswith('_')}}
 
 
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _json_text(value, indent=''):
+    """`value` as indented JSON, but a list of numbers on one line: the per-iteration times
+    of a run of thousands of short steps would otherwise take a line each."""
+    inner = indent + ' '
+    if isinstance(value, dict) and value:
+        lines = ['%s%s: %s' % (inner, json.dumps(key), _json_text(item, inner))
+                 for key, item in value.items()]
+    elif isinstance(value, list) and value and not all(_is_number(item) for item in value):
+        lines = [inner + _json_text(item, inner) for item in value]
+    else:
+        return json.dumps(value)
+    opening, closing = ('{', '}') if isinstance(value, dict) else ('[', ']')
+    return '%s\n%s\n%s%s' % (opening, ',\n'.join(lines), indent, closing)
+
+
 def write_json(path, data):
-    """Write `data` to `path` whole or not at all: an interrupted run leaves no half file."""
+    """Write `data` to `path` (`_json_text`) whole or not at all: an interrupted run leaves no
+    half file."""
     partial = '%s.tmp-%d' % (path, os.getpid())
     try:
         with open(partial, 'w') as handle:
-            json.dump(data, handle, indent=1)
+            handle.write(_json_text(data))
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):

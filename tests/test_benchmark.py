@@ -308,6 +308,21 @@ def test_output_is_written_whole_or_not_at_all(tmp_path):
     assert os.listdir(str(tmp_path)) == ['bench.json']
 
 
+def test_output_keeps_a_list_of_numbers_on_one_line(tmp_path):
+    bench = _load()
+    out = tmp_path / 'bench.json'
+    data = {'meta': {'date': 'd', 'args': {}, 'threads': [2], 'hardware': {'amx_bf16': False}},
+            'results': [{'runs': [{'iteration_ms': [1.5, 2, 0.25e-3], 'peak_rss_mb': None}]},
+                        {'runs': []}],
+            'table': 'a\nb'}
+    bench.harness.write_json(str(out), data)
+    text = out.read_text()
+    assert json.loads(text) == data
+    assert '"iteration_ms": [1.5, 2, 0.00025]' in text
+    # Everything else one item a line, indented one space a level, as json.dump(indent=1) does.
+    assert '   "runs": [\n    {\n     "iteration_ms"' in text and text.count('\n') == 23
+
+
 def _explanation(verdicts):
     """An ``--explain`` worker's answer, as `explain_main` gives it."""
     return {'verdicts': verdicts, 'step_ms': {'bfloat16': 80.0, 'float32': 160.0},
