@@ -23,18 +23,17 @@ children are registered, clearing only that block's graph), the type check of
 (``data``, or ``data0``, ``data1``, ...): the symbolic build in :func:`convert`
 names its inputs the same, so that its graph is the one MXNet builds later.
 Each converted block carries its `mxamp.network_state.NetworkState`, which this
-module drives through that module's moves.
+module drives through that module's moves; what it reads of each call's arguments
+is `mxamp.gluon_calls`'.
 """
-import ctypes
 import inspect
 import json
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Mapping, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
 import mxnet as mx
 from mxnet import autograd
-from mxnet.base import _LIB, SymbolHandle
 from mxnet.gluon import Block, HybridBlock
 
 from . import dtypes
@@ -42,7 +41,8 @@ from . import graph as graph_mod
 from . import gluon_warnings
 from . import hardware
 from . import passes, pipeline
-from .dtypes import LOW_PRECISION, DTypeLike, cast, name_of_array
+from .dtypes import DTypeLike, name_of_array
+from .gluon_calls import CallArrays, device_type_of, flat, float32_inputs, inputs_take_gradients
 from .gluon_parameters import (Float32Checkpoints, ensure_fp32_var, keep_float32, mixed_class,
                                settle, sync_params)
 from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
@@ -70,9 +70,9 @@ class _Converted(Float32Checkpoints):
             for param in self.collect_params().values():
                 ensure_fp32_var(param)
             inputs, fp32 = super(_Converted, self)._get_graph(*args)
-            device = _device_type(args) or _params_device_type(self)
+            device = device_type_of(args) or _params_device_type(self)
             shapes = _known_shapes(self)
-            shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
+            shapes.update((sym.name, arg.shape) for sym, arg in zip(flat(inputs), flat(args))
                           if isinstance(arg, mx.nd.NDArray))
             try:
                 conversion = _conversion(self, fp32, device, shapes)
@@ -95,7 +95,7 @@ class _Converted(Float32Checkpoints):
     def _build_cache(self, *args):
         inputs, symbol = self._get_graph(*args)
         training = autograd.is_training()
-        mode = _mode_name(training, _inputs_take_gradients(args))
+        mode = _mode_name(training, inputs_take_gradients(args))
         runtime = _runtime_graph(self, symbol, args, mode)
         graph = symbol if runtime is None else runtime.symbol
         self._cached_graph = inputs, graph
@@ -111,19 +111,22 @@ class _Converted(Float32Checkpoints):
     # None, then runs it.  A graph built for another device type, or before a child
     # was added, is rebuilt; a block whose graphs differ by mode keeps one CachedOp
     # per mode (_use_cached_op_for).
-    # Each call reads its inputs' shapes, dtypes and device once (_CallArrays): each read is
+    # Each call reads its inputs' shapes, dtypes and device once (CallArrays): each read is
     # a C call, and on a small net these checks are a visible share of the forward.
     def _call_cached_op(self, *args):
         state = converted_state(self)
-        arrays = _CallArrays(args)
-        _drop_stale_graph(self, arrays.device_type)
-        if _kernel_gradient_added(self, state) or _rebuilt_for_larger_batch(self, args, arrays):
+        arrays = CallArrays(args)
+        if _kernel_gradient_added(self, state):
             self._clear_cached_op()
+        elif not state.repeats_last_call(arrays.device_type, arrays.shapes):
+            _drop_stale_graph(self, arrays.device_type)
+            if _rebuilt_for_larger_batch(self, args, arrays):
+                self._clear_cached_op()
         if not state.serves_every_mode:
             _use_cached_op_for(self, _mode_name(autograd.is_training(),
-                                                _inputs_take_gradients(args)))
+                                                inputs_take_gradients(args)))
         if arrays.low_precision:
-            args = _float32_inputs(args)
+            args = float32_inputs(args)
         return super(_Converted, self)._call_cached_op(*args)
 
     # MXNet 1.9.1: _clear_cached_op drops the graph, _cached_op and
@@ -263,7 +266,7 @@ def is_converted(block: Block) -> bool:
 
 
 def _rebuilt_for_larger_batch(block, args, arrays):
-    """Whether `args` (read into `arrays`, a `_CallArrays`) are larger than the inputs
+    """Whether `args` (read into `arrays`, a `CallArrays`) are larger than the inputs
     `block`'s graph was converted for, enough for a layer kept in FP32 as too small
     (`mxamp.cost`) to pay: the graph is then built again for them.  (A first call on one
     sample, say, does not keep the net in FP32.)"""
@@ -279,7 +282,7 @@ def _rebuilt_for_larger_batch(block, args, arrays):
     conversion = cached[1]
     model = state.settings.policy(device).costs
     growth = max([arg.size / float(np.prod(conversion.shapes[sym.name]))
-                  for sym, arg in zip(_flat(block._cached_graph[0]), _flat(args))
+                  for sym, arg in zip(flat(block._cached_graph[0]), flat(args))
                   if isinstance(arg, mx.nd.NDArray) and sym.name in conversion.shapes] or [1.0])
     if model is None or growth <= 1.0:
         return False
@@ -355,50 +358,6 @@ def chosen_precision(block: Block) -> Optional[str]:
 
 # --------------------------------------------------------------------------
 # Graphs
-
-def _device_type(args):
-    for arg in _flat(args):
-        if isinstance(arg, mx.nd.NDArray):
-            return arg.context.device_type
-    return None
-
-
-class _CallArrays(object):
-    """The NDArrays among a call's arguments, with what a converted block checks at every
-    call read once: their ``shapes``, the first one's ``device_type`` (None without
-    arrays) and whether any is ``low_precision`` (float16 or bfloat16)."""
-    __slots__ = ('shapes', 'device_type', 'low_precision')
-
-    def __init__(self, args):
-        arrays = [arg for arg in _flat(args) if isinstance(arg, mx.nd.NDArray)]
-        self.shapes = tuple(array.shape for array in arrays)
-        self.device_type = arrays[0].context.device_type if arrays else None
-        self.low_precision = any(name_of_array(array) in LOW_PRECISION for array in arrays)
-
-
-def _float32_inputs(args):
-    """`args` with float16 and bfloat16 NDArrays cast to FP32 (nested lists kept).
-
-    A converted graph reads FP32 inputs, as the FP32 net does (low-precision
-    data is exact in FP32); MXNet would otherwise stop at the first operator.
-    """
-    def to_float32(arg):
-        if isinstance(arg, (list, tuple)):
-            return type(arg)(to_float32(a) for a in arg)
-        if isinstance(arg, mx.nd.NDArray) and name_of_array(arg) in LOW_PRECISION:
-            return cast(arg, 'float32')
-        return arg
-    return [to_float32(arg) for arg in args]
-
-
-def _flat(items: Iterable[Any]) -> Iterator[Any]:
-    for item in items:
-        if isinstance(item, (list, tuple)):
-            for sub in _flat(item):
-                yield sub
-        else:
-            yield item
-
 
 def _param_contexts(block):
     """The contexts of `block`'s parameters (deferred ones included); [] before initialize()."""
@@ -513,27 +472,6 @@ def _mode_name(training, input_gradients=False):
     return passes.TRAINING_INPUT_GRADIENTS if input_gradients else passes.TRAINING
 
 
-def _inputs_take_gradients(args):
-    """Whether autograd records and an input of `args` is in its graph: has a gradient
-    attached, or was computed from an array that has.
-
-    MXNet 1.9.1: ``MXAutogradGetSymbol`` (``autograd.get_symbol``'s C call) fails on an
-    array outside any recorded graph (``NDArray::get_autograd_symbol``'s check), and MXNet
-    records no operator whose inputs are all outside one.  It is called directly: through
-    ``autograd.get_symbol`` each failure builds a formatted Python exception, which cost
-    the common call (a batch outside the graph) more than a small network's forward.
-    """
-    if not autograd.is_recording():
-        return False
-    for arg in _flat(args):
-        if isinstance(arg, mx.nd.NDArray):
-            symbol = SymbolHandle()
-            if _LIB.MXAutogradGetSymbol(arg.handle, ctypes.byref(symbol)) == 0:
-                _LIB.MXSymbolFree(symbol)
-                return True
-    return False
-
-
 def _use_cached_op_for(block, mode):
     """Make `block`'s CachedOp the one for `mode`, keeping the other mode's aside.
 
@@ -548,14 +486,14 @@ def _runtime_graph(block, symbol, args, mode):
     """The `Conversion` `block`'s CachedOp runs in `mode` (`_mode_name`): `symbol` after the
     later passes (`mxamp.pipeline`); None before any conversion for the device."""
     state = converted_state(block)
-    device = _device_type(args) or _params_device_type(block)
+    device = device_type_of(args) or _params_device_type(block)
     cached = state.conversion_for(device)
     if cached is None:
         return None
     conversion = cached[1]._replace(symbol=symbol)
     shapes = dict(conversion.shapes)
     inputs, _ = block._cached_graph
-    shapes.update((sym.name, arg.shape) for sym, arg in zip(_flat(inputs), _flat(args))
+    shapes.update((sym.name, arg.shape) for sym, arg in zip(flat(inputs), flat(args))
                   if isinstance(arg, mx.nd.NDArray))
     return pipeline.run(pass_context(block, conversion, mode, device, shapes))
 
@@ -626,7 +564,7 @@ def _fp32_graph(block):
         out = HybridBlock.forward(block, *inputs)
     except Exception as err:  # any failure means the block cannot be traced
         raise _Untraceable(block, '%s: %s' % (type(err).__name__, graph_mod.error_line(err)))
-    outputs = list(_flat([out])) if isinstance(out, (list, tuple)) else [out]
+    outputs = list(flat([out])) if isinstance(out, (list, tuple)) else [out]
     if not all(isinstance(o, mx.sym.Symbol) for o in outputs):
         raise _Untraceable(block, 'it returns non-Symbol outputs when traced')
     return mx.sym.Group(outputs)

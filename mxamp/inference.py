@@ -15,6 +15,7 @@ from mxnet.gluon import HybridBlock
 
 from . import dtypes
 from . import gluon as gluon_mod
+from .gluon_calls import flat
 from .gluon_parameters import mixed_class
 from .dtypes import DTypeLike
 from .fusion import (BACKEND, FIX, REFUSAL, check_trainable_params, check_trainable_symbol,
@@ -117,7 +118,7 @@ def for_inference(net: HybridBlock, *inputs: mx.nd.NDArray, dtype: DTypeLike = '
     if not isinstance(net, HybridBlock):
         raise TypeError('mxamp.for_inference needs a gluon HybridBlock, got %s'
                         % type(net).__name__)
-    arrays = [x for x in gluon_mod._flat(inputs) if isinstance(x, mx.nd.NDArray)]
+    arrays = [x for x in flat(inputs) if isinstance(x, mx.nd.NDArray)]
     if not arrays:
         raise TypeError('mxamp.for_inference(net, *inputs) needs example inputs (NDArrays, as '
                         'the net is called with) to settle shapes and the device')

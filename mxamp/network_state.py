@@ -213,6 +213,16 @@ class NetworkState(object):
         self._weighed = shapes
         return False
 
+    def repeats_last_call(self, device_type: Optional[str], shapes: Tuple[Any, ...]) -> bool:
+        """Whether a call on `device_type` with inputs of `shapes` finds the graph as the
+        last call left it: built for that device type after every edit, and `shapes` the
+        ones last weighed (`shapes_weighed`).  The common call: nothing to check."""
+        # The tree read directly: this runs at every call of a converted block, whose state
+        # the caller has checked (converted_state).
+        return (device_type is not None and device_type == self.built_for and
+                shapes == self._weighed and self._tree is not None and
+                self._built_at == self._tree.edits)
+
     def graph_built(self, device_type: str) -> None:
         """Record that the block's graph was (re)built for `device_type`, after every edit so far."""
         tree = self._require_converted('building a graph')[1]
@@ -296,7 +306,7 @@ class NetworkState(object):
     def serves_every_mode(self) -> bool:
         """Whether the current CachedOp (or the next one built) runs in any mode: a call
         then needs no mode, whose test for input gradients costs a small net's forward a
-        noticeable share (`mxamp.gluon._inputs_take_gradients`)."""
+        noticeable share (`mxamp.gluon_calls.inputs_take_gradients`)."""
         return self._cached_for in (None, 'both')
 
     def cached_op_for(self, mode: str, current: Tuple[Any, Any]) -> Tuple[Any, Any]:

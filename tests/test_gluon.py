@@ -17,6 +17,7 @@ from mxnet.gluon import nn
 
 import mxamp
 import mxamp.gluon as mg
+import mxamp.gluon_calls as gluon_calls
 import mxamp.gluon_warnings as gluon_warnings
 import mxamp.dtypes as dtypes
 import mxamp.hardware as hw
@@ -685,3 +686,23 @@ def test_parameters_that_no_cpu_reads_in_bfloat16_stay_fp32():
         assert dtype_name(net[2].weight.dtype) == dtype
         got = to_float32_numpy(net(tokens))
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_call_arrays_read_what_the_ndarray_properties_say():
+    """A converted block's per-call reads (C calls, not NDArray's properties) agree with
+    the properties: shapes in order through nested lists, whether any array is float16 or
+    bfloat16, and the device type of the context MXNet's forward calls it in."""
+    x = mx.nd.ones((4, 3))
+    nested = [mx.nd.zeros((2,)), (mx.nd.ones((1, 2, 3)), 'not an array')]
+    with x.context:
+        read = gluon_calls.CallArrays((x, nested, None))
+    assert read.shapes == ((4, 3), (2,), (1, 2, 3))
+    assert read.device_type == x.context.device_type == 'cpu'
+    assert not read.low_precision
+    with mx.Context('cpu_shared', 0):
+        assert gluon_calls.CallArrays((x,)).device_type == 'cpu_shared'
+    for low in (cast(mx.nd.ones((2, 2)), 'bfloat16'), mx.nd.ones((2, 2), dtype='float16')):
+        read = gluon_calls.CallArrays((x, [low]))
+        assert read.low_precision and read.shapes == ((4, 3), (2, 2))
+    empty = gluon_calls.CallArrays((None, 'text'))
+    assert empty.shapes == () and empty.device_type is None and not empty.low_precision

@@ -1,0 +1,126 @@
+"""What a converted Gluon block reads of each call's arguments.
+
+A converted block (`mxamp.gluon`) checks every call before running its CachedOp: its
+inputs' shapes (a batch large enough for a layer kept in FP32 to pay), dtypes (low-precision
+inputs are read as FP32), device type, and whether autograd records a graph its inputs are
+in.  On a small network these reads are a visible share of a call, so each is made once,
+through MXNet's C calls where its Python properties would build objects
+(docs/performance.rst, "Beyond image classifiers").
+
+MXNet internals relied on (MXNet 1.9.1), each named where it is used below: the C calls
+``MXNDArrayGetShapeEx``, ``MXNDArrayGetDType`` and ``MXAutogradGetSymbol``, the context
+``HybridBlock.forward`` sets around ``_call_cached_op``.
+"""
+import ctypes
+from typing import Any, Iterable, Iterator
+
+import mxnet as mx
+from mxnet import autograd
+from mxnet.base import _LIB, SymbolHandle, check_call, mx_int
+
+from . import dtypes
+from .dtypes import LOW_PRECISION, cast, name_of_array
+
+__all__ = ['CallArrays', 'device_type_of', 'flat', 'float32_inputs', 'inputs_take_gradients']
+
+
+def device_type_of(args):
+    """The device type of the first NDArray among `args` (nested lists flattened); None
+    without one."""
+    for arg in flat(args):
+        if isinstance(arg, mx.nd.NDArray):
+            return arg.context.device_type
+    return None
+
+
+class CallArrays(object):
+    """The NDArrays among a call's arguments, with what a converted block checks at every
+    call read once: their ``shapes``, their ``device_type`` (None without arrays) and
+    whether any is ``low_precision`` (float16 or bfloat16).
+
+    MXNet 1.9.1: shapes and dtypes are read through the C calls behind ``NDArray.shape`` and
+    ``.dtype`` (``MXNDArrayGetShapeEx``, ``MXNDArrayGetDType``), without the objects those
+    properties build; the device type is the current context's, which
+    ``HybridBlock.forward`` sets to the inputs' one context (it refuses several) around
+    ``_call_cached_op``, as a converted block's own forward does.  On a small network, reading these
+    through the properties was most of a converted block's cost per call
+    (docs/performance.rst).
+    """
+    __slots__ = ('shapes', 'device_type', 'low_precision')
+
+    def __init__(self, args):
+        shapes = []
+        low = False
+        byref = ctypes.byref
+        for array in _arrays_of(args):
+            handle = array.handle
+            ndim, dims, flag = mx_int(), _SHAPE_DATA(), ctypes.c_int()
+            check_call(_LIB.MXNDArrayGetShapeEx(handle, byref(ndim), byref(dims)))
+            shapes.append(tuple(dims[:ndim.value]) if ndim.value >= 0 else None)
+            check_call(_LIB.MXNDArrayGetDType(handle, byref(flag)))
+            low = low or flag.value in _LOW_PRECISION_FLAGS
+        self.shapes = tuple(shapes)
+        self.device_type = mx.context.current_context().device_type if shapes else None
+        self.low_precision = low
+
+
+#: What ``MXNDArrayGetShapeEx`` points to; MXNet's type flags of float16 and bfloat16.
+_SHAPE_DATA = ctypes.POINTER(mx_int)
+_LOW_PRECISION_FLAGS = frozenset(dtypes.type_flag(name) for name in LOW_PRECISION)
+
+
+def _arrays_of(args):
+    """The NDArrays among `args`, in order, nested lists and tuples flattened."""
+    arrays = []
+    for arg in args:
+        if isinstance(arg, mx.nd.NDArray):
+            arrays.append(arg)
+        elif isinstance(arg, (list, tuple)):
+            arrays.extend(item for item in flat(arg) if isinstance(item, mx.nd.NDArray))
+    return arrays
+
+
+def float32_inputs(args):
+    """`args` with float16 and bfloat16 NDArrays cast to FP32 (nested lists kept).
+
+    A converted graph reads FP32 inputs, as the FP32 net does (low-precision
+    data is exact in FP32); MXNet would otherwise stop at the first operator.
+    """
+    def to_float32(arg):
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(to_float32(a) for a in arg)
+        if isinstance(arg, mx.nd.NDArray) and name_of_array(arg) in LOW_PRECISION:
+            return cast(arg, 'float32')
+        return arg
+    return [to_float32(arg) for arg in args]
+
+
+def flat(items: Iterable[Any]) -> Iterator[Any]:
+    """The items of `items` in order, nested lists and tuples flattened."""
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            for sub in flat(item):
+                yield sub
+        else:
+            yield item
+
+
+def inputs_take_gradients(args):
+    """Whether autograd records and an input of `args` is in its graph: has a gradient
+    attached, or was computed from an array that has.
+
+    MXNet 1.9.1: ``MXAutogradGetSymbol`` (``autograd.get_symbol``'s C call) fails on an
+    array outside any recorded graph (``NDArray::get_autograd_symbol``'s check), and MXNet
+    records no operator whose inputs are all outside one.  It is called directly: through
+    ``autograd.get_symbol`` each failure builds a formatted Python exception, which cost
+    the common call (a batch outside the graph) more than a small network's forward.
+    """
+    if not autograd.is_recording():
+        return False
+    for arg in flat(args):
+        if isinstance(arg, mx.nd.NDArray):
+            symbol = SymbolHandle()
+            if _LIB.MXAutogradGetSymbol(arg.handle, ctypes.byref(symbol)) == 0:
+                _LIB.MXSymbolFree(symbol)
+                return True
+    return False
