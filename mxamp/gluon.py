@@ -41,8 +41,9 @@ from . import graph as graph_mod
 from . import gluon_warnings
 from . import hardware
 from . import passes, pipeline
-from .dtypes import DTypeLike, name_of_array
-from .gluon_calls import CallArrays, device_type_of, flat, float32_inputs, inputs_take_gradients
+from .dtypes import LOW_PRECISION, DTypeLike, name_of_array
+from .gluon_calls import (CallArrays, device_type_of, flat, float32_inputs,
+                          forward_in_float32, graph_takes, inputs_take_gradients)
 from .gluon_parameters import (Float32Checkpoints, ensure_fp32_var, keep_float32, mixed_class,
                                settle, sync_params)
 from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
@@ -178,8 +179,13 @@ class _Converted(Float32Checkpoints):
     def forward(self, x, *args):
         # Not hybridized (or hybridize(active=False)): still run the converted
         # graph.  MXNet's own forward runs hybrid_forward on NDArrays then,
-        # where no policy could apply.
+        # where no policy could apply.  A call passing other values than arrays
+        # (a flag, a dict of states: GluonTS's Transformer decoder when it
+        # predicts) cannot run as a graph, in mxamp or MXNet: it runs the
+        # block's code on NDArrays in FP32, as MXNet runs it.
         if not self._active and isinstance(x, mx.nd.NDArray):
+            if not graph_takes(args):
+                return forward_in_float32(self, x, *args)
             with x.context:
                 return self._call_cached_op(x, *args)
         return super(_Converted, self).forward(x, *args)
@@ -263,6 +269,21 @@ class _ConvertedInPart(_AboveConvertedParts, Float32Checkpoints):
 def is_converted(block: Block) -> bool:
     """Whether `block` was converted by :func:`convert`."""
     return isinstance(block, _Converted)
+
+
+def store_in_float32(net: Block) -> None:
+    """Store every parameter of converted `net` in FP32 from now on, with the values it holds
+    (exact), its graphs built again to read them so (a layer still in low precision reads
+    its weight through a cast).
+
+    For a library that builds another network on a trained network's parameters or blocks
+    and expects them in FP32: GluonTS's estimators make their predictors so.
+    """
+    keep_float32([p for p in net.collect_params().values() if name_of_array(p) in LOW_PRECISION])
+    for block in _walk(net):
+        if is_converted(block):
+            block._clear_cached_op()
+            converted_state(block).forget_conversions()
 
 
 def _rebuilt_for_larger_batch(block, args, arrays):

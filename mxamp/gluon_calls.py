@@ -1,15 +1,17 @@
-"""What a converted Gluon block reads of each call's arguments.
+"""What a converted Gluon block reads of each call's arguments, and the calls no graph takes.
 
 A converted block (`mxamp.gluon`) checks every call before running its CachedOp: its
 inputs' shapes (a batch large enough for a layer kept in FP32 to pay), dtypes (low-precision
 inputs are read as FP32), device type, and whether autograd records a graph its inputs are
 in.  On a small network these reads are a visible share of a call, so each is made once,
 through MXNet's C calls where its Python properties would build objects
-(docs/performance.rst, "Beyond image classifiers").
+(docs/performance.rst, "Beyond image classifiers").  A call passing other values than
+arrays, which no graph takes, runs the block's code in FP32 (`forward_in_float32`).
 
 MXNet internals relied on (MXNet 1.9.1), each named where it is used below: the C calls
 ``MXNDArrayGetShapeEx``, ``MXNDArrayGetDType`` and ``MXAutogradGetSymbol``, the context
-``HybridBlock.forward`` sets around ``_call_cached_op``.
+``HybridBlock.forward`` sets around ``_call_cached_op``, ``_flatten``'s refusal of values
+other than arrays and None, and ``HybridBlock._reg_params`` and ``hybrid_forward``.
 """
 import ctypes
 from typing import Any, Iterable, Iterator
@@ -21,7 +23,8 @@ from mxnet.base import _LIB, SymbolHandle, check_call, mx_int
 from . import dtypes
 from .dtypes import LOW_PRECISION, cast, name_of_array
 
-__all__ = ['CallArrays', 'device_type_of', 'flat', 'float32_inputs', 'inputs_take_gradients']
+__all__ = ['CallArrays', 'device_type_of', 'flat', 'float32_inputs', 'forward_in_float32',
+           'graph_takes', 'inputs_take_gradients']
 
 
 def device_type_of(args):
@@ -103,6 +106,26 @@ def flat(items: Iterable[Any]) -> Iterator[Any]:
                 yield sub
         else:
             yield item
+
+
+def graph_takes(args):
+    """Whether a graph can take `args`: NDArrays and None, in lists and tuples (MXNet 1.9.1's
+    ``_flatten`` refuses anything else)."""
+    return all(arg is None or isinstance(arg, mx.nd.NDArray) for arg in flat(args))
+
+
+def forward_in_float32(block, x, *args):
+    """Run converted `block`'s ``hybrid_forward`` on NDArrays, as MXNet 1.9.1's
+    ``HybridBlock.forward`` does for a block not hybridized, its parameters read in FP32
+    (a low-precision one through a cast that autograd follows): for calls whose arguments
+    no graph takes (`graph_takes`).  Its children run as they would under it."""
+    with x.context:
+        params = {}
+        for name, param in block._reg_params.items():
+            value = param.data(x.context)
+            params[name] = cast(value, 'float32') if name_of_array(value) in LOW_PRECISION \
+                else value
+        return block.hybrid_forward(mx.nd, x, *args, **params)
 
 
 def inputs_take_gradients(args):

@@ -4,10 +4,11 @@ A GluonTS user trains through an estimator (``estimator.train(dataset)``), which
 builds the training network and hands it to its ``trainer``.  Given this
 `Trainer`, the network is converted (`mxamp.convert`, ``'auto'`` by default:
 layers too small for bfloat16 to pay stay FP32, docs/policy.rst) before its
-first batch and trained by `mxamp.Trainer` (FP32 master weights); the
-predictor the estimator returns holds an FP32 network with the trained
-values (GluonTS copies them through ``save_parameters``, which mxamp writes in
-FP32), so it predicts, serializes and loads as ever.
+first batch and trained by `mxamp.Trainer` (FP32 master weights).  After
+training, the network stores its parameters in FP32 (the values trained,
+exact): the predictor the estimator builds copies them (``save_parameters``),
+shares them (``params=``) or shares trained blocks, which keep computing in
+mixed precision, and predicts, serializes and loads as ever.
 
 GluonTS 0.17 internals relied on, here only: ``gluonts.mx.trainer.Trainer.__call__``
 makes its optimizer's trainer with ``mx.gluon.Trainer(params, optimizer=...,
@@ -37,7 +38,7 @@ except ImportError as err:  # an optional extra: say how to get it, in one line
                       % err) from None
 
 from . import dtypes
-from .gluon import convert
+from .gluon import convert, store_in_float32
 from .trainer import Trainer as _MixedTrainer
 
 __all__ = ['Trainer']
@@ -95,6 +96,10 @@ hybridize, callbacks, add_default_callbacks
         convert(net, self.dtype, exclude=self.exclude)
         with _mixed_precision_trainers():
             super().__call__(net, train_iter, validation_iter)
+        # Most estimators build the predictor on the trained network's own parameters or
+        # blocks (NBEATS, SimpleFeedForward, DeepState: params=...; Transformer: its
+        # encoder and decoder), expecting FP32 ones.
+        store_in_float32(net)
 
 
 @contextlib.contextmanager

@@ -258,6 +258,11 @@ class NetworkState(object):
         self._require_converted('converting a graph')
         self._conversions[device_type] = (identity, conversion)
 
+    def forget_conversions(self) -> None:
+        """Drop the conversions remembered: the next graph is rewritten, for parameters whose
+        precision changed since."""
+        self._conversions = {}
+
     def last_conversion(self) -> Optional[Tuple[graph_mod.Conversion, str]]:
         """``(Conversion, device type)`` of the graph built last, None before the first build."""
         if self.built_for is None or self.built_for not in self._conversions:

@@ -7,8 +7,8 @@ Usage::
     OMP_NUM_THREADS=2 .venv/bin/python scripts/gluonts_parity.py --models deepar --seeds 5
 
 For each model and seed, the estimator (``DeepAREstimator(num_layers=2,
-num_cells=40)`` or ``MQCNNEstimator``, hourly, context 48, prediction 24,
-batch 32) trains with ``mxamp.gluonts.Trainer(dtype=...)`` for ``--epochs`` of
+num_cells=40)``, ``MQCNNEstimator`` or another of `MODELS`, each with its
+defaults; hourly, context 48, prediction 24, batch 32) trains with ``mxamp.gluonts.Trainer(dtype=...)`` for ``--epochs`` of
 25 batches on 40 synthetic series (daily and weekly sines, a level per series,
 Gaussian noise; the seed draws the noise and the network's initial values),
 and its predictor forecasts the last 24 hours of each series; the table shows
@@ -18,6 +18,7 @@ for speed, ``scripts/benchmark.py --networks deepar``).  Needs GluonTS
 (``pip install mxamp[gluonts]``).
 """
 import argparse
+import inspect
 import logging
 import sys
 import time
@@ -32,7 +33,7 @@ from tqdm import tqdm
 try:
     from gluonts.dataset.common import ListDataset
     from gluonts.evaluation import Evaluator, make_evaluation_predictions
-    from gluonts.mx import DeepAREstimator, MQCNNEstimator
+    import gluonts.mx as estimators
 except ImportError as err:
     sys.exit('gluonts_parity: needs GluonTS (pip install mxamp[gluonts]): %s' % err)
 
@@ -54,12 +55,33 @@ def datasets(seed):
     return train, ListDataset(series, freq='H')
 
 
+#: Each model's estimator class in ``gluonts.mx`` and its options besides the common ones
+#: (hourly, `PREDICTION` hours predicted, batch 32; `CONTEXT` hours of context where taken).
+MODELS = {
+    'deepar': ('DeepAREstimator', {'num_layers': 2, 'num_cells': 40}),
+    'mqcnn': ('MQCNNEstimator', {}),
+    'mqrnn': ('MQRNNEstimator', {}),
+    'nbeats': ('NBEATSEstimator', {}),
+    'simple_feedforward': ('SimpleFeedForwardEstimator', {}),
+    'transformer': ('TransformerEstimator', {}),
+    'wavenet': ('WaveNetEstimator', {}),
+    'deepstate': ('DeepStateEstimator', {'use_feat_static_cat': False, 'cardinality': [1],
+                                         'past_length': CONTEXT}),
+    'deep_factor': ('DeepFactorEstimator', {}),
+    'tft': ('TemporalFusionTransformerEstimator', {}),
+    'canonical_rnn': ('CanonicalRNNEstimator', {}),
+}
+
+
 def estimator(model, trainer):
-    if model == 'deepar':
-        return DeepAREstimator(freq='H', prediction_length=PREDICTION, context_length=CONTEXT,
-                               num_layers=2, num_cells=40, batch_size=32, trainer=trainer)
-    return MQCNNEstimator(freq='H', prediction_length=PREDICTION, context_length=CONTEXT,
-                          batch_size=32, trainer=trainer)
+    """`model`'s estimator (`MODELS`), training with `trainer`; the common options go to the
+    estimators that take them (SimpleFeedForward has no ``freq``, WaveNet no context)."""
+    name, options = MODELS[model]
+    klass = getattr(estimators, name)
+    common = {'freq': 'H', 'prediction_length': PREDICTION, 'context_length': CONTEXT,
+              'batch_size': 32, 'trainer': trainer}
+    taken = inspect.signature(klass.__init__).parameters
+    return klass(**{key: value for key, value in common.items() if key in taken}, **options)
 
 
 def trained(model, dtype, seed, epochs):
@@ -80,14 +102,16 @@ def trained(model, dtype, seed, epochs):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--models', default='deepar,mqcnn',
-                        help='comma-separated: deepar, mqcnn (default both)')
+                        help='comma-separated, of: %s (default: deepar,mqcnn)'
+                        % ', '.join(MODELS))
     parser.add_argument('--seeds', type=int, default=3)
     parser.add_argument('--epochs', type=int, default=8)
     args = parser.parse_args(argv)
     models = args.models.split(',')
-    unknown = sorted(set(models) - {'deepar', 'mqcnn'})
+    unknown = sorted(set(models) - set(MODELS))
     if unknown:
-        sys.exit('gluonts_parity: --models %s: expected deepar or mqcnn' % ','.join(unknown))
+        sys.exit('gluonts_parity: --models %s: expected some of %s'
+                 % (','.join(unknown), ', '.join(MODELS)))
     logging.disable(logging.WARNING)
     rows = []
     with warnings.catch_warnings(), tqdm(total=len(models) * args.seeds * len(DTYPES),
@@ -100,9 +124,9 @@ def main(argv=None):
                     losses[dtype] = trained(model, dtype, seed, args.epochs)
                     progress.update(1)
                 rows.append((model, seed, losses))
-    print('%-7s %4s  %s' % ('model', 'seed', '  '.join('%-18s' % d for d in DTYPES)))
+    print('%-18s %4s  %s' % ('model', 'seed', '  '.join('%-18s' % d for d in DTYPES)))
     for model, seed, losses in rows:
-        print('%-7s %4d  %s' % (model, seed, '  '.join(
+        print('%-18s %4d  %s' % (model, seed, '  '.join(
             '%.4f (%5.1f s)    ' % losses[d] for d in DTYPES)))
     print('mean weighted quantile loss (training seconds); epochs of 25 batches: %d' % args.epochs)
 

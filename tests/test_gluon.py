@@ -706,3 +706,40 @@ def test_call_arrays_read_what_the_ndarray_properties_say():
         assert read.low_precision and read.shapes == ((4, 3), (2, 2))
     empty = gluon_calls.CallArrays((None, 'text'))
     assert empty.shapes == () and empty.device_type is None and not empty.low_precision
+
+
+class _Flagged(gluon.HybridBlock):
+    """A block whose call takes a Python flag besides its array (GluonTS's decoders do)."""
+
+    def __init__(self, **kwargs):
+        super(_Flagged, self).__init__(**kwargs)
+        with self.name_scope():
+            self.weight = self.params.get('weight', shape=(4, 3))
+
+    def hybrid_forward(self, F, x, double=False, weight=None):
+        y = F.FullyConnected(x, weight, no_bias=True, num_hidden=4)
+        return y * 2 if double else y
+
+
+def test_a_call_with_values_no_graph_takes_runs_the_code_in_float32():
+    # Not hybridized, a converted block runs its converted graph; a call passing a Python
+    # value cannot (nor can MXNet's, hybridized): it runs the block's code on NDArrays, its
+    # low-precision parameters read in FP32, and gradients reach them.
+    net = _Flagged()
+    net.initialize(mx.init.Uniform())
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        mxamp.convert(net, 'float16')
+    assert dtype_name(net.weight.data().dtype) == 'float16'
+    x = mx.nd.random.uniform(shape=(2, 3))
+    want = mx.nd.dot(x, net.weight.data().astype('float32').T).asnumpy()
+    np.testing.assert_allclose(net(x, False).asnumpy(), want, rtol=1e-6)
+    net.weight.grad()[:] = 0
+    with autograd.record():
+        y = net(x, True)
+    y.backward()
+    np.testing.assert_allclose(y.asnumpy(), 2 * want, rtol=1e-6)
+    assert net.weight.grad().abs().sum().asscalar() > 0
+    net.hybridize()
+    with pytest.raises(ValueError, match='must be .nested. list of Symbol or NDArray'):
+        net(x, False)   # as MXNet itself refuses, for an FP32 block too

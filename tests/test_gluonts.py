@@ -115,3 +115,37 @@ def test_the_trainer_keeps_gluonts_options():
                                     learning_rate=0.01)
     assert (trainer.dtype, trainer.exclude, trainer.epochs, trainer.learning_rate) == \
         ('bfloat16', ['dense'], 3, 0.01)
+
+
+def _nbeats(trainer):
+    from gluonts.mx import NBEATSEstimator
+    return NBEATSEstimator(freq=FREQ, prediction_length=PREDICTION, context_length=24,
+                           num_stacks=2, widths=[64], batch_size=16, trainer=trainer)
+
+
+def _feedforward(trainer):
+    from gluonts.mx import SimpleFeedForwardEstimator
+    return SimpleFeedForwardEstimator(prediction_length=PREDICTION, context_length=24,
+                                      batch_size=16, trainer=trainer)
+
+
+def _transformer(trainer):
+    from gluonts.mx import TransformerEstimator
+    return TransformerEstimator(freq=FREQ, prediction_length=PREDICTION, context_length=24,
+                                model_dim=16, inner_ff_dim_scale=2, num_heads=2,
+                                batch_size=16, trainer=trainer)
+
+
+@needs_bfloat16_compute
+@pytest.mark.parametrize('make_estimator', [_nbeats, _feedforward, _transformer],
+                         ids=['nbeats', 'simple_feedforward', 'transformer'])
+def test_predictors_built_on_the_trained_parameters_or_blocks_predict(make_estimator):
+    # These estimators hand the trained network's parameters (params=...) or blocks to the
+    # predictor's network, which expects FP32 parameters; the Transformer's decoder predicts
+    # with a flag and a dict of states, which no graph takes.  Before: NBEATS failed to build
+    # its predictor (a bfloat16 parameter where FP32 was asked), the Transformer to predict.
+    predictor, forecasts, loss = _trained(
+        make_estimator, mxamp.gluonts.Trainer(dtype='bfloat16', **_trainer()))
+    assert np.isfinite(loss) and all(np.isfinite(f.samples).all() for f in forecasts)
+    assert {np.dtype(p.dtype) for p in predictor.prediction_net.collect_params().values()} == \
+        {np.dtype('float32')}
