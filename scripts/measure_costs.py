@@ -9,16 +9,18 @@ Usage::
 For each operator whose bfloat16 kernels are compute-bound (FullyConnected,
 Convolution) and a ladder of sizes, a chain of one and of four identical layers
 (hybridized Gluon nets, FP32 against ``mxamp.convert(net, 'bfloat16')``) runs a
-training step, forward and backward, interleaved in this process; the table
+training step, forward, backward and an Adam update (``gluon.Trainer`` against
+``mxamp.Trainer``, whose bfloat16 weights step through FP32 master copies),
+interleaved in this process; the table
 shows the median time of each and the ratio.  One layer in bfloat16 pays for
 the casts around it ("alone"); the layers inside the chain of four have
 bfloat16 neighbours and no casts ("inside": the chain's extra three layers).
 The work is the forward pass's floating-point operations per call (2 per
 multiply-add), in MFLOP.  Two thresholds are written per operator, the two
 fields of the table: ``pays_from_mflop``, the smallest work from which every
-larger size ran at least ``--margin`` times faster alone in bfloat16, and
-``pays_from_flop_per_cast_value``, the same for the work per output value
-(the values cast back to FP32 after a layer alone).  Below either, ``'auto'``
+larger size ran at least ``--margin`` times faster in bfloat16, alone and
+inside, and ``pays_from_flop_per_cast_value``, the same alone for the work
+per output value (the values cast back to FP32 after a layer alone).  Below either, ``'auto'``
 keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
@@ -40,6 +42,10 @@ from mxnet import autograd, gluon
 from tqdm import tqdm
 
 from mxamp import hardware
+
+#: The update of each training step: Adam, the optimizer of GluonTS's estimators and of
+#: fine-tuning (its bfloat16 step through master copies costs more than SGD's).
+OPTIMIZER = ('adam', {'learning_rate': 1e-5})
 
 #: (batch, in units, out units) of the FullyConnected ladder.
 DENSE_SIZES = [(32, 16, 64), (32, 40, 160), (32, 64, 256), (32, 128, 512), (64, 256, 256),
@@ -100,15 +106,16 @@ OPERATORS = {
 }
 
 
-def trained_step(net, data):
-    """A training step's forward and backward of `net` on `data` (weights' and data's
-    gradients, as a layer inside a network computes them)."""
+def trained_step(net, data, trainer):
+    """A training step of `net` on `data`: forward, backward (weights' and data's gradients,
+    as a layer inside a network computes them) and `trainer`'s update."""
     data.attach_grad()
 
     def step():
         with autograd.record():
             out = net(data)
         out.backward()
+        trainer.step(data.shape[0])
     return step
 
 
@@ -119,7 +126,11 @@ def built(make, depth, size, data, dtype):
     if dtype != 'float32':
         mxamp.convert(net, dtype)
     net.hybridize(static_alloc=True, static_shape=True)
-    step = trained_step(net, data)
+    # The update counts: bfloat16 weights step through FP32 master copies (mxamp.Trainer),
+    # which costs more than FP32's own step, most on small tensors (a layer's bias).
+    make_trainer = gluon.Trainer if dtype == 'float32' else mxamp.Trainer
+    trainer = make_trainer(net.collect_params(), *OPTIMIZER)
+    step = trained_step(net, data, trainer)
     for _ in range(3):
         step()
     mx.nd.waitall()
@@ -158,12 +169,17 @@ def measure(op, repeats, progress):
     return rows
 
 
-def threshold(rows, key, margin):
-    """The smallest `key` from which every row (sizes of equal `key` included) ran alone
-    at least `margin` times faster in bfloat16; None if none does."""
+def threshold(rows, key, margin, columns=('alone', 'inside')):
+    """The smallest `key` from which every row (sizes of equal `key` included) ran at least
+    `margin` times faster in bfloat16 in each of `columns`; None if none does.
+
+    The work threshold takes both: a layer that opens a bfloat16 region takes the layers
+    after it along (their data is bfloat16), and with the update counted, small ones there
+    ran slower.  The threshold per value cast takes ``'alone'``: inside, nothing is cast."""
     paying = None
     for value in sorted({row[key] for row in rows}, reverse=True):
-        if any(row['alone'] < margin for row in rows if row[key] >= value):
+        if any(min(row[column] for column in columns) < margin
+               for row in rows if row[key] >= value):
             break
         paying = value
     return paying
@@ -194,12 +210,12 @@ def main(argv=None):
             result['operators'][op] = {
                 'pays_from_mflop': threshold(rows, 'mflop', args.margin),
                 'pays_from_flop_per_cast_value': threshold(rows, 'flop_per_cast_value',
-                                                           args.margin),
+                                                           args.margin, ('alone',)),
                 'rows': rows}
-    print('%s, %s threads; training step (forward + backward), medians of %d'
+    print('%s, %s threads; training step (forward, backward, Adam update), medians of %d'
           % (hardware.describe_cpu_class(klass), threads, args.repeats))
     for op, entry in result['operators'].items():
-        print('\n%s: bfloat16 pays alone from %s MFLOP a call and %s FLOP per value cast'
+        print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast'
               % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value']))
         print('%-22s %10s %12s %12s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
                                                 'alone', 'inside'))

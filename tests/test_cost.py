@@ -249,10 +249,10 @@ def test_bfloat16_asked_for_a_layer_that_pays_by_work_but_not_per_value_says_so(
 def test_auto_keeps_layers_that_pay_in_bfloat16():
     mx.random.seed(5)
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(512, activation='relu'), gluon.nn.Dense(512))
+    net.add(gluon.nn.Dense(1024, activation='relu'), gluon.nn.Dense(1024))
     net.initialize()
     mxamp.convert(net, 'auto')
-    net(mx.nd.ones((64, 512))).wait_to_read()
+    net(mx.nd.ones((64, 1024))).wait_to_read()   # 134 MFLOP, 2,048 FLOP a value: pays
     conversion, _ = mxamp.gluon.conversion_of(net)
     assert conversion.small_layers == {}
     assert conversion.computes_low
@@ -299,15 +299,16 @@ def test_without_input_shapes_the_symbol_front_cannot_weigh_layers():
 def test_a_first_call_on_one_sample_does_not_keep_the_net_in_float32():
     mx.random.seed(6)
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(512, activation='relu', in_units=512), gluon.nn.Dense(512, in_units=512))
+    net.add(gluon.nn.Dense(1024, activation='relu', in_units=1024),
+            gluon.nn.Dense(1024, in_units=1024))
     net.initialize()
     mxamp.convert(net, 'auto')
     net.hybridize()
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        net(mx.nd.ones((1, 512))).wait_to_read()
+        net(mx.nd.ones((1, 1024))).wait_to_read()
     assert not mxamp.gluon.conversion_of(net)[0].computes_low
-    net(mx.nd.ones((64, 512))).wait_to_read()
+    net(mx.nd.ones((64, 1024))).wait_to_read()   # 134 MFLOP a layer: pays
     conversion, _ = mxamp.gluon.conversion_of(net)
     assert conversion.small_layers == {} and conversion.computes_low
 

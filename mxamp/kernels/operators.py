@@ -236,6 +236,10 @@ def status() -> OwnConvStatus:
 def available() -> bool:
     """Whether the operators can run here; the first time they cannot, says why in the log."""
     global _failure_said
+    # The optimizer's fast step asks before each parameter's update: once loaded, the
+    # answer needs no look at the file system (status() checks the library file).
+    if _loaded is not None and not _switched_off():
+        return True
     state = status()
     if not state.loaded and not _failure_said:
         _failure_said = True
