@@ -743,3 +743,34 @@ def test_a_call_with_values_no_graph_takes_runs_the_code_in_float32():
     net.hybridize()
     with pytest.raises(ValueError, match='must be .nested. list of Symbol or NDArray'):
         net(x, False)   # as MXNet itself refuses, for an FP32 block too
+
+
+def test_store_in_float32_keeps_a_float16_net_running_on_its_float32_values():
+    _check_stored_in_float32('float16')
+
+
+@needs_bfloat16_compute
+def test_store_in_float32_keeps_a_bfloat16_net_running_on_its_float32_values():
+    _check_stored_in_float32('bfloat16')
+
+
+def _check_stored_in_float32(dtype):
+    # What mxamp.gluonts does after training: the parameters FP32 again (exact), and the
+    # converted net, called again, builds a graph that reads them so.
+    net = nn.HybridSequential()
+    net.add(nn.Dense(8, in_units=4), nn.Dense(3, in_units=8))
+    net.initialize(mx.init.Uniform())
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        mxamp.convert(net, dtype)
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(5, 4))
+    before = net(x).asnumpy()
+    low = {name: to_float32_numpy(p.data()) for name, p in net.collect_params().items()
+           if dtype_name(p.data().dtype) == dtype}
+    assert low
+    mg.store_in_float32(net)
+    assert {dtype_name(p.data().dtype) for p in net.collect_params().values()} == {'float32'}
+    for name, values in low.items():
+        np.testing.assert_array_equal(net.collect_params()[name].data().asnumpy(), values)
+    np.testing.assert_allclose(net(x).asnumpy(), before, rtol=1e-6, atol=1e-6)
