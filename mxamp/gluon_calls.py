@@ -45,8 +45,8 @@ class CallArrays(object):
     ``.dtype`` (``MXNDArrayGetShapeEx``, ``MXNDArrayGetDType``), without the objects those
     properties build; the device type is the current context's, which
     ``HybridBlock.forward`` sets to the inputs' one context (it refuses several) around
-    ``_call_cached_op``, as a converted block's own forward does.  On a small network, reading these
-    through the properties was most of a converted block's cost per call
+    ``_call_cached_op``, as a converted block's own forward does.  On a small network,
+    reading these through the properties was most of a converted block's cost per call
     (docs/performance.rst).
     """
     __slots__ = ('shapes', 'device_type', 'low_precision')
@@ -73,7 +73,8 @@ _LOW_PRECISION_FLAGS = frozenset(dtypes.type_flag(name) for name in LOW_PRECISIO
 
 
 def _arrays_of(args):
-    """The NDArrays among `args`, in order, nested lists and tuples flattened."""
+    """The NDArrays among `args`, in order, nested lists and tuples flattened: `flat`'s,
+    without its generator for the common call, whose arguments are arrays."""
     arrays = []
     for arg in args:
         if isinstance(arg, mx.nd.NDArray):

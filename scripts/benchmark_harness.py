@@ -68,8 +68,8 @@ def time_iterations(run, batch, warmup, steps):
     dict
         ``img_per_s``, samples (``batch``) per second over the timed stretch, whatever
         a sample of the network is (images, series...), ``iteration_ms`` (one value per
-        timed iteration, to 0.1 us: far below any step's spread) and, for training, the means ``fwd_bwd_ms`` and
-        ``update_ms`` of its two parts.
+        timed iteration, to 0.1 us: far below any step's spread) and, for training, the
+        means ``fwd_bwd_ms`` and ``update_ms`` of its two parts.
     """
     for _ in range(warmup):
         run()

@@ -8,8 +8,9 @@ Usage::
 
 For each model and seed, the estimator (``DeepAREstimator(num_layers=2,
 num_cells=40)``, ``MQCNNEstimator`` or another of `MODELS`, each with its
-defaults; hourly, context 48, prediction 24, batch 32) trains with ``mxamp.gluonts.Trainer(dtype=...)`` for ``--epochs`` of
-25 batches on 40 synthetic series (daily and weekly sines, a level per series,
+defaults; hourly, context 48, prediction 24, batch 32) trains with
+``mxamp.gluonts.Trainer(dtype=...)`` for ``--epochs`` of 25 batches on 40
+synthetic series (daily and weekly sines, a level per series,
 Gaussian noise; the seed draws the noise and the network's initial values),
 and its predictor forecasts the last 24 hours of each series; the table shows
 the mean weighted quantile loss (quantiles 0.1, 0.5, 0.9, 100 sample paths)

@@ -11,8 +11,8 @@ Convolution) and a ladder of sizes, a chain of one and of four identical layers
 (hybridized Gluon nets, FP32 against ``mxamp.convert(net, 'bfloat16')``) runs a
 training step, forward, backward and an Adam update (``gluon.Trainer`` against
 ``mxamp.Trainer``, whose bfloat16 weights step through FP32 master copies),
-interleaved in this process; the table
-shows the median time of each and the ratio.  One layer in bfloat16 pays for
+interleaved in this process; the table shows the median time of each and the
+ratio.  One layer in bfloat16 pays for
 the casts around it ("alone"); the layers inside the chain of four have
 bfloat16 neighbours and no casts ("inside": the chain's extra three layers).
 The work is the forward pass's floating-point operations per call (2 per
@@ -20,8 +20,8 @@ multiply-add), in MFLOP.  Two thresholds are written per operator, the two
 fields of the table: ``pays_from_mflop``, the smallest work from which every
 larger size ran at least ``--margin`` times faster in bfloat16, alone and
 inside, and ``pays_from_flop_per_cast_value``, the same alone for the work
-per output value (the values cast back to FP32 after a layer alone).  Below either, ``'auto'``
-keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
+per output value (the values cast back to FP32 after a layer alone).  Below
+either, ``'auto'`` keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
