@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -89,7 +90,13 @@ def updater_states(trainer):
         if isinstance(state, (tuple, list)):
             return [a for s in state for a in flat(s)]
         return []
-    return [a for u in updaters for key in sorted(u.states) for a in flat(u.states[key])]
+    # MXNet's Trainer numbers parameters by their names sorted as strings: ordered so, two
+    # twin nets whose names cross a power of ten (dense9, dense10) list them differently.
+    def position(key):
+        return [int(part) if part.isdigit() else part
+                for part in re.split(r'(\d+)', trainer._params[key].name)]
+    return [a for u in updaters for key in sorted(u.states, key=position)
+            for a in flat(u.states[key])]
 
 
 def snapshot(net, trainer):
@@ -566,6 +573,8 @@ def test_clip_global_norm_matches_gluon_recipe_in_float32():
 
 
 def test_clip_global_norm_after_unscale_is_the_same_clip():
+    # The same up to FP32 rounding, not bitwise: the norm sums BLAS dots, whose last bits
+    # follow the arrays' alignment in memory (which earlier tests' allocations move).
     nets = [mixed_net(), mixed_net()]
     trainers = [Trainer(n.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
                         loss_scale=LossScaler(init_scale=2.0 ** 8)) for n in nets]
@@ -577,8 +586,13 @@ def test_clip_global_norm_after_unscale_is_the_same_clip():
                 trainer.unscale()
             norms.append(trainer.clip_global_norm(2.0))
             assert trainer.step(4) is True
-        assert norms[0] == norms[1] > 2.0
-        assert snapshot(nets[0], trainers[0]) == snapshot(nets[1], trainers[1])
+        assert norms[0] == pytest.approx(norms[1], rel=1e-6) and norms[0] > 2.0
+        for got, want in zip(*([p.data() for p in trainable(net)] + updater_states(trainer)
+                               for net, trainer in zip(nets, trainers))):
+            # A float16 weight may round to the neighbouring value.
+            rtol = 1e-3 if got.dtype == np.float16 else 1e-5
+            np.testing.assert_allclose(to_float32_numpy(got), to_float32_numpy(want),
+                                       rtol=rtol, atol=1e-7)
 
 
 @pytest.mark.parametrize('bad', [np.inf, np.nan])
