@@ -43,7 +43,7 @@ from . import hardware
 from . import passes, pipeline
 from .dtypes import LOW_PRECISION, DTypeLike, name_of_array
 from .gluon_calls import (CallArrays, device_type_of, flat, float32_inputs,
-                          forward_in_float32, graph_takes, inputs_take_gradients)
+                          forward_in_float32, graph_takes, inputs_take_gradients, run_cached_op)
 from .gluon_parameters import (Float32Checkpoints, ensure_fp32_var, keep_float32, mixed_class,
                                settle, sync_params)
 from .network_state import (NetworkState, Settings, Tree, attach, check_convertible,
@@ -115,8 +115,10 @@ class _Converted(Float32Checkpoints):
     # Each call reads its inputs' shapes, dtypes and device once (CallArrays): each read is
     # a C call, and on a small net these checks are a visible share of the forward.
     def _call_cached_op(self, *args):
+        return self._run_call(args, CallArrays(args))
+
+    def _run_call(self, args, arrays):
         state = converted_state(self)
-        arrays = CallArrays(args)
         if _kernel_gradient_added(self, state):
             self._clear_cached_op()
         elif not state.repeats_last_call(arrays.device_type, arrays.shapes):
@@ -128,6 +130,10 @@ class _Converted(Float32Checkpoints):
                                                 inputs_take_gradients(args)))
         if arrays.low_precision:
             args = float32_inputs(args)
+        if arrays.device is not None:
+            outputs = run_cached_op(self, args)
+            if outputs is not None:
+                return outputs
         return super(_Converted, self)._call_cached_op(*args)
 
     # MXNet 1.9.1: _clear_cached_op drops the graph, _cached_op and
@@ -177,12 +183,23 @@ class _Converted(Float32Checkpoints):
         super(_Converted, self).hybridize(active, **kwargs)
 
     def forward(self, x, *args):
+        # A call of dense NDArrays on one device (the common one) runs the CachedOp
+        # directly (gluon_calls.run_cached_op): MXNet's general path costs a small network
+        # about as much as its graph.
         # Not hybridized (or hybridize(active=False)): still run the converted
         # graph.  MXNet's own forward runs hybrid_forward on NDArrays then,
         # where no policy could apply.  A call passing other values than arrays
         # (a flag, a dict of states: GluonTS's Transformer decoder when it
         # predicts) cannot run as a graph, in mxamp or MXNet: it runs the
         # block's code on NDArrays in FP32, as MXNet runs it.
+        call = (x,) + args
+        arrays = CallArrays.of_plain_call(call)
+        if arrays is not None:
+            current = mx.context.current_context()
+            if (current.device_typeid, current.device_id) == arrays.device:
+                return self._run_call(call, arrays)
+            with mx.Context(arrays.device_type, arrays.device[1]):
+                return self._run_call(call, arrays)
         if not self._active and isinstance(x, mx.nd.NDArray):
             if not graph_takes(args):
                 return forward_in_float32(self, x, *args)

@@ -19,12 +19,13 @@ from typing import Any, Iterable, Iterator
 import mxnet as mx
 from mxnet import autograd
 from mxnet.base import _LIB, SymbolHandle, check_call, mx_int
+from mxnet.gluon.block import _regroup
 
 from . import dtypes
 from .dtypes import LOW_PRECISION, cast, name_of_array
 
 __all__ = ['CallArrays', 'device_type_of', 'flat', 'float32_inputs', 'forward_in_float32',
-           'graph_takes', 'inputs_take_gradients']
+           'graph_takes', 'inputs_take_gradients', 'run_cached_op']
 
 
 def device_type_of(args):
@@ -49,22 +50,72 @@ class CallArrays(object):
     reading these through the properties was most of a converted block's cost per call
     (docs/performance.rst).
     """
-    __slots__ = ('shapes', 'device_type', 'low_precision')
+    __slots__ = ('shapes', 'device_type', 'low_precision', 'device')
 
     def __init__(self, args):
+        self._read(_arrays_of(args), None)
+        self.device_type = mx.context.current_context().device_type if self.shapes else None
+        self.device = None
+
+    @classmethod
+    def of_plain_call(cls, args):
+        """The arrays of a call whose arguments are all dense NDArrays on one device (the
+        call `run_cached_op` runs), with that ``device`` as MXNet's ``(device_typeid,
+        device_id)``; None for any other call.  The device is read through
+        ``MXNDArrayGetContext``, the C call behind ``NDArray.context``."""
+        for arg in args:
+            if type(arg) is not mx.nd.NDArray:
+                return None
+        arrays = cls.__new__(cls)
+        devices = set()
+        arrays._read(args, devices)
+        if len(devices) != 1:
+            return None
+        arrays.device = devices.pop()
+        arrays.device_type = mx.Context.devtype2str[arrays.device[0]]
+        return arrays
+
+    def _read(self, arrays, devices):
         shapes = []
         low = False
         byref = ctypes.byref
-        for array in _arrays_of(args):
+        for array in arrays:
             handle = array.handle
             ndim, dims, flag = mx_int(), _SHAPE_DATA(), ctypes.c_int()
             check_call(_LIB.MXNDArrayGetShapeEx(handle, byref(ndim), byref(dims)))
             shapes.append(tuple(dims[:ndim.value]) if ndim.value >= 0 else None)
             check_call(_LIB.MXNDArrayGetDType(handle, byref(flag)))
             low = low or flag.value in _LOW_PRECISION_FLAGS
+            if devices is not None:
+                device_type, device_id = ctypes.c_int(), ctypes.c_int()
+                check_call(_LIB.MXNDArrayGetContext(handle, byref(device_type),
+                                                    byref(device_id)))
+                devices.add((device_type.value, device_id.value))
         self.shapes = tuple(shapes)
-        self.device_type = mx.context.current_context().device_type if shapes else None
         self.low_precision = low
+
+
+def run_cached_op(block, args):
+    """The outputs of hybridized `block`'s CachedOp on `args`, dense NDArrays on the current
+    device (`CallArrays.of_plain_call`); None where the call needs MXNet's own
+    ``_call_cached_op`` (no CachedOp yet, an operator hook, arguments of another structure
+    than the graph's).
+
+    MXNet 1.9.1: ``HybridBlock._call_cached_op`` runs ``_cached_op`` on the inputs and the
+    parameters ``_cached_op_args`` names (``(True, index)`` or ``(False, Parameter)``) and
+    regroups its outputs by ``_out_format``, after flattening its arguments by the general
+    rules (nested lists, None) and comparing them with ``_in_format``; with ``forward``'s
+    search for their contexts, that general path was about as costly per call as a small
+    network's whole graph.  A plain call's structure is ``[0, ...]``, one 0 an array.
+    """
+    if block._cached_op is None or block._callback is not None or \
+            block._in_format != [0] * len(args):
+        return None
+    outputs = block._cached_op(*[args[index] if is_input else index.data()
+                                 for is_input, index in block._cached_op_args])
+    if isinstance(outputs, mx.nd.NDArray):
+        outputs = [outputs]
+    return _regroup(outputs, block._out_format)
 
 
 #: What ``MXNDArrayGetShapeEx`` points to; MXNet's type flags of float16 and bfloat16.

@@ -774,3 +774,73 @@ def _check_stored_in_float32(dtype):
     for name, values in low.items():
         np.testing.assert_array_equal(net.collect_params()[name].data().asnumpy(), values)
     np.testing.assert_allclose(net(x).asnumpy(), before, rtol=1e-6, atol=1e-6)
+
+
+class _TwoInNestedOut(nn.HybridBlock):
+    """Two inputs; outputs nested as (array, [array, array])."""
+
+    def __init__(self, **kwargs):
+        super(_TwoInNestedOut, self).__init__(**kwargs)
+        with self.name_scope():
+            self.left = nn.Dense(4, in_units=3, use_bias=False)
+            self.right = nn.Dense(4, in_units=5, use_bias=False)
+
+    def hybrid_forward(self, F, x, y):
+        h = self.left(x) + self.right(y)
+        return h, [h * 2, F.sum(h, axis=1)]
+
+
+def _integer_twin_nets():
+    # Small integers: exact in float16 storage, so the converted net's outputs equal FP32's.
+    nets = []
+    for _ in range(2):
+        net = _TwoInNestedOut()
+        net.initialize(ctx=[mx.cpu(0), mx.cpu(1)])
+        for param, seed in zip(net.collect_params().values(), (1, 2)):
+            param.set_data(mx.nd.array(np.random.RandomState(seed).randint(-2, 3, param.shape)))
+        net.hybridize()
+        nets.append(net)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        mxamp.convert(nets[1], 'float16')
+    return nets
+
+
+def test_a_plain_call_runs_the_cached_op_as_mxnet_runs_it(monkeypatch):
+    # A call of dense NDArrays on one device runs the converted CachedOp without MXNet's
+    # general _call_cached_op (its cost per call, on a small net, was the graph's): the same
+    # outputs, nested as MXNet nests them, on the inputs' device.
+    fp32, converted = _integer_twin_nets()
+    rng = np.random.RandomState(3)
+    x, y = (mx.nd.array(rng.randint(-3, 4, shape)) for shape in ((2, 3), (2, 5)))
+    converted(x, y)  # builds the CachedOp (through MXNet's path)
+    general = []
+    original = gluon.HybridBlock._call_cached_op
+    monkeypatch.setattr(gluon.HybridBlock, '_call_cached_op',
+                        lambda block, *args: general.append(block) or original(block, *args))
+    want = fp32(x, y)
+    general.clear()
+    got = converted(x, y)
+    assert general == []
+    assert isinstance(got, tuple) is isinstance(want, tuple) and isinstance(got[1], list)
+    for g, w in ((got[0], want[0]), (got[1][0], want[1][0]), (got[1][1], want[1][1])):
+        assert g.shape == w.shape and dtype_name(g.dtype) == 'float32'
+        np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+    other = [a.as_in_context(mx.cpu(1)) for a in (x, y)]
+    with mx.cpu(0):
+        moved = converted(*other)
+    assert moved[0].context == mx.cpu(1)
+    np.testing.assert_array_equal(moved[0].asnumpy(), want[0].asnumpy())
+    with pytest.raises(ValueError, match='multiple contexts'):
+        converted(x, other[1])  # as MXNet refuses it
+
+
+def test_an_op_hook_still_sees_every_operator_of_a_converted_net():
+    _, converted = _integer_twin_nets()
+    x, y = mx.nd.ones((2, 3)), mx.nd.ones((2, 5))
+    converted(x, y)
+    seen = []
+    converted.register_op_hook(lambda name, op, array: seen.append(op.decode()))
+    converted(x, y)
+    mx.nd.waitall()
+    assert any('FullyConnected' in op for op in seen)
