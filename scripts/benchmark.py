@@ -9,6 +9,8 @@ Usage::
         --modes fp32,mxamp --batch 8,16,32 --threads 1,2 --output sweep.json
     .venv/bin/python scripts/benchmark.py --networks deepar,lstm_lm,mlp \\
         --modes fp32,mxamp:auto,mxamp                           # beyond ResNets
+    .venv/bin/python scripts/benchmark.py --networks mqcnn,nbeats,tft \\
+        --modes fp32,mxamp:auto                                 # GluonTS forecasters
     .venv/bin/python scripts/benchmark.py --networks bert,transformer \\
         --modes fp32,mxamp:auto,mxamp,mxamp+fusion              # BERT-base, the Transformer
     .venv/bin/python scripts/benchmark.py --networks ssd_512_resnet50_v1_voc,fcn_resnet50_voc \\
@@ -31,7 +33,8 @@ gluoncv classifiers (default: ``resnet50_v1``,      16     224         img/s
 ``resnet18_v1``), ``tiny`` (a few conv layers)
 ``ssd_512_resnet50_v1_voc`` (any ``ssd_*``)         8      512         img/s
 ``fcn_resnet50_voc`` (any ``fcn_*``)                4      480         img/s
-``deepar`` (GluonTS DeepAR; training only)          32     -           series/s (windows)
+GluonTS forecasters (``deepar``, ``mqcnn``,         32     -           series/s (windows)
+``nbeats``, ...; training only)
 ``lstm_lm`` (gluonnlp ``standard_lstm_lm_200``)     20     -           seq/s (35 tokens)
 ``mlp`` (64 -> 128 -> 128 -> 10 on tabular rows)    256    -           rows/s
 ``bert`` (gluonnlp BERT-base, 2-class classifier)   8      -           seq/s (128 tokens)
@@ -46,7 +49,7 @@ every mode but ``lstm_lm``, which cannot become one graph (its
 (``mxamp.convert`` converts its parts), it skips the modes that need one graph
 (``+fusion``, ``contrib.amp`` inference), with the reason.  A table of several
 kinds of samples says ``samples/s``, and its notes what each network counts.
-DeepAR's inference is not measured: its forecasts come from another network.
+A forecaster's inference is not measured: its forecasts come from another network.
 The Transformer's ``NMTModel`` is a plain ``Block``: it runs inside a
 ``HybridBlock`` that repeats its teacher-forced forward as one graph
 (``TeacherForcedTranslation`` in ``scripts/benchmark_families.py``), so it is
@@ -70,7 +73,7 @@ inference (``net(*inputs)``, FP32 inputs, FP32 outputs):
 ``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``.
 
 training (forward + backward of the network's loss, then ``trainer.step``; SGD
-with momentum; Adam for DeepAR, BERT and the Transformer):
+with momentum; Adam for the forecasters, BERT and the Transformer):
 
 ``fp32``            FP32 net, ``gluon.Trainer``.
 ``mxamp:auto``      ``mxamp.convert(net, 'auto')``, ``mxamp.Trainer`` with its defaults.
@@ -189,7 +192,7 @@ sample is, per-iteration times, memory, environment and OpenMP thread count),
 the medians and ratios, and ``reproduce``, the command that measures that mode
 and FP32 alone.  A worker that fails, crashes or times out becomes an
 ``error`` entry for its mode, not measured in later rounds; the table's notes
-say why.  A task a network does not have (DeepAR's inference) is a result
+say why.  A task a network does not have (a forecaster's inference) is a result
 with ``skipped`` (why) and no modes.  Schema 3 (``meta.schema_version``)
 counts samples of every family where schema 2 counted images.
 """
@@ -758,9 +761,9 @@ def parse_args(argv=None):
     usable_cpus = hardware.usable_cpus()
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--networks', default='resnet50_v1,resnet18_v1',
-                   help="comma-separated: gluoncv classifier, ssd_* and fcn_* names, 'deepar', "
-                        "'lstm_lm', 'mlp', 'bert', 'transformer' or 'tiny' (default: "
-                        "%(default)s)")
+                   help="comma-separated: gluoncv classifier, ssd_* and fcn_* names, a GluonTS "
+                        "forecaster (%s), 'lstm_lm', 'mlp', 'bert', 'transformer' or 'tiny' "
+                        "(default: %%(default)s)" % ', '.join(families.gluonts_estimators.MODELS))
     p.add_argument('--tasks', default='inference,training', help='default: %(default)s')
     p.add_argument('--modes', default=','.join(sorted(set(INFERENCE_MODES + TRAINING_MODES))),
                    help='modes to run (default: all); fp32 is always included')

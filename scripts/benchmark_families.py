@@ -22,11 +22,14 @@ Families (``--networks`` names; default batch, image size)
                   the image size (``crop_size``), with its auxiliary head:
                   ``MixSoftmaxCrossEntropyLoss`` on random per-pixel labels; batch 4,
                   480x480.
-``deepar``        GluonTS DeepAR's training network (2 LSTM layers of 40 cells,
-                  48 hours of context, 24 predicted) on synthetic hourly
-                  series (sine and noise), its first output the loss; Adam as
-                  GluonTS's trainer sets it up; batch 32.  Training only: its
-                  predictions come from another network.
+``forecaster``    a GluonTS estimator's training network (``deepar``: DeepAR with
+                  2 LSTM layers of 40 cells; ``mqcnn``, ``nbeats``, ``tft`` and the
+                  others of ``scripts/gluonts_estimators.py``, with their own
+                  defaults; 48 hours of context, 24 predicted) on synthetic hourly
+                  series (sines and noise), called as GluonTS's trainer calls it,
+                  its output (its first) the loss; Adam as GluonTS's trainer sets
+                  it up; batch 32.  Training only: predictions come from another
+                  network.
 ``lstm_lm``       gluonnlp's ``standard_lstm_lm_200`` on a 10,000-word
                   vocabulary, 35 random tokens a sequence, softmax cross-entropy
                   on the decoder's output; batch 20.  Never hybridized (its
@@ -64,6 +67,8 @@ from collections import namedtuple
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
+
+import gluonts_estimators
 
 HYBRIDIZE = {'static_alloc': True, 'static_shape': True}
 # Tiny learning rate: random weights must not drift to inf/NaN during the run.
@@ -246,35 +251,36 @@ def _segmentation(network, batch, image_size, training):
 # --------------------------------------------------------------------------
 # Forecasting, language model, tabular
 
-DEEPAR = {'freq': 'H', 'prediction_length': 24, 'context_length': 48, 'num_layers': 2,
-          'num_cells': 40}
-
-
-def _hourly_series(rng, count=16, length=24 * 28):
-    steps = np.arange(length)
-    return [{'start': '2021-01-01 00:00',
-             'target': (10 + 5 * np.sin(steps * 2 * np.pi / 24 + k)
-                        + rng.normal(size=length)).astype('float32')} for k in range(count)]
-
-
-def _deepar(network, batch, image_size, training):
+def _forecaster(network, batch, image_size, training):
+    """A GluonTS estimator's training network (`gluonts_estimators.MODELS`) on a batch of its
+    training loader, called as GluonTS's trainer calls it: the batch's fields that its
+    ``hybrid_forward`` names, in that order; the loss is its output, or its first
+    (`_forecast_loss`)."""
     from gluonts.dataset.common import ListDataset
-    from gluonts.mx import DeepAREstimator
+    from gluonts.mx.trainer import Trainer
+    from gluonts.mx.util import get_hybrid_forward_input_names
     rng = _seed()
     with warnings.catch_warnings():
         # pandas deprecates the 'H' frequency that GluonTS 0.17's own examples use.
         warnings.simplefilter('ignore', FutureWarning)
-        estimator = DeepAREstimator(batch_size=batch, **DEEPAR)
-        dataset = ListDataset(_hourly_series(rng), freq=DEEPAR['freq'])
+        estimator = gluonts_estimators.estimator(network, Trainer(), batch_size=batch)
+        dataset = ListDataset(gluonts_estimators.hourly_series(rng, 16, 24 * 28), freq='H')
         loader = estimator.create_training_data_loader(
             estimator.create_transformation().apply(dataset))
-        # A dict in the order of the network's hybrid_forward arguments: GluonTS's trainer
-        # calls net(*batch.values()).
-        inputs = tuple(next(iter(loader)).values())
+        fields = next(iter(loader))
     # GluonTS's trainer initialises with its default, 'xavier'.
     net = _initialize(estimator.create_training_network(), mx.init.Xavier())
+    inputs = tuple(fields[name] for name in get_hybrid_forward_input_names(type(net)))
     return _finish(Setup(net, inputs, tuple(x[:1] for x in inputs),
-                         (lambda outputs: outputs[0]) if training else None))
+                         _forecast_loss if training else None))
+
+
+def _forecast_loss(outputs):
+    """Each sample's loss, its terms summed (MQ-CNN gives one a predicted hour), or the
+    batch's where the network gives one (the Transformer, TFT): the gradient GluonTS's
+    trainer takes, which calls ``backward`` on the whole output."""
+    loss = outputs if isinstance(outputs, mx.nd.NDArray) else outputs[0]
+    return loss.reshape((0, -1)).sum(axis=1) if loss.ndim > 1 else loss
 
 
 def _lstm_lm(network, batch, image_size, training, bptt=35, words=10000):
@@ -433,10 +439,6 @@ DETECTOR = Family('detector', 'gluoncv', 'img', 'images', 8, 512, None, SGD,
 SEGMENTATION = Family('segmentation', 'gluoncv', 'img', 'images', 4, 480, None, SGD,
                       'gluoncv.loss.MixSoftmaxCrossEntropyLoss', None, _segmentation)
 NAMED = {
-    'deepar': Family('deepar', 'gluonts', 'series',
-                     'series windows (48 hours of context, 24 predicted)', 32, None, None, ADAM,
-                     "the network's first output", 'its forecasts come from another network '
-                     '(DeepARPredictionNetwork, sampling paths): training only', _deepar),
     'lstm_lm': Family('lstm_lm', 'gluonnlp', 'seq', 'sequences of 35 tokens', 20, None,
                       'its hybrid_forward calls nd.Dropout', SGD, 'SoftmaxCrossEntropyLoss', None,
                       _lstm_lm),
@@ -452,10 +454,18 @@ NAMED = {
 }
 
 
+FORECASTER = Family('forecaster', 'gluonts', 'series',
+                    'series windows (48 hours of context, 24 predicted)', 32, None, None, ADAM,
+                    "the network's output (its first)", 'its forecasts come from another '
+                    'network (the estimator\'s prediction network): training only', _forecaster)
+
+
 def family_of(network):
     """The `Family` of a ``--networks`` name (defaults for that network)."""
     if network in NAMED:
         return NAMED[network]
+    if network in gluonts_estimators.MODELS:
+        return FORECASTER
     if network.startswith('ssd_'):
         size = network.split('_')[1]
         return DETECTOR._replace(image_size=int(size)) if size.isdigit() else DETECTOR

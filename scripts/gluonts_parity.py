@@ -19,7 +19,6 @@ for speed, ``scripts/benchmark.py --networks deepar``).  Needs GluonTS
 (``pip install mxamp[gluonts]``).
 """
 import argparse
-import inspect
 import logging
 import sys
 import time
@@ -34,55 +33,21 @@ from tqdm import tqdm
 try:
     from gluonts.dataset.common import ListDataset
     from gluonts.evaluation import Evaluator, make_evaluation_predictions
-    import gluonts.mx as estimators
 except ImportError as err:
     sys.exit('gluonts_parity: needs GluonTS (pip install mxamp[gluonts]): %s' % err)
 
 import mxamp.gluonts
+from gluonts_estimators import MODELS, PREDICTION, estimator, hourly_series
 
 DTYPES = ('float32', 'auto', 'bfloat16')
-HOURS, PREDICTION, CONTEXT = 24 * 40, 24, 48
+HOURS = 24 * 40
 
 
 def datasets(seed):
     """Training series (the last `PREDICTION` hours held out) and the whole series."""
-    rng = np.random.RandomState(100 + seed)
-    steps = np.arange(HOURS)
-    series = [{'start': '2021-01-01 00:00',
-               'target': (20 + 3 * k + 8 * np.sin(steps * 2 * np.pi / 24 + k)
-                          + 3 * np.sin(steps * 2 * np.pi / 168) + rng.normal(size=HOURS))
-               .astype('float32')} for k in range(40)]
+    series = hourly_series(np.random.RandomState(100 + seed), 40, HOURS)
     train = ListDataset([dict(s, target=s['target'][:-PREDICTION]) for s in series], freq='H')
     return train, ListDataset(series, freq='H')
-
-
-#: Each model's estimator class in ``gluonts.mx`` and its options besides the common ones
-#: (hourly, `PREDICTION` hours predicted, batch 32; `CONTEXT` hours of context where taken).
-MODELS = {
-    'deepar': ('DeepAREstimator', {'num_layers': 2, 'num_cells': 40}),
-    'mqcnn': ('MQCNNEstimator', {}),
-    'mqrnn': ('MQRNNEstimator', {}),
-    'nbeats': ('NBEATSEstimator', {}),
-    'simple_feedforward': ('SimpleFeedForwardEstimator', {}),
-    'transformer': ('TransformerEstimator', {}),
-    'wavenet': ('WaveNetEstimator', {}),
-    'deepstate': ('DeepStateEstimator', {'use_feat_static_cat': False, 'cardinality': [1],
-                                         'past_length': CONTEXT}),
-    'deep_factor': ('DeepFactorEstimator', {}),
-    'tft': ('TemporalFusionTransformerEstimator', {}),
-    'canonical_rnn': ('CanonicalRNNEstimator', {}),
-}
-
-
-def estimator(model, trainer):
-    """`model`'s estimator (`MODELS`), training with `trainer`; the common options go to the
-    estimators that take them (SimpleFeedForward has no ``freq``, WaveNet no context)."""
-    name, options = MODELS[model]
-    klass = getattr(estimators, name)
-    common = {'freq': 'H', 'prediction_length': PREDICTION, 'context_length': CONTEXT,
-              'batch_size': 32, 'trainer': trainer}
-    taken = inspect.signature(klass.__init__).parameters
-    return klass(**{key: value for key, value in common.items() if key in taken}, **options)
 
 
 def trained(model, dtype, seed, epochs):

@@ -13,11 +13,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, 'scripts', 'benchmark.py')
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location('mxamp_benchmark_script', SCRIPT)
+def _script(name):
+    """scripts/`name`.py, loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'scripts',
+                                                                     name + '.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load():
+    return _script('benchmark')
 
 
 def _answer(img_per_s, threads=1, training=False, update_ms=20.0, peak_rss_mb=1000.0):
@@ -405,20 +411,20 @@ def test_each_family_runs_at_its_own_defaults_and_counts_its_own_samples(
                                      ('deepar', 'training', 32))
         for mode in ('fp32', 'mxamp:auto', 'mxamp')]
     results = {(r['network'], r['task']): r for r in data['results']}
-    reason = bench.families.NAMED['deepar'].no_inference
+    reason = bench.families.family_of('deepar').no_inference
     assert results[('deepar', 'inference')]['skipped'] == reason
     assert results[('deepar', 'inference')]['modes'] == {}
     deepar = results[('deepar', 'training')]
     assert {k: deepar[k] for k in ('family', 'throughput_unit', 'sample', 'batch',
                                    'image_size')} == {
-        'family': 'deepar', 'throughput_unit': 'series/s',
+        'family': 'forecaster', 'throughput_unit': 'series/s',
         'sample': 'series windows (48 hours of context, 24 predicted)', 'batch': 32,
         'image_size': None}
     assert results[('mlp', 'training')]['throughput_unit'] == 'rows/s'
     assert deepar['modes']['mxamp:auto']['settings'] == {
         'dtype': 'auto', 'conversion': "mxamp.convert(net, 'auto')",
         'hybridize': {'static_alloc': True, 'static_shape': True}, 'fusion': None,
-        'loss': "the network's first output", 'trainer': 'mxamp.Trainer',
+        'loss': "the network's output (its first)", 'trainer': 'mxamp.Trainer',
         'optimizer': {'name': 'adam', 'learning_rate': 1e-3, 'wd': 1e-8, 'clip_gradient': 10.0},
         'loss_scale': 'auto'}
     assert deepar['modes']['mxamp']['ratio_vs_fp32'] == pytest.approx(0.5)
@@ -526,7 +532,8 @@ def test_networks_name_their_family_and_defaults():
             ('resnet50_v1', 'classifier', 16, 224), ('tiny', 'classifier', 16, 224),
             ('ssd_512_resnet50_v1_voc', 'detector', 8, 512),
             ('ssd_300_vgg16_atrous_voc', 'detector', 8, 300),
-            ('fcn_resnet50_voc', 'segmentation', 4, 480), ('deepar', 'deepar', 32, None),
+            ('fcn_resnet50_voc', 'segmentation', 4, 480), ('deepar', 'forecaster', 32, None),
+            ('nbeats', 'forecaster', 32, None), ('ts_transformer', 'forecaster', 32, None),
             ('lstm_lm', 'lstm_lm', 20, None), ('mlp', 'mlp', 256, None),
             ('bert', 'bert', 8, None), ('transformer', 'transformer', 16, None)):
         args = bench.parse_args(['--networks', network, '--tasks', 'training'])
@@ -545,6 +552,8 @@ def test_networks_name_their_family_and_defaults():
 FAMILY_SMOKE = [
     pytest.param('mlp', 4, None, None, id='mlp'),
     pytest.param('deepar', 4, None, 'gluonts', id='deepar'),
+    *(pytest.param(model, 4, None, 'gluonts', id=model, marks=pytest.mark.slow)
+      for model in _script('gluonts_estimators').MODELS if model != 'deepar'),
     pytest.param('lstm_lm', 2, None, 'gluonnlp', id='lstm_lm'),
     pytest.param('ssd_512_resnet50_v1_voc', 1, 128, 'gluoncv', id='ssd', marks=pytest.mark.slow),
     pytest.param('fcn_resnet50_voc', 1, 64, 'gluoncv', id='fcn', marks=pytest.mark.slow),
@@ -566,8 +575,13 @@ def test_each_family_builds_its_training_step_and_inference(network, batch, size
     setup = family.setup(network, batch, size, True)
     with bench.autograd.record():
         loss = setup.loss(setup.net(*setup.inputs))
-    # One loss a sample: what the throughput counts.
-    assert loss.shape == (batch,) and bench.np.isfinite(loss.asnumpy()).all()
+    # One loss a sample (what the throughput counts), or the batch's mean where a GluonTS
+    # forecaster gives that.
+    forecaster = family is bench.families.FORECASTER
+    assert loss.shape in (((batch,), (1,)) if forecaster else ((batch,),))
+    assert bench.np.isfinite(loss.asnumpy()).all()
+    # Every GluonTS estimator batches as asked (CanonicalRNN's takes no batch size).
+    assert not forecaster or all(x.shape[0] == batch for x in setup.inputs)
     tasks = ['training'] + ([] if family.no_inference else ['inference'])
     for task in tasks:
         for mode in ('fp32', 'mxamp:auto', 'mxamp'):
