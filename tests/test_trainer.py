@@ -573,8 +573,9 @@ def test_clip_global_norm_matches_gluon_recipe_in_float32():
 
 
 def test_clip_global_norm_after_unscale_is_the_same_clip():
-    # The same up to FP32 rounding, not bitwise: the norm sums BLAS dots, whose last bits
-    # follow the arrays' alignment in memory (which earlier tests' allocations move).
+    # The same up to FP32 rounding, not bitwise: run after test_gluon.py's store_in_float32
+    # tests and this file's earlier ones, the norms (FP32 sums of BLAS dots) once differed
+    # in the eighth digit; which earlier state moves their last bits is not found.
     nets = [mixed_net(), mixed_net()]
     trainers = [Trainer(n.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9},
                         loss_scale=LossScaler(init_scale=2.0 ** 8)) for n in nets]
