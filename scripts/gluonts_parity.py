@@ -15,8 +15,8 @@ Gaussian noise; the seed draws the noise and the network's initial values),
 and its predictor forecasts the last 24 hours of each series; the table shows
 the mean weighted quantile loss (quantiles 0.1, 0.5, 0.9, 100 sample paths)
 per dtype and seed, and the training's wall time (the machine's load included:
-for speed, ``scripts/benchmark.py --networks deepar``).  Needs GluonTS
-(``pip install mxamp[gluonts]``).
+for speed, ``scripts/benchmark.py --networks`` with the same model names).
+Needs GluonTS (``pip install mxamp[gluonts]``).
 """
 import argparse
 import logging
