@@ -145,6 +145,15 @@ table and the JSON, for ``scripts/torch_peer.py`` as for this script.
   rounds.  The peak is ``VmHWM`` from ``/proc/self/status``, not
   ``getrusage(RUSAGE_SELF).ru_maxrss``, which Linux carries over ``execve``
   from the forked parent (this script, MXNet loaded).
+* The machine's speed: each worker times a fixed reference workload, a chain
+  of small operators through MXNet's engine (`reference_seconds`), before and
+  after its iterations (``reference_ms``).  Every mode's process runs the same
+  chain, so only the machine changes its time: on a virtual machine the
+  hand-offs between CPUs slow down for minutes at a time, mid-process, and a
+  network of small operators with them (docs/performance.rst, "When the
+  machine changes speed").  Where a configuration's timings spread by more
+  than 20%, a note names the modes and rounds that ran slow; the paired ratio,
+  whose two processes ran seconds apart, is then the one to read.
 * AMX: mxamp enables it at import when the CPU has ``amx_bf16``; the JSON
   records the CPU flags, the CPU class and whether AMX was enabled
   (``meta.hardware``).
@@ -338,6 +347,27 @@ def build_training(mode, network, batch, image_size):
     return run
 
 
+# The reference workload (`reference_seconds`): this many rounds of three small elementwise
+# operators on an array of this shape.
+REFERENCE_ROUNDS, REFERENCE_SHAPE = 200, (32, 160)
+
+
+def reference_seconds():
+    """The machine's speed as every worker times it, whatever its mode
+    (`benchmark_harness.measure`): a chain of small elementwise operators, each handed
+    from this thread to MXNet's engine, so that their time is that of the hand-offs between
+    CPUs: what a virtual machine's slow spells slow down (docs/performance.rst, "When the
+    machine changes speed").  The fastest of `benchmark_harness.best_time`'s timings."""
+    data = mx.nd.ones(REFERENCE_SHAPE)
+
+    def chain():
+        out = data
+        for _ in range(REFERENCE_ROUNDS):
+            out = mx.nd.sigmoid(out) * 0.5 + out
+        out.wait_to_read()
+    return harness.best_time(chain)
+
+
 def build(task, mode, network, batch, image_size):
     if task == 'inference':
         return build_inference(mode, network, batch, image_size)
@@ -443,7 +473,8 @@ def worker_main(spec):
         return explain_main(spec)
     environment = dict(hardware.mxnet_openmp_threads(), variables=launch_variables())
     return harness.measure(spec, lambda: build(spec['task'], spec['mode'], spec['network'],
-                                               spec['batch'], spec['image_size']), environment)
+                                               spec['batch'], spec['image_size']), environment,
+                           reference_seconds)
 
 
 def explain_main(spec):
@@ -687,6 +718,9 @@ def _notes(results, header):
             notes.append('%s: mxamp = %.2fx contrib.amp' % (label, ours['vs_contrib_amp']))
         notes += harness.mode_notes(res, 'openmp_threads', "%s: %s computed on %s OpenMP "
                                     "threads, not %d (see its runs' environment)")
+        speed = harness.reference_note(res)
+        if speed:
+            notes.append(speed)
     return notes
 
 

@@ -8,13 +8,15 @@ made the same way and stand side by side:
   with a hidden ``--_worker`` argument and ``OMP_NUM_THREADS`` set, reads the
   worker's answer from its result line or says why there is none;
   :func:`worker_entry` is that worker's side, :func:`measure` and
-  :func:`time_iterations` its timing and memory;
+  :func:`time_iterations` its timing and memory, :func:`best_time` and
+  :func:`handoff_seconds` for the reference workloads that time the machine;
 * the rounds: :func:`configurations` (network x task x batch x threads) and
   :func:`run_rounds` (one worker per mode and round, a failed mode not run
   again);
 * the figures: :func:`derive`'s medians over rounds and ratios to the
   configuration's FP32;
-* the report: the text table (:func:`align`, :func:`cell`, :func:`mode_notes`),
+* the report: the text table (:func:`align`, :func:`cell`, :func:`mode_notes`,
+  :func:`reference_note`),
   the JSON (:func:`run_meta`, :func:`cpu_info`, :func:`write_json`, :func:`finish`) and the
   command-line pieces both parse alike (:func:`count`, :func:`counts`,
   :func:`names`, :func:`add_sweep_arguments`, :func:`add_run_arguments`,
@@ -29,11 +31,13 @@ import datetime
 import json
 import os
 import platform
+import queue
 import shlex
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections import namedtuple
@@ -43,6 +47,15 @@ ROOT = os.path.dirname(HERE)
 
 # One measured configuration: every mode of it is compared with its FP32.
 Config = namedtuple('Config', 'network task batch threads')
+
+# The reference workload's timings: the fastest of this many, after one untimed call.
+REFERENCE_REPEATS = 5
+# Reference timings of one configuration further apart than this fraction mean the machine
+# changed speed during the run: above a quiet machine's spread, below a slow spell's
+# slowdown (docs/performance.rst, "When the machine changes speed").
+REFERENCE_SPREAD = 0.2
+# `handoff_seconds`: round trips of a value between two threads on two CPUs, a timing.
+HANDOFF_ROUNDS = 1000
 
 
 # --------------------------------------------------------------------------
@@ -90,24 +103,78 @@ def time_iterations(run, batch, warmup, steps):
     return timing
 
 
-def measure(spec, build, environment):
+def measure(spec, build, environment, reference):
     """A worker's answer: build its mode (``build()`` returns `time_iterations`'s `run`),
-    then time it as `spec` says (``batch``, ``warmup``, ``steps``).
+    then time it as `spec` says (``batch``, ``warmup``, ``steps``), between two timings of
+    `reference`.
+
+    `reference()` times a fixed workload, the same in every mode's process, and
+    returns its seconds (None: it cannot here): what changes it is the machine
+    (:func:`reference_note`).
 
     Returns
     -------
     dict
         :func:`time_iterations`'s figures, ``base_rss_mb`` (after building,
         before the first iteration), ``peak_rss_mb``, ``load_average`` (1 min,
-        before building) and `environment` (what the script found out about
-        the threads it computes with and its launch variables).
+        before building), ``reference_ms`` (`reference`'s time before and after
+        the iterations, where it gave one) and `environment` (what the script found out about the
+        threads it computes with and its launch variables).
     """
     load_average = os.getloadavg()[0]
     run = build()
     base_rss = rss_mb('VmRSS')
+    before = reference()
     timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
+    after = reference()
+    if before is not None and after is not None:
+        timing['reference_ms'] = [round(1e3 * before, 3), round(1e3 * after, 3)]
     return dict(timing, base_rss_mb=base_rss, peak_rss_mb=rss_mb('VmHWM'),
                 load_average=load_average, environment=environment)
+
+
+def best_time(work, repeats=REFERENCE_REPEATS):
+    """The fastest of `repeats` timings of ``work()`` (which waits for its result), after one
+    untimed call: seconds."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def handoff_seconds():
+    """A reference workload of the standard library (:func:`measure`): `HANDOFF_ROUNDS`
+    round trips of a value between this thread and another, each pinned to its own CPU,
+    the fastest of :func:`best_time`'s timings; None where this process may use one CPU
+    only.  Its time is that of the wake-ups between CPUs, which a virtual machine's slow
+    spells lengthen."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+
+    def round_trips():
+        there, back = queue.SimpleQueue(), queue.SimpleQueue()
+
+        def echo():
+            os.sched_setaffinity(0, {cpus[1]})      # Linux: pid 0 is the calling thread
+            for _ in range(HANDOFF_ROUNDS):
+                back.put(there.get())
+        other = threading.Thread(target=echo)
+        other.start()
+        for value in range(HANDOFF_ROUNDS):
+            there.put(value)
+            back.get()
+        other.join()
+
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        return best_time(round_trips)
+    finally:
+        os.sched_setaffinity(0, own)
 
 
 def first_line(exc):
@@ -337,6 +404,42 @@ def mode_notes(result, threads_key, threads_note):
             notes.append(threads_note % (name, mode, '/'.join(map(str, sorted(counts))),
                                          result['threads']))
     return notes
+
+
+def reference_note(result):
+    """A line saying that the machine changed speed during `result`'s run, and in which
+    processes; None when it did not.
+
+    Every process of the configuration timed the same reference workload before and after
+    its iterations (:func:`measure`).  Where those times spread by more than
+    `REFERENCE_SPREAD`, a process whose slower timing is that far above the fastest ran
+    (at least partly) on the slower machine, whatever its mode: the ratio of medians then
+    mixes two machines, and the paired ratio, whose processes ran seconds apart, is the
+    one to read.
+    """
+    slowest = {}                    # (mode, round) -> the process's slower reference ms
+    for mode, entry in result['modes'].items():
+        for index, run in enumerate(entry.get('runs', ())):
+            if run.get('reference_ms'):
+                slowest[mode, index + 1] = max(run['reference_ms'])
+    if not slowest:
+        return None
+    fastest = min(min(run['reference_ms']) for entry in result['modes'].values()
+                  for run in entry.get('runs', ()) if run.get('reference_ms'))
+    limit = fastest * (1 + REFERENCE_SPREAD)
+    slow = [key for key, ms in slowest.items() if ms > limit]
+    if not slow:
+        return None
+    by_mode = {}
+    for mode, round_number in slow:
+        by_mode.setdefault(mode, []).append(str(round_number))
+    return ('%s: the machine changed speed during the run: the reference workload took '
+            '%.1f-%.1f ms (%.2fx); slower by over %d%% in %s; read the paired ratio'
+            % (label(result), fastest, max(slowest.values()), max(slowest.values()) / fastest,
+               round(100 * REFERENCE_SPREAD),
+               '; '.join('%s round%s %s' % (mode, 's' if len(rounds) > 1 else '',
+                                          ', '.join(rounds))
+                         for mode, rounds in by_mode.items())))
 
 
 def cpu_info():

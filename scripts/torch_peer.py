@@ -79,7 +79,11 @@ the medians, ``paired`` the median of the per-round ratios.  A worker starts
 with ``OMP_NUM_THREADS`` set to the configuration's ``--threads`` and calls
 ``torch.set_num_threads`` with it (the default: the CPUs this process may
 use); it reports the thread count PyTorch computes with.  Memory: RSS after
-building (``base_rss_mb``) and the peak (``VmHWM``, ``peak_rss_mb``).
+building (``base_rss_mb``) and the peak (``VmHWM``, ``peak_rss_mb``).  The
+machine's speed: a fixed reference workload timed before and after the
+iterations (``reference_ms``; round trips between two threads on two CPUs,
+``benchmark_harness.handoff_seconds``), with ``scripts/benchmark.py``'s note
+where it changed during the run.
 
 Output
 ------
@@ -312,7 +316,8 @@ def worker_main(spec):
     environment = {'torch_threads': torch.get_num_threads(), 'cpu_capability': capability,
                    'variables': launch_variables()}
     return harness.measure(spec, lambda: build(torch, spec['task'], spec['mode'],
-                                               spec['network'], spec['batch']), environment)
+                                               spec['network'], spec['batch']), environment,
+                           harness.handoff_seconds)
 
 
 def run_worker(spec, timeout):
@@ -394,6 +399,9 @@ def format_table(results):
     lines.append('samples counted: ' + '; '.join('%s: %s' % item for item in counts.items()))
     for res in results:
         lines += harness.mode_notes(res, 'torch_threads', '%s: %s computed on %s threads, not %d')
+        speed = harness.reference_note(res)
+        if speed:
+            lines.append(speed)
     return '\n'.join(lines)
 
 

@@ -6,6 +6,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -26,10 +27,12 @@ def _load():
     return _script('benchmark')
 
 
-def _answer(img_per_s, threads=1, training=False, update_ms=20.0, peak_rss_mb=1000.0):
+def _answer(img_per_s, threads=1, training=False, update_ms=20.0, peak_rss_mb=1000.0,
+            reference_ms=(4.8, 4.9)):
     """A worker's answer, as `worker_main` gives it."""
     answer = {'img_per_s': img_per_s, 'iteration_ms': [10.0, 11.0], 'base_rss_mb': 500.0,
               'peak_rss_mb': peak_rss_mb, 'load_average': 0.5,
+              'reference_ms': list(reference_ms),
               'environment': {'openmp_threads': threads,
                               'openmp_runtime': '/usr/lib/libgomp.so.1.0.0',
                               'variables': {'OMP_NUM_THREADS': str(threads)}}}
@@ -109,6 +112,77 @@ def test_derive_computes_medians_and_ratios_from_the_workers_answers():
     assert ("n training, batch 4, threads 2: contrib.amp computed on 1 OpenMP threads, not 2 "
             "(see its runs' environment)") in table
     assert 'fp32 computed on' not in table
+
+
+def _speed_result(bench, references):
+    """A derived training result whose runs timed `references` (mode -> per-round pairs)."""
+    result = {'network': 'n', 'task': 'training', 'batch': 4, 'threads': 2,
+              'mxamp_compute': 'native', 'modes': {
+                  mode: {'runs': [_answer(10.0, 2, True, reference_ms=pair) for pair in pairs]}
+                  for mode, pairs in references.items()}}
+    bench.derive(result)
+    return result
+
+
+def test_a_change_of_the_machines_speed_is_named_with_the_processes_it_hit():
+    bench = _load()
+    slowed = _speed_result(bench, {
+        'fp32': [(4.8, 4.9), (8.9, 9.0), (4.7, 4.8)],
+        # Round 2 slowed down during the iterations: its second timing says so.
+        'mxamp:auto': [(4.9, 4.8), (4.8, 8.7), (4.7, 4.9)]})
+    assert bench.harness.reference_note(slowed) == (
+        'n training, batch 4, threads 2: the machine changed speed during the run: the '
+        'reference workload took 4.7-9.0 ms (1.91x); slower by over 20% in fp32 round 2; '
+        'mxamp:auto round 2; read the paired ratio')
+    assert bench.harness.reference_note(slowed) in bench.format_table([slowed]).splitlines()
+    many = _speed_result(bench, {'fp32': [(9.0, 9.0), (4.8, 4.8), (9.0, 9.0)]})
+    assert 'in fp32 rounds 1, 3;' in bench.harness.reference_note(many)
+    # A quiet machine's timings (within 20%), and a JSON from before the reference: no note.
+    steady = _speed_result(bench, {'fp32': [(4.8, 5.1), (4.9, 5.0)],
+                                   'mxamp:auto': [(4.7, 5.5)]})
+    assert bench.harness.reference_note(steady) is None
+    assert 'changed speed' not in bench.format_table([steady])
+    for entry in steady['modes'].values():
+        for run in entry['runs']:
+            del run['reference_ms']
+    assert bench.harness.reference_note(steady) is None
+
+
+def test_a_worker_times_the_reference_before_and_after_its_iterations():
+    bench = _load()
+    events = []
+
+    def reference():
+        events.append('reference')
+        return 0.0048 if events.count('reference') == 1 else 0.0089
+
+    def build():
+        events.append('build')
+        return lambda: events.append('iteration')
+    spec = {'batch': 2, 'warmup': 1, 'steps': 2}
+    answer = bench.harness.measure(spec, build, {}, reference)
+    assert events == ['build', 'reference', 'iteration', 'iteration', 'iteration', 'reference']
+    assert answer['reference_ms'] == [4.8, 8.9]
+    assert 'reference_ms' not in bench.harness.measure(spec, build, {}, lambda: None)
+
+
+def test_the_reference_workloads_time_what_they_say():
+    bench = _load()
+    assert 0 < bench.reference_seconds() < 10          # MXNet's operator chain, timed for real
+    handoff = bench.harness.handoff_seconds
+    own = os.sched_getaffinity(0)
+    if len(own) > 1:
+        assert 0 < handoff() < 10
+        assert os.sched_getaffinity(0) == own           # the caller's CPUs given back
+    answers = []
+
+    def on_one_cpu():                                   # a thread with one CPU: nothing to time
+        os.sched_setaffinity(0, {min(own)})
+        answers.append(handoff())
+    thread = threading.Thread(target=on_one_cpu)
+    thread.start()
+    thread.join()
+    assert answers == [None]
 
 
 def test_contrib_amp_is_skipped_with_its_reason_where_bfloat16_is_not_native(monkeypatch):
