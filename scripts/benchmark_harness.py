@@ -14,7 +14,8 @@ made the same way and stand side by side:
   :func:`run_rounds` (one worker per mode and round, a failed mode not run
   again);
 * the figures: :func:`derive`'s medians over rounds and ratios to the
-  configuration's FP32;
+  configuration's FP32 (over the processes that ran fast too, where the
+  machine changed speed: :func:`slow_runs`);
 * the report: the text table (:func:`align`, :func:`cell`, :func:`mode_notes`,
   :func:`reference_note`),
   the JSON (:func:`run_meta`, :func:`cpu_info`, :func:`write_json`, :func:`finish`) and the
@@ -322,7 +323,77 @@ def derive(result, iteration_ms=False):
                 [ours / base for ours, base in zip(entry['img_per_s'], fp32['img_per_s'])])
         if fp32.get('median_peak_rss_mb'):
             entry['rss_ratio_vs_fp32'] = entry['median_peak_rss_mb'] / fp32['median_peak_rss_mb']
+    _derive_steady(complete)
     return complete
+
+
+def slow_runs(modes):
+    """``(fastest, slowest, {mode: [round index...]})`` of `modes`' reference timings
+    (:func:`measure`'s ``reference_ms``): the processes whose slower timing is over
+    `REFERENCE_SPREAD` above the fastest of all ran (at least partly) while the machine
+    was slower.  None when no process timed the reference."""
+    timings = {(mode, index): run['reference_ms'] for mode, entry in modes.items()
+               for index, run in enumerate(entry.get('runs', ())) if run.get('reference_ms')}
+    if not timings:
+        return None
+    fastest = min(min(pair) for pair in timings.values())
+    slowest = max(max(pair) for pair in timings.values())
+    slow = {}
+    for (mode, index), pair in timings.items():
+        if max(pair) > fastest * (1 + REFERENCE_SPREAD):
+            slow.setdefault(mode, []).append(index)
+    return fastest, slowest, slow
+
+
+def _derive_steady(modes):
+    """Where the machine changed speed, each mode's median over its processes that ran fast
+    throughout (``steady_img_per_s``, ``steady_runs``) and its ratio to FP32's
+    (``steady_ratio_vs_fp32``): the two machines' figures kept apart."""
+    found = slow_runs(modes)
+    if found is None or not found[2]:
+        return
+    slow = found[2]
+    for mode, entry in modes.items():
+        steady = [value for index, value in enumerate(entry['img_per_s'])
+                  if index not in slow.get(mode, ())]
+        entry['steady_runs'] = len(steady)
+        entry['steady_img_per_s'] = median(steady)
+    base = modes.get('fp32', {}).get('steady_img_per_s')
+    for entry in modes.values():
+        if base and entry['steady_img_per_s']:
+            entry['steady_ratio_vs_fp32'] = entry['steady_img_per_s'] / base
+
+
+def reference_note(result):
+    """A line saying that the machine changed speed during `result`'s run, in which
+    processes, and each mode's ratio to FP32 over the processes that ran fast; None when
+    it did not change speed.
+
+    Every process of the configuration timed the same reference workload before and after
+    its iterations (:func:`measure`).  Where those times spread by more than
+    `REFERENCE_SPREAD` (:func:`slow_runs`), the ratio of medians mixes two machines; the
+    paired ratio, whose processes ran seconds apart, and the ratio over the fast processes
+    do not.
+    """
+    found = slow_runs(result['modes'])
+    if found is None or not found[2]:
+        return None
+    fastest, slowest, slow = found
+    where = '; '.join('%s round%s %s' % (mode, 's' if len(rounds) > 1 else '',
+                                        ', '.join(str(index + 1) for index in rounds))
+                      for mode, rounds in slow.items())
+    steady = ['%s %.2fx FP32 (%d and %d processes)'
+              % (mode, entry['steady_ratio_vs_fp32'], entry['steady_runs'],
+                 result['modes']['fp32']['steady_runs'])
+              for mode, entry in result['modes'].items()
+              if mode != 'fp32' and entry.get('steady_ratio_vs_fp32')]
+    return ('%s: the machine changed speed during the run: the reference workload took '
+            '%.1f-%.1f ms (%.2fx); slower by over %d%% in %s; read the paired ratio%s'
+            % (label(result), fastest, slowest, slowest / fastest,
+               round(100 * REFERENCE_SPREAD), where,
+               ', or over the processes that ran fast: ' + ', '.join(steady) if steady else ''))
+
+
 
 
 # --------------------------------------------------------------------------
@@ -404,42 +475,6 @@ def mode_notes(result, threads_key, threads_note):
             notes.append(threads_note % (name, mode, '/'.join(map(str, sorted(counts))),
                                          result['threads']))
     return notes
-
-
-def reference_note(result):
-    """A line saying that the machine changed speed during `result`'s run, and in which
-    processes; None when it did not.
-
-    Every process of the configuration timed the same reference workload before and after
-    its iterations (:func:`measure`).  Where those times spread by more than
-    `REFERENCE_SPREAD`, a process whose slower timing is that far above the fastest ran
-    (at least partly) on the slower machine, whatever its mode: the ratio of medians then
-    mixes two machines, and the paired ratio, whose processes ran seconds apart, is the
-    one to read.
-    """
-    slowest = {}                    # (mode, round) -> the process's slower reference ms
-    for mode, entry in result['modes'].items():
-        for index, run in enumerate(entry.get('runs', ())):
-            if run.get('reference_ms'):
-                slowest[mode, index + 1] = max(run['reference_ms'])
-    if not slowest:
-        return None
-    fastest = min(min(run['reference_ms']) for entry in result['modes'].values()
-                  for run in entry.get('runs', ()) if run.get('reference_ms'))
-    limit = fastest * (1 + REFERENCE_SPREAD)
-    slow = [key for key, ms in slowest.items() if ms > limit]
-    if not slow:
-        return None
-    by_mode = {}
-    for mode, round_number in slow:
-        by_mode.setdefault(mode, []).append(str(round_number))
-    return ('%s: the machine changed speed during the run: the reference workload took '
-            '%.1f-%.1f ms (%.2fx); slower by over %d%% in %s; read the paired ratio'
-            % (label(result), fastest, max(slowest.values()), max(slowest.values()) / fastest,
-               round(100 * REFERENCE_SPREAD),
-               '; '.join('%s round%s %s' % (mode, 's' if len(rounds) > 1 else '',
-                                          ', '.join(rounds))
-                         for mode, rounds in by_mode.items())))
 
 
 def cpu_info():

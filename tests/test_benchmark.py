@@ -114,12 +114,13 @@ def test_derive_computes_medians_and_ratios_from_the_workers_answers():
     assert 'fp32 computed on' not in table
 
 
-def _speed_result(bench, references):
-    """A derived training result whose runs timed `references` (mode -> per-round pairs)."""
+def _speed_result(bench, runs):
+    """A derived training result of `runs`: mode -> (img/s, reference timings) a round."""
     result = {'network': 'n', 'task': 'training', 'batch': 4, 'threads': 2,
               'mxamp_compute': 'native', 'modes': {
-                  mode: {'runs': [_answer(10.0, 2, True, reference_ms=pair) for pair in pairs]}
-                  for mode, pairs in references.items()}}
+                  mode: {'runs': [_answer(value, 2, True, reference_ms=pair)
+                                  for value, pair in pairs]}
+                  for mode, pairs in runs.items()}}
     bench.derive(result)
     return result
 
@@ -127,20 +128,30 @@ def _speed_result(bench, references):
 def test_a_change_of_the_machines_speed_is_named_with_the_processes_it_hit():
     bench = _load()
     slowed = _speed_result(bench, {
-        'fp32': [(4.8, 4.9), (8.9, 9.0), (4.7, 4.8)],
+        'fp32': [(100.0, (4.8, 4.9)), (70.0, (8.9, 9.0)), (104.0, (4.7, 4.8)),
+                 (98.0, (4.9, 5.0))],
         # Round 2 slowed down during the iterations: its second timing says so.
-        'mxamp:auto': [(4.9, 4.8), (4.8, 8.7), (4.7, 4.9)]})
+        'mxamp:auto': [(96.0, (4.9, 4.8)), (75.0, (4.8, 8.7)), (73.0, (8.6, 8.8)),
+                       (99.0, (4.7, 4.9))]})
     assert bench.harness.reference_note(slowed) == (
         'n training, batch 4, threads 2: the machine changed speed during the run: the '
         'reference workload took 4.7-9.0 ms (1.91x); slower by over 20% in fp32 round 2; '
-        'mxamp:auto round 2; read the paired ratio')
+        'mxamp:auto rounds 2, 3; read the paired ratio, or over the processes that ran '
+        'fast: mxamp:auto 0.97x FP32 (2 and 3 processes)')
+    auto = slowed['modes']['mxamp:auto']
+    # All rounds: 85.5 / 99 = 0.86x FP32; the fast ones: 97.5 / 100 (the JSON keeps both).
+    assert auto['ratio_vs_fp32'] == pytest.approx(85.5 / 99.0)
+    assert auto['steady_img_per_s'] == 97.5 and auto['steady_runs'] == 2
+    assert auto['steady_ratio_vs_fp32'] == pytest.approx(0.975)
     assert bench.harness.reference_note(slowed) in bench.format_table([slowed]).splitlines()
-    many = _speed_result(bench, {'fp32': [(9.0, 9.0), (4.8, 4.8), (9.0, 9.0)]})
-    assert 'in fp32 rounds 1, 3;' in bench.harness.reference_note(many)
+    many = _speed_result(bench, {'fp32': [(70.0, (9.0, 9.0)), (99.0, (4.8, 4.8)),
+                                          (70.0, (9.0, 9.0))]})
+    assert 'in fp32 rounds 1, 3; read the paired ratio' in bench.harness.reference_note(many)
     # A quiet machine's timings (within 20%), and a JSON from before the reference: no note.
-    steady = _speed_result(bench, {'fp32': [(4.8, 5.1), (4.9, 5.0)],
-                                   'mxamp:auto': [(4.7, 5.5)]})
+    steady = _speed_result(bench, {'fp32': [(99.0, (4.8, 5.1)), (98.0, (4.9, 5.0))],
+                                   'mxamp:auto': [(97.0, (4.7, 5.5))]})
     assert bench.harness.reference_note(steady) is None
+    assert 'steady_ratio_vs_fp32' not in steady['modes']['mxamp:auto']
     assert 'changed speed' not in bench.format_table([steady])
     for entry in steady['modes'].values():
         for run in entry['runs']:
