@@ -7,7 +7,9 @@ deep net rounds once per layer; errors of 1-30 units are what we measure on
 random-weight nets.  Where a test needs exact equality (checkpoints, export) it
 says so.
 """
+import gc
 import warnings
+import weakref
 
 import mxnet as mx
 import numpy as np
@@ -844,3 +846,36 @@ def test_an_op_hook_still_sees_every_operator_of_a_converted_net():
     converted(x, y)
     mx.nd.waitall()
     assert any('FullyConnected' in op for op in seen)
+
+
+def test_convert_frees_what_tracing_left_in_reference_cycles():
+    # A hybrid_forward that leaves its Symbol in a reference cycle, as GluonTS's argument
+    # checks do (an exception kept with its traceback): the conversion's trace must not
+    # leave it for Python's rare full collections.
+    class Kept(object):
+        pass
+    kept = []
+
+    class Net(nn.HybridBlock):
+        def __init__(self, **kwargs):
+            super(Net, self).__init__(**kwargs)
+            self.dense = nn.Dense(4, in_units=3)
+
+        def hybrid_forward(self, F, x):
+            out = self.dense(x)
+            if isinstance(out, mx.sym.Symbol):
+                holder = Kept()
+                holder.cycle, holder.symbol = holder, out
+                kept.append(weakref.ref(holder))
+            return out
+    net = Net()
+    net.initialize()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10 ** 9, 10 ** 9, 10 ** 9)   # only what convert collects is collected
+    try:
+        mxamp.convert(net, 'bfloat16')
+        left = [ref() for ref in kept]
+    finally:
+        gc.set_threshold(*thresholds)
+    assert left and left == [None] * len(left)
+    assert net(mx.nd.ones((2, 3))).shape == (2, 4)
