@@ -152,8 +152,10 @@ table and the JSON, for ``scripts/torch_peer.py`` as for this script.
   hand-offs between CPUs slow down for minutes at a time, mid-process, and a
   network of small operators with them (docs/performance.rst, "When the
   machine changes speed").  Where a configuration's timings spread by more
-  than 20%, a note names the modes and rounds that ran slow; the paired ratio,
-  whose two processes ran seconds apart, is then the one to read.
+  than 20%, a note names the modes and rounds that ran slow and gives each
+  mode's ratio to FP32 over the processes that ran fast
+  (``steady_ratio_vs_fp32``); that ratio, or the paired one, whose two
+  processes ran seconds apart, is then the one to read.
 * AMX: mxamp enables it at import when the CPU has ``amx_bf16``; the JSON
   records the CPU flags, the CPU class and whether AMX was enabled
   (``meta.hardware``).
