@@ -119,8 +119,8 @@ def measure(spec, build, environment, reference):
         :func:`time_iterations`'s figures, ``base_rss_mb`` (after building,
         before the first iteration), ``peak_rss_mb``, ``load_average`` (1 min,
         before building), ``reference_ms`` (`reference`'s time before and after
-        the iterations, where it gave one) and `environment` (what the script found out about the
-        threads it computes with and its launch variables).
+        the iterations, where it gave one) and `environment` (what the script
+        found out about the threads it computes with and its launch variables).
     """
     load_average = os.getloadavg()[0]
     run = build()
@@ -392,8 +392,6 @@ def reference_note(result):
             % (label(result), fastest, slowest, slowest / fastest,
                round(100 * REFERENCE_SPREAD), where,
                ', or over the processes that ran fast: ' + ', '.join(steady) if steady else ''))
-
-
 
 
 # --------------------------------------------------------------------------
