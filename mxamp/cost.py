@@ -6,9 +6,10 @@ the casts into and out of it and oneDNN's reorders; a small one is slower, and
 a network of small ones (a recurrent forecaster, a small MLP) trains slower
 than in FP32.  `CostModel` holds, per operator, the forward work (in MFLOP
 per call, 2 per multiply-add) from which bfloat16 pays so on one CPU class,
-read from ``cost_table.json`` (measured by ``scripts/measure_costs.py``; the
-table's notes say where and when); `layer_work` computes a node's work from
-its shapes.  Under ``'auto'`` the policy keeps such a layer below its threshold
+for training or for inference (without a backward pass and FP32 master
+weights, smaller layers pay), read from ``cost_table.json`` (measured by
+``scripts/measure_costs.py``; the table's notes say where and when);
+`layer_work` computes a node's work from its shapes.  Under ``'auto'`` the policy keeps such a layer below its threshold
 in FP32 (`mxamp.policy.Policy`'s ``costs``), and what reads it follows.  A layer
 whose data is already bfloat16 stays so: keeping it in FP32 would add the casts.
 
@@ -76,12 +77,13 @@ def _table():
         return json.load(f)
 
 
-def model_for(cpu_class: str) -> Optional[CostModel]:
-    """The cost model of `cpu_class` (`mxamp.hardware.CPU_CLASSES`); None for a class that
-    computes no bfloat16 or that the table does not hold."""
+def model_for(cpu_class: str, inference: bool = False) -> Optional[CostModel]:
+    """The cost model of `cpu_class` (`mxamp.hardware.CPU_CLASSES`) for training, or with
+    `inference` for a graph built for inference alone; None for a class that computes no
+    bfloat16 or that the table does not hold."""
     if not hardware.computes_bfloat16(cpu_class):
         return None
-    entry = _table()['classes'].get(cpu_class)
+    entry = _table()['classes'].get(cpu_class, {}).get('inference' if inference else 'training')
     if entry is None:
         return None
     return CostModel({op: float(values['pays_from_mflop']) for op, values in entry.items()},

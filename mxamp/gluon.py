@@ -319,7 +319,7 @@ def _rebuilt_for_larger_batch(block, args, arrays):
     if cached is None or not cached[1].small_layers:
         return False
     conversion = cached[1]
-    model = state.settings.policy(device).costs
+    model = _policy(block, device).costs
     growth = max([arg.size / float(np.prod(conversion.shapes[sym.name]))
                   for sym, arg in zip(flat(block._cached_graph[0]), flat(args))
                   if isinstance(arg, mx.nd.NDArray) and sym.name in conversion.shapes] or [1.0])

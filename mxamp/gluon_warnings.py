@@ -28,7 +28,7 @@ def warn_unpaid(block, policy, conversion, converted):
     global _warned_unpaid
     if _warned_unpaid or policy.dtype != 'bfloat16' or policy.bfloat16_storage_only:
         return
-    model = policy.costs or cost.model_for(policy.cpu_class)
+    model = policy.costs or cost.model_for(policy.cpu_class, inference=policy.inference)
     if model is None:
         return
     layers = {node.name: (node.op, conversion.works[node.name]) for node in conversion.nodes

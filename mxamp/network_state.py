@@ -63,7 +63,8 @@ class Settings(NamedTuple):
         """The policy of a graph built for `device_type` (``'cpu'``, ``'gpu'``...); with
         `inference`, of a graph `mxamp.for_inference` fuses; `kernel_ops` as `Policy`'s."""
         klass = hardware.AVX512_BF16 if device_type == 'gpu' else hardware.cpu_class()
-        costs = cost.model_for(klass) if self.cost_aware and device_type == 'cpu' else None
+        costs = (cost.model_for(klass, inference=inference)
+                 if self.cost_aware and device_type == 'cpu' else None)
         return Policy(self.dtype, self.rules, emulate_float16=emulates_float16([device_type]),
                       cpu_class=klass, inference=inference, kernel_ops=kernel_ops, costs=costs)
 

@@ -59,14 +59,15 @@ def make_policy(options: SymbolOptions, cost_aware: bool = False) -> Policy:
     """The `Policy` for `options`, whose dtype is ``'float16'`` or ``'bfloat16'``, resolved
     (None, ``'auto'``, is refused); with ``for_inference``, for a graph fused for inference;
     `cost_aware` (the user's dtype was ``'auto'``): a bfloat16 graph for a CPU keeps the
-    layers too small to pay on its class in FP32 (`mxamp.cost`).
+    layers too small to pay on its class in FP32 (`mxamp.cost`; for inference alone with
+    ``for_inference``).
 
     float16 computes GEMMs in FP32 unless every context in ``ctx`` is a GPU (no ``ctx``: a GPU)."""
     dtype = dtype_name('auto' if options.dtype is None else options.dtype, allowed=LOW_PRECISION)
     devices = [] if options.ctx is None else [c.device_type for c in _contexts(options.ctx)]
     klass = target_cpu_class(options.cpu_class)
-    costs = cost.model_for(klass) if cost_aware and dtype == 'bfloat16' and 'gpu' not in devices \
-        else None
+    costs = (cost.model_for(klass, inference=options.for_inference)
+             if cost_aware and dtype == 'bfloat16' and 'gpu' not in devices else None)
     return Policy(dtype, options.rules, emulate_float16=emulates_float16(devices),
                   cpu_class=klass, inference=options.for_inference, costs=costs)
 

@@ -70,6 +70,9 @@ inference (``net(*inputs)``, FP32 inputs, FP32 outputs):
 ``mxamp``           ``mxamp.convert(net, 'bfloat16')``: every layer bfloat16, as asked.
 ``mxamp+fusion``    ``mxamp.for_inference(net, x, dtype='bfloat16')``: converted, then
                     the same oneDNN fusion (mxamp's inference path).
+``mxamp:auto+fusion`` ``mxamp.for_inference(net, x)``: ``'auto'`` for inference alone,
+                    each layer weighed without a backward pass or an update (smaller
+                    layers pay than in training), then fused.
 ``contrib.amp``     ``mxnet.contrib.amp.convert_hybrid_block(net, 'bfloat16', ctx=cpu)``.
 
 training (forward + backward of the network's loss, then ``trainer.step``; SGD
@@ -182,7 +185,9 @@ top 3 verdicts with the share of the step each concerns, or ``no verdict``;
 the JSON holds every verdict under the mode's ``explain``.  What the report
 measures differs from the row in three cases, which the row says:
 ``mxamp+fusion`` is profiled unfused (the report measures the converted graph
-`mxamp.convert` makes, before oneDNN's fusion), ``mxamp+scaling`` without
+`mxamp.convert` makes, before oneDNN's fusion), ``mxamp:auto+fusion`` unfused
+and as ``mxamp.convert(net, 'auto')`` weighs its layers (for training),
+``mxamp+scaling`` without
 loss scaling (the report's trainer is `mxamp.Trainer`'s default), and
 ``contrib.amp`` is not profiled (the report measures mxamp's conversion, not
 MXNet's).  A report's training step is the backward of the outputs (head
@@ -236,7 +241,8 @@ from mxamp.graph import error_line  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-INFERENCE_MODES = ('fp32', 'fp32+fusion', 'mxamp:auto', 'mxamp', 'mxamp+fusion', 'contrib.amp')
+INFERENCE_MODES = ('fp32', 'fp32+fusion', 'mxamp:auto', 'mxamp:auto+fusion', 'mxamp',
+                   'mxamp+fusion', 'contrib.amp')
 TRAINING_MODES = ('fp32', 'mxamp:auto', 'mxamp', 'mxamp+scaling', 'contrib.amp')
 # 3: a result's throughput (img_per_s and the figures made from it) counts the samples of
 # its network's family (its throughput_unit), no longer only images.
@@ -245,13 +251,16 @@ RESULT_PREFIX = 'MXAMP_BENCHMARK_RESULT '
 
 FUSION_BACKEND = 'MKLDNN'
 # The dtype each mxamp mode converts to.
-MXAMP_DTYPE = {'mxamp:auto': 'auto', 'mxamp': 'bfloat16', 'mxamp+fusion': 'bfloat16',
-               'mxamp+scaling': 'bfloat16'}
+MXAMP_DTYPE = {'mxamp:auto': 'auto', 'mxamp:auto+fusion': 'auto', 'mxamp': 'bfloat16',
+               'mxamp+fusion': 'bfloat16', 'mxamp+scaling': 'bfloat16'}
 # mxamp.Trainer's loss_scale per mode ('auto': none for bfloat16, which has FP32's range).
 MXAMP_LOSS_SCALE = {'mxamp:auto': 'auto', 'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
 # --explain: what mxamp.profile measures for each mode it explains, where that is not the
 # row's network as the row runs it, and why contrib.amp is not explained.
-EXPLAINED_MODES = {'mxamp:auto': None, 'mxamp': None,
+EXPLAINED_MODES = {'mxamp:auto': None,
+                   'mxamp:auto+fusion': "profiled unfused, as mxamp.convert(net, 'auto') "
+                                        'weighs its layers (for training)',
+                   'mxamp': None,
                    'mxamp+fusion': 'profiled unfused: the report measures the graph '
                                    'mxamp.convert makes, before oneDNN fusion',
                    'mxamp+scaling': "profiled without loss scaling: the report's trainer is "
@@ -289,8 +298,8 @@ def build_inference(mode, network, batch, image_size):
         net.hybridize()
         _wait(net(*setup.one))
         net = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())
-    if mode == 'mxamp+fusion':
-        mxamp.for_inference(net, *inputs, dtype='bfloat16')
+    if mode in ('mxamp+fusion', 'mxamp:auto+fusion'):
+        mxamp.for_inference(net, *inputs, dtype=MXAMP_DTYPE[mode])
     elif mode == 'fp32+fusion':
         net.optimize_for(*inputs, backend=FUSION_BACKEND, **HYBRIDIZE)
     elif family.no_graph is None:
@@ -395,8 +404,8 @@ def mode_settings(task, mode, family=families.CLASSIFIER):
         conversion = ("amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())"
                       if task == 'inference' else
                       "amp.init(target_dtype='bfloat16') before building the net")
-    elif mode == 'mxamp+fusion':
-        conversion = "mxamp.for_inference(net, x, dtype='bfloat16')"
+    elif mode in ('mxamp+fusion', 'mxamp:auto+fusion'):
+        conversion = "mxamp.for_inference(net, x, dtype=%r)" % MXAMP_DTYPE[mode]
     else:
         conversion = "mxamp.convert(net, %r)" % MXAMP_DTYPE[mode]
     settings = {'dtype': 'float32' if conversion is None else MXAMP_DTYPE.get(mode, 'bfloat16'),

@@ -5,12 +5,15 @@ Usage::
 
     OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_costs.py            # table on stdout
     OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_costs.py --json out.json --repeats 15
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_costs.py --task inference
 
 For each operator whose bfloat16 kernels are compute-bound (FullyConnected,
 Convolution) and a ladder of sizes, a chain of one and of four identical layers
 (hybridized Gluon nets, FP32 against ``mxamp.convert(net, 'bfloat16')``) runs a
 training step, forward, backward and an Adam update (``gluon.Trainer`` against
 ``mxamp.Trainer``, whose bfloat16 weights step through FP32 master copies),
+or with ``--task inference`` a forward call outside ``autograd.record`` (the
+graphs ``mxamp.for_inference`` and a Symbol converted ``for_inference`` weigh),
 interleaved in this process; the table shows the median time of each and the
 ratio.  One layer in bfloat16 pays for
 the casts around it ("alone"); the layers inside the chain of four have
@@ -25,7 +28,8 @@ either, ``'auto'`` keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
-keeps the measurements with their date and command.
+keeps the measurements with their date and command.  The thresholds go into
+``cost_table.json`` under the CPU class and the task.
 """
 import argparse
 import datetime
@@ -98,6 +102,10 @@ def conv_data(size):
     return mx.nd.random.uniform(-1, 1, (size[0], size[1], size[2], size[2]))
 
 
+#: What a timed step does, per ``--task``.
+TASKS = {'training': 'training step (forward, backward, Adam update)',
+         'inference': 'forward call, recording nothing'}
+
 OPERATORS = {
     'FullyConnected': (DENSE_SIZES, lambda depth, s: dense_chain(depth, s[1], s[2]), dense_work,
                        dense_outputs, dense_data),
@@ -119,13 +127,26 @@ def trained_step(net, data, trainer):
     return step
 
 
-def built(make, depth, size, data, dtype):
+def inferred_step(net, data):
+    """A forward call of `net` on `data`, recording nothing (inference)."""
+    def step():
+        net(data)
+    return step
+
+
+def built(make, depth, size, data, dtype, task):
     mx.random.seed(0)
     net = make(depth, size)
     net.initialize(mx.init.Xavier())
     if dtype != 'float32':
         mxamp.convert(net, dtype)
     net.hybridize(static_alloc=True, static_shape=True)
+    if task == 'inference':
+        step = inferred_step(net, data)
+        for _ in range(3):
+            step()
+        mx.nd.waitall()
+        return step
     # The update counts: bfloat16 weights step through FP32 master copies (mxamp.Trainer),
     # which costs more than FP32's own step, most on small tensors (a layer's bias).
     make_trainer = gluon.Trainer if dtype == 'float32' else mxamp.Trainer
@@ -144,12 +165,12 @@ def timed(step):
     return time.perf_counter() - start
 
 
-def measure(op, repeats, progress):
+def measure(op, repeats, progress, task='training'):
     sizes, make, work, outputs, make_data = OPERATORS[op]
     rows = []
     for size in sizes:
         data = make_data(size)
-        steps = {(depth, dtype): built(make, depth, size, data.copy(), dtype)
+        steps = {(depth, dtype): built(make, depth, size, data.copy(), dtype, task)
                  for depth in (1, 4) for dtype in ('float32', 'bfloat16')}
         times = {key: [] for key in steps}
         for _ in range(repeats):
@@ -192,6 +213,8 @@ def main(argv=None):
                         help='bfloat16 pays from this ratio to FP32 (default 1.05)')
     parser.add_argument('--json', help='also write the measurements and thresholds here')
     parser.add_argument('--ops', nargs='+', default=list(OPERATORS), choices=list(OPERATORS))
+    parser.add_argument('--task', choices=list(TASKS), default='training',
+                        help='what each step does (default: %(default)s)')
     args = parser.parse_args(argv)
     klass = hardware.cpu_class()
     if not hardware.computes_bfloat16(klass):
@@ -199,21 +222,22 @@ def main(argv=None):
                  % hardware.describe_cpu_class())
     threads = os.environ.get('OMP_NUM_THREADS', 'unset')
     total = sum(len(OPERATORS[op][0]) for op in args.ops)
-    result = {'cpu_class': klass, 'cpu': hardware.cpu_model(), 'threads': threads,
+    result = {'cpu_class': klass, 'task': args.task, 'cpu': hardware.cpu_model(),
+              'threads': threads,
               'date': datetime.date.today().isoformat(), 'margin': args.margin,
               'command': 'OMP_NUM_THREADS=%s scripts/measure_costs.py %s'
                          % (threads, ' '.join(argv if argv is not None else sys.argv[1:])),
               'operators': {}}
     with tqdm(total=total, desc='sizes', unit='size') as progress:
         for op in args.ops:
-            rows = measure(op, args.repeats, progress)
+            rows = measure(op, args.repeats, progress, args.task)
             result['operators'][op] = {
                 'pays_from_mflop': threshold(rows, 'mflop', args.margin),
                 'pays_from_flop_per_cast_value': threshold(rows, 'flop_per_cast_value',
                                                            args.margin, ('alone',)),
                 'rows': rows}
-    print('%s, %s threads; training step (forward, backward, Adam update), medians of %d'
-          % (hardware.describe_cpu_class(klass), threads, args.repeats))
+    print('%s, %s threads; %s, medians of %d'
+          % (hardware.describe_cpu_class(klass), threads, TASKS[args.task], args.repeats))
     for op, entry in result['operators'].items():
         print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast'
               % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value']))

@@ -387,6 +387,9 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
                                                          '--image-size 32 --warmup 2 --steps 5 '
                                                          '--repeats 2')
     assert bench.mode_settings('inference', 'mxamp+fusion')['fusion'] == 'MKLDNN'
+    auto = bench.mode_settings('inference', 'mxamp:auto+fusion')
+    assert (auto['dtype'], auto['conversion'], auto['fusion']) == (
+        'auto', "mxamp.for_inference(net, x, dtype='auto')", 'MKLDNN')
 
 
 def test_output_is_written_whole_or_not_at_all(tmp_path):
@@ -475,7 +478,8 @@ def test_explain_needs_an_mxamp_mode(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.parse_args(['--modes', 'fp32,contrib.amp', '--explain'])
     assert exit_.value.code == 2
-    assert ('--explain profiles the mxamp modes (mxamp:auto, mxamp, mxamp+fusion, mxamp+scaling); '
+    assert ('--explain profiles the mxamp modes (mxamp:auto, mxamp:auto+fusion, mxamp, '
+            'mxamp+fusion, mxamp+scaling); '
             '--modes fp32,contrib.amp has none of them') in capsys.readouterr().err
     assert not bench.parse_args([]).explain
 
@@ -543,7 +547,7 @@ def test_lstm_lm_skips_the_modes_that_need_one_graph(monkeypatch, tmp_path):
     assert {s['batch'] for s, _ in workers.calls} == {20}
     inference, training = data['results']
     reason = 'needs one graph, and lstm_lm cannot become one: its hybrid_forward calls nd.Dropout'
-    for mode in ('fp32+fusion', 'mxamp+fusion', 'contrib.amp'):
+    for mode in ('fp32+fusion', 'mxamp:auto+fusion', 'mxamp+fusion', 'contrib.amp'):
         assert inference['modes'][mode] == {'skipped': reason}
     assert inference['throughput_unit'] == 'seq/s'
     # Never hybridized, in any mode.
@@ -716,8 +720,9 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
     # The CPU as the run saw it (a simulated class in this process would not reach it).
     cpu_class = meta['hardware']['cpu_class']
     native = cpu_class in ('avx512_bf16', 'amx')
-    assert list(inference['modes']) == ['fp32', 'fp32+fusion', 'mxamp:auto', 'mxamp',
-                                        'mxamp+fusion', 'contrib.amp']
+    assert list(inference['modes']) == ['fp32', 'fp32+fusion', 'mxamp:auto',
+                                        'mxamp:auto+fusion', 'mxamp', 'mxamp+fusion',
+                                        'contrib.amp']
     assert list(training['modes']) == ['fp32', 'mxamp:auto', 'mxamp', 'mxamp+scaling',
                                        'contrib.amp']
     for result in (inference, training):

@@ -60,16 +60,27 @@ def test_the_largest_unpaid_layer_is_named_only_when_none_pays():
     assert cost.largest_unpaid({}, MODEL) is None
 
 
+@pytest.mark.parametrize('inference', [False, True], ids=['training', 'inference'])
 @pytest.mark.parametrize('klass', BFLOAT16_CLASSES)
-def test_every_bfloat16_class_has_a_measured_model(klass):
-    model = cost.model_for(klass)
+def test_every_bfloat16_class_has_a_measured_model(klass, inference):
+    model = cost.model_for(klass, inference=inference)
     assert set(model.pays_from) == set(model.per_cast_value) == set(cost.GEMM_OPS)
     assert all(threshold > 0 for threshold in model.pays_from.values())
     assert all(threshold > 0 for threshold in model.per_cast_value.values())
 
 
+@pytest.mark.parametrize('klass', BFLOAT16_CLASSES)
+def test_inference_pays_from_layers_no_larger_than_training(klass):
+    # No backward pass and no FP32 master weights to step: what pays in training pays here.
+    training, inference = cost.model_for(klass), cost.model_for(klass, inference=True)
+    for op in cost.GEMM_OPS:
+        assert inference.pays_from[op] <= training.pays_from[op]
+        assert inference.per_cast_value[op] <= training.per_cast_value[op]
+
+
 def test_classes_without_bfloat16_have_no_model():
     assert cost.model_for(hardware.AVX2) is None
+    assert cost.model_for(hardware.AVX2, inference=True) is None
 
 
 def _head_on_a_trunk():
@@ -326,3 +337,80 @@ def test_profile_runs_a_net_converted_under_auto_after_a_call_at_another_size():
         net.hybridize()
         report = mxamp.profile(net, x, iterations=1, warmup=1, kernels=False)
     assert report is not None
+
+
+# Inference alone (mxamp.for_inference, a Symbol converted for_inference) weighs layers with the
+# class's inference model; these tests give the two models values far apart, whatever the table.
+_TRAINING_ONLY_LARGE = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS})
+_INFERENCE_ANY = cost.CostModel({op: 1e-3 for op in cost.GEMM_OPS})
+
+
+@pytest.fixture
+def far_apart_models(monkeypatch):
+    def model_for(klass, inference=False):
+        if not hardware.computes_bfloat16(klass):
+            return None
+        return _INFERENCE_ANY if inference else _TRAINING_ONLY_LARGE
+    monkeypatch.setattr(cost, 'model_for', model_for)
+
+
+def _mlp_and_batch(seed):
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(64, activation='relu', in_units=32), gluon.nn.Dense(8, in_units=64))
+    net.initialize(mx.init.Xavier())
+    return net, mx.nd.random.uniform(-1, 1, shape=(16, 32))
+
+
+def _relative_error(got, want):
+    got, want = got.astype('float32').asnumpy(), want.asnumpy()
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@needs_bfloat16_compute
+@pytest.mark.usefixtures('far_apart_models', 'quiet_precision_warnings')
+def test_for_inference_weighs_a_trained_auto_net_with_the_inference_model():
+    net, x = _mlp_and_batch(seed=8)
+    mxamp.convert(net, 'auto')
+    net.hybridize()
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    assert not mxamp.gluon.conversion_of(net)[0].computes_low   # training: FP32 throughout
+    want = net(x)
+    trained = {name: p.data().copy() for name, p in net.collect_params().items()}
+    mxamp.for_inference(net, x)
+    conversion, _ = mxamp.gluon.conversion_of(net)
+    assert conversion.computes_low and conversion.small_layers == {}
+    assert {conversion.node_precision[n.name] for n in conversion.nodes
+            if n.op == 'FullyConnected'} == {'bfloat16'}
+    assert _relative_error(net(x), want) < 0.02
+    # The trained values stay as they were, in FP32, read through casts.
+    for name, p in net.collect_params().items():
+        assert p.data().dtype == np.float32
+        np.testing.assert_array_equal(p.data().asnumpy(), trained[name].asnumpy())
+
+
+@needs_bfloat16_compute
+@pytest.mark.usefixtures('far_apart_models', 'quiet_precision_warnings')
+def test_for_inference_under_auto_stores_the_layers_that_pay_for_inference_low():
+    net, x = _mlp_and_batch(seed=9)
+    want = net(x)
+    mxamp.for_inference(net, x)
+    conversion, _ = mxamp.gluon.conversion_of(net)
+    assert conversion.computes_low
+    assert all(p.data().dtype != np.float32 for p in net.collect_params().values())
+    assert _relative_error(net(x), want) < 0.02
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason="'auto' is float32 on this CPU class: nothing to decide")
+@pytest.mark.usefixtures('far_apart_models')
+def test_the_symbol_front_weighs_a_graph_for_inference_with_the_inference_model():
+    sym, args = _small_mlp_symbol(), _mlp_params()
+    options = dict(arg_params=args, aux_params={}, input_shapes={'data': (8, 20)})
+    trained = mxamp.convert_with_record(sym, 'auto', **options)
+    assert not trained.conversion.computes_low
+    inferred = mxamp.convert_with_record(sym, 'auto', for_inference=True, **options)
+    assert inferred.conversion.small_layers == {}
+    assert inferred.conversion.node_precision['fc1'] == 'bfloat16'
