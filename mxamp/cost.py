@@ -9,9 +9,10 @@ per call, 2 per multiply-add) from which bfloat16 pays so on one CPU class,
 for training or for inference (without a backward pass and FP32 master
 weights, smaller layers pay), read from ``cost_table.json`` (measured by
 ``scripts/measure_costs.py``; the table's notes say where and when);
-`layer_work` computes a node's work from its shapes.  Under ``'auto'`` the policy keeps such a layer below its threshold
-in FP32 (`mxamp.policy.Policy`'s ``costs``), and what reads it follows.  A layer
-whose data is already bfloat16 stays so: keeping it in FP32 would add the casts.
+`layer_work` computes a node's work from its shapes.  Under ``'auto'`` the
+policy keeps such a layer below its threshold in FP32 (`mxamp.policy.Policy`'s
+``costs``), and what reads it follows.  A layer whose data is already bfloat16
+stays so: keeping it in FP32 would add the casts.
 
 Example
 -------
