@@ -143,15 +143,13 @@ def built(make, depth, size, data, dtype, task):
     net.hybridize(static_alloc=True, static_shape=True)
     if task == 'inference':
         step = inferred_step(net, data)
-        for _ in range(3):
-            step()
-        mx.nd.waitall()
-        return step
-    # The update counts: bfloat16 weights step through FP32 master copies (mxamp.Trainer),
-    # which costs more than FP32's own step, most on small tensors (a layer's bias).
-    make_trainer = gluon.Trainer if dtype == 'float32' else mxamp.Trainer
-    trainer = make_trainer(net.collect_params(), *OPTIMIZER)
-    step = trained_step(net, data, trainer)
+    else:
+        # The update counts: bfloat16 weights step through FP32 master copies
+        # (mxamp.Trainer), which costs more than FP32's own step, most on small tensors
+        # (a layer's bias).
+        make_trainer = gluon.Trainer if dtype == 'float32' else mxamp.Trainer
+        trainer = make_trainer(net.collect_params(), *OPTIMIZER)
+        step = trained_step(net, data, trainer)
     for _ in range(3):
         step()
     mx.nd.waitall()
@@ -223,8 +221,8 @@ def main(argv=None):
     threads = os.environ.get('OMP_NUM_THREADS', 'unset')
     total = sum(len(OPERATORS[op][0]) for op in args.ops)
     result = {'cpu_class': klass, 'task': args.task, 'cpu': hardware.cpu_model(),
-              'threads': threads,
-              'date': datetime.date.today().isoformat(), 'margin': args.margin,
+              'threads': threads, 'date': datetime.date.today().isoformat(),
+              'margin': args.margin,
               'command': 'OMP_NUM_THREADS=%s scripts/measure_costs.py %s'
                          % (threads, ' '.join(argv if argv is not None else sys.argv[1:])),
               'operators': {}}
