@@ -253,6 +253,8 @@ FUSION_BACKEND = 'MKLDNN'
 # The dtype each mxamp mode converts to.
 MXAMP_DTYPE = {'mxamp:auto': 'auto', 'mxamp:auto+fusion': 'auto', 'mxamp': 'bfloat16',
                'mxamp+fusion': 'bfloat16', 'mxamp+scaling': 'bfloat16'}
+# The modes that make their net with mxamp.for_inference (in MXAMP_DTYPE's dtype).
+FOR_INFERENCE_MODES = ('mxamp:auto+fusion', 'mxamp+fusion')
 # mxamp.Trainer's loss_scale per mode ('auto': none for bfloat16, which has FP32's range).
 MXAMP_LOSS_SCALE = {'mxamp:auto': 'auto', 'mxamp': 'auto', 'mxamp+scaling': 'dynamic'}
 # --explain: what mxamp.profile measures for each mode it explains, where that is not the
@@ -298,7 +300,7 @@ def build_inference(mode, network, batch, image_size):
         net.hybridize()
         _wait(net(*setup.one))
         net = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())
-    if mode in ('mxamp+fusion', 'mxamp:auto+fusion'):
+    if mode in FOR_INFERENCE_MODES:
         mxamp.for_inference(net, *inputs, dtype=MXAMP_DTYPE[mode])
     elif mode == 'fp32+fusion':
         net.optimize_for(*inputs, backend=FUSION_BACKEND, **HYBRIDIZE)
@@ -404,7 +406,7 @@ def mode_settings(task, mode, family=families.CLASSIFIER):
         conversion = ("amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())"
                       if task == 'inference' else
                       "amp.init(target_dtype='bfloat16') before building the net")
-    elif mode in ('mxamp+fusion', 'mxamp:auto+fusion'):
+    elif mode in FOR_INFERENCE_MODES:
         conversion = "mxamp.for_inference(net, x, dtype=%r)" % MXAMP_DTYPE[mode]
     else:
         conversion = "mxamp.convert(net, %r)" % MXAMP_DTYPE[mode]
