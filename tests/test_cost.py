@@ -12,7 +12,7 @@ from mxamp import cost, hardware
 from mxamp.graph import convert_graph
 from mxamp.policy import Policy, Rules
 
-from conftest import needs_bfloat16_compute
+from conftest import needs_bfloat16_compute, relative_error
 
 MODEL = cost.CostModel({'FullyConnected': 10.0, 'Convolution': 20.0, 'Deconvolution': 20.0})
 BFLOAT16_CLASSES = [klass for klass in hardware.CPU_CLASSES if hardware.computes_bfloat16(klass)]
@@ -355,16 +355,15 @@ def far_apart_models(monkeypatch):
 
 
 def _mlp_and_batch(seed):
+    """`_small_mlp`, initialised from `seed`, and a batch for it."""
     mx.random.seed(seed)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(64, activation='relu', in_units=32), gluon.nn.Dense(8, in_units=64))
+    net = _small_mlp()
     net.initialize(mx.init.Xavier())
-    return net, mx.nd.random.uniform(-1, 1, shape=(16, 32))
+    return net, mx.nd.random.uniform(-1, 1, shape=(16, 20))
 
 
 def _relative_error(got, want):
-    got, want = got.astype('float32').asnumpy(), want.asnumpy()
-    return np.linalg.norm(got - want) / np.linalg.norm(want)
+    return relative_error(got.astype('float32').asnumpy(), want.asnumpy())
 
 
 @needs_bfloat16_compute
@@ -414,3 +413,23 @@ def test_the_symbol_front_weighs_a_graph_for_inference_with_the_inference_model(
     inferred = mxamp.convert_with_record(sym, 'auto', for_inference=True, **options)
     assert inferred.conversion.small_layers == {}
     assert inferred.conversion.node_precision['fc1'] == 'bfloat16'
+
+
+@needs_bfloat16_compute
+@pytest.mark.usefixtures('quiet_precision_warnings')
+def test_a_larger_batch_after_for_inference_is_weighed_for_inference(monkeypatch):
+    # One sample keeps the first layer FP32 under both models; 16 pay under the inference
+    # model alone, so the fused net builds its graph again in bfloat16 only if that model weighs.
+    inference_pays_from_a_batch = cost.CostModel({op: 0.01 for op in cost.GEMM_OPS})
+    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
+        None if not hardware.computes_bfloat16(klass)
+        else inference_pays_from_a_batch if inference else _TRAINING_ONLY_LARGE))
+    net, x = _mlp_and_batch(seed=10)
+    want = net(x)
+    mxamp.for_inference(net, x[:1])
+    net(x[:1]).wait_to_read()
+    assert not mxamp.gluon.conversion_of(net)[0].computes_low
+    got = net(x)
+    conversion, _ = mxamp.gluon.conversion_of(net)
+    assert conversion.computes_low and conversion.small_layers == {}
+    assert _relative_error(got, want) < 0.02
