@@ -105,9 +105,13 @@ table and the JSON, for ``scripts/torch_peer.py`` as for this script.
   default); a round starts one fresh Python process (a worker: this script
   with a hidden ``--_worker`` argument) per mode, in the same order every
   round (fp32, mxamp, ..., fp32, mxamp, ...).  A worker builds its mode,
-  runs ``--warmup`` untimed iterations (2), then times ``--steps``
-  consecutive iterations (5), each ended by a sync (``wait_to_read`` or
-  ``mx.nd.waitall()``): its throughput is batch x steps over that stretch.
+  runs ``--warmup`` untimed iterations (2), then times consecutive
+  iterations, each ended by a sync (``wait_to_read`` or
+  ``mx.nd.waitall()``): at least ``--steps`` (5), and on until the timed
+  stretch lasts ``--min-seconds`` (1).  Its throughput is batch x iterations
+  over that stretch.  A ResNet-50 step takes a second and is timed 5 times; a
+  small MLP's takes a fraction of a millisecond and is timed thousands of
+  times, without which a few steps measure the clock and the machine's noise.
   The table shows the median over rounds; ``x FP32`` is the ratio of the
   medians, ``paired`` the median over rounds of mode / FP32 throughput of
   the same round.  Alternating whole processes makes a change in the
@@ -589,7 +593,7 @@ def bench(config, args, progress):
     family = families.family_of(config.network)
     size = image_size(config.network, args)
     result = dict(config._asdict(), family=family.name, throughput_unit=family.sample + '/s',
-                  sample=family.counts, image_size=size, warmup=args.warmup, steps=args.steps,
+                  sample=family.counts, image_size=size, **harness.run_settings(args),
                   repeats=args.repeats, mxamp_compute=mxamp_compute(), modes={})
     if unmeasured_task(config):
         result['skipped'] = unmeasured_task(config)
@@ -601,8 +605,8 @@ def bench(config, args, progress):
             continue
         result['modes'][mode] = {'settings': mode_settings(config.task, mode, family),
                                  'reproduce': reproduce_command(config, mode, args), 'runs': []}
-        specs[mode] = dict(config._asdict(), mode=mode, image_size=size, warmup=args.warmup,
-                           steps=args.steps)
+        specs[mode] = dict(config._asdict(), mode=mode, image_size=size,
+                           **harness.run_settings(args))
 
     def before(mode, round_index):
         progress.set_postfix_str('%s: %s' % (harness.label(result), mode))

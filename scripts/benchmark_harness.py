@@ -55,6 +55,10 @@ REFERENCE_REPEATS = 5
 # changed speed during the run: above a quiet machine's spread, below a slow spell's
 # slowdown (docs/performance.rst, "When the machine changes speed").
 REFERENCE_SPREAD = 0.2
+# A worker's timed stretch lasts at least this long (``--min-seconds``): a step of a fraction
+# of a millisecond is timed above the noise only over thousands (docs/performance.rst, "A
+# small MLP").
+MIN_SECONDS = 1.0
 # `handoff_seconds`: round trips of a value between two threads on two CPUs, a timing.
 HANDOFF_ROUNDS = 1000
 
@@ -71,11 +75,14 @@ def rss_mb(field):
     return None
 
 
-def time_iterations(run, batch, warmup, steps):
-    """Run `warmup` untimed iterations, then time `steps` consecutive ones.
+def time_iterations(run, batch, warmup, steps, min_seconds=0.0):
+    """Run `warmup` untimed iterations, then time consecutive ones: at least `steps`, and
+    on until the timed stretch lasts `min_seconds`.
 
     `run()` runs one iteration, ended by its computation; it returns None, or
-    for training its (forward+backward, update) seconds.
+    for training its (forward+backward, update) seconds.  A step of a fraction of a
+    millisecond needs thousands to be timed above the noise of the clock and of the
+    machine; a step of a second needs `steps`.
 
     Returns
     -------
@@ -89,24 +96,24 @@ def time_iterations(run, batch, warmup, steps):
         run()
     elapsed, parts = [], []
     start = time.perf_counter()
-    for _ in range(steps):
+    while len(elapsed) < steps or time.perf_counter() - start < min_seconds:
         begin = time.perf_counter()
         parts.append(run())
         elapsed.append(time.perf_counter() - begin)
+    stretch = time.perf_counter() - start
     # Rounded after the timed stretch: thousands of sub-millisecond steps a process would
     # otherwise fill the JSON with digits that mean nothing.
     iteration_ms = [round(1e3 * seconds, 4) for seconds in elapsed]
-    timing = {'img_per_s': batch * steps / (time.perf_counter() - start),
-              'iteration_ms': iteration_ms}
+    timing = {'img_per_s': batch * len(elapsed) / stretch, 'iteration_ms': iteration_ms}
     if parts[0] is not None:      # training: (forward+backward s, update s) per iteration
-        timing['fwd_bwd_ms'] = 1e3 * sum(p[0] for p in parts) / steps
-        timing['update_ms'] = 1e3 * sum(p[1] for p in parts) / steps
+        timing['fwd_bwd_ms'] = 1e3 * sum(p[0] for p in parts) / len(parts)
+        timing['update_ms'] = 1e3 * sum(p[1] for p in parts) / len(parts)
     return timing
 
 
 def measure(spec, build, environment, reference):
     """A worker's answer: build its mode (``build()`` returns `time_iterations`'s `run`),
-    then time it as `spec` says (``batch``, ``warmup``, ``steps``), between two timings of
+    then time it as `spec` says (``batch`` and :func:`run_settings`'s), between two timings of
     `reference`.
 
     `reference()` times a fixed workload, the same in every mode's process, and
@@ -126,7 +133,8 @@ def measure(spec, build, environment, reference):
     run = build()
     base_rss = rss_mb('VmRSS')
     before = reference()
-    timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'])
+    timing = time_iterations(run, spec['batch'], spec['warmup'], spec['steps'],
+                             spec['min_seconds'])
     after = reference()
     if before is not None and after is not None:
         timing['reference_ms'] = [round(1e3 * before, 3), round(1e3 * after, 3)]
@@ -252,6 +260,7 @@ def reproduce_command(script, config, mode, args, variables, options=()):
              '--tasks', config.task, '--modes', ','.join(dict.fromkeys(('fp32', mode))),
              '--batch', str(config.batch), '--threads', str(config.threads)]
     words += list(options) + ['--warmup', str(args.warmup), '--steps', str(args.steps),
+                              '--min-seconds', '%g' % args.min_seconds,
                               '--repeats', str(args.repeats)]
     # The rest of the environment as it was here.
     assignments = ['%s=%s' % (k, shlex.quote(v)) for k, v in variables.items()
@@ -558,6 +567,23 @@ def count(minimum):
     return parse
 
 
+def seconds(text):
+    """argparse type: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError('expected seconds >= 0, got %r' % text)
+    return value
+
+
+def run_settings(args):
+    """What every worker of a run is told about its iterations, and what the run's result
+    records: ``warmup``, ``steps`` (the least timed) and ``min_seconds``."""
+    return dict(warmup=args.warmup, steps=args.steps, min_seconds=args.min_seconds)
+
+
 def counts(text):
     """argparse type: comma-separated positive integers, e.g. '1,8,16' -> [1, 8, 16]."""
     try:
@@ -593,13 +619,18 @@ def add_sweep_arguments(parser, usable_cpus, default_batch, threads_set):
 
 
 def add_run_arguments(parser, output):
-    """``--warmup``, ``--steps``, ``--repeats``, ``--timeout``, ``--output`` (default
-    `output`) and the hidden ``--_worker``."""
+    """``--warmup``, ``--steps``, ``--min-seconds``, ``--repeats``, ``--timeout``,
+    ``--output`` (default `output`) and the hidden ``--_worker``."""
     parser.add_argument('--warmup', type=count(0), default=2,
                         help='untimed iterations at the start of each process '
                              '(default: %(default)s)')
     parser.add_argument('--steps', type=count(1), default=5,
-                        help='timed consecutive iterations per process (default: %(default)s)')
+                        help='timed consecutive iterations per process, at least '
+                             '(default: %(default)s)')
+    parser.add_argument('--min-seconds', type=seconds, default=MIN_SECONDS,
+                        help='time iterations past --steps until the timed stretch lasts '
+                             'this long, so that short steps are timed above the noise '
+                             '(default: %(default)s)')
     parser.add_argument('--repeats', type=count(1), default=3,
                         help='rounds, each one process per mode; medians over rounds '
                              '(default: %(default)s)')

@@ -73,8 +73,8 @@ combination of network, task, ``--batch`` and ``--threads`` value is measured
 on its own; ``--repeats`` rounds, each one fresh Python process (a worker:
 this script with a hidden ``--_worker`` argument) per mode, in the same order
 every round; a worker builds its mode, runs ``--warmup`` untimed iterations,
-then times ``--steps`` consecutive ones: its throughput is batch x steps over
-that stretch.  The table shows medians over rounds; ``x FP32`` is the ratio of
+then times consecutive ones, at least ``--steps`` and for at least
+``--min-seconds``: its throughput is batch x iterations over that stretch.  The table shows medians over rounds; ``x FP32`` is the ratio of
 the medians, ``paired`` the median of the per-round ratios.  A worker starts
 with ``OMP_NUM_THREADS`` set to the configuration's ``--threads`` and calls
 ``torch.set_num_threads`` with it (the default: the CPUs this process may
@@ -358,13 +358,13 @@ def bench(config, args, progress):
     network = NETWORKS[config.network]
     result = dict(config._asdict(), family=network.name, framework='pytorch',
                   throughput_unit=network.sample + '/s', sample=network.counts,
-                  sequence_length=network.length, warmup=args.warmup, steps=args.steps,
+                  sequence_length=network.length, **harness.run_settings(args),
                   repeats=args.repeats, modes={})
     specs = {}
     for mode in args.modes:
         result['modes'][mode] = {'settings': mode_settings(config.task, mode),
                                  'reproduce': reproduce_command(config, mode, args), 'runs': []}
-        specs[mode] = dict(config._asdict(), mode=mode, warmup=args.warmup, steps=args.steps)
+        specs[mode] = dict(config._asdict(), mode=mode, **harness.run_settings(args))
 
     def before(mode, round_index):
         progress('%s: %s, round %d of %d' % (harness.label(result), mode, round_index + 1,

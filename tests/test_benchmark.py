@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 
@@ -170,11 +171,33 @@ def test_a_worker_times_the_reference_before_and_after_its_iterations():
     def build():
         events.append('build')
         return lambda: events.append('iteration')
-    spec = {'batch': 2, 'warmup': 1, 'steps': 2}
+    spec = {'batch': 2, 'warmup': 1, 'steps': 2, 'min_seconds': 0.0}
     answer = bench.harness.measure(spec, build, {}, reference)
     assert events == ['build', 'reference', 'iteration', 'iteration', 'iteration', 'reference']
     assert answer['reference_ms'] == [4.8, 8.9]
     assert 'reference_ms' not in bench.harness.measure(spec, build, {}, lambda: None)
+
+
+@pytest.mark.parametrize('steps, min_seconds, timed', [
+    (3, 0.0, 3),        # no minimum: the steps asked
+    (3, 1.0, 4),        # short steps: on until the stretch lasts a second
+    (6, 1.0, 6),        # long enough already
+])
+def test_a_worker_times_short_steps_until_the_stretch_lasts_its_minimum(
+        monkeypatch, steps, min_seconds, timed):
+    bench = _load()
+    clock = [0.0]
+    monkeypatch.setattr(bench.harness, 'time',
+                        types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def run():          # a step of a quarter of a second on the fake clock
+        clock[0] += 0.25
+        return (0.2, 0.05)
+    timing = bench.harness.time_iterations(run, 8, warmup=2, steps=steps,
+                                           min_seconds=min_seconds)
+    assert timing['iteration_ms'] == [250.0] * timed
+    assert timing['img_per_s'] == pytest.approx(8 / 0.25)
+    assert (timing['fwd_bwd_ms'], timing['update_ms']) == pytest.approx((200.0, 50.0))
 
 
 def test_the_reference_workloads_time_what_they_say():
@@ -233,9 +256,10 @@ def test_reported_figures_are_the_medians_of_single_mode_worker_processes(
     assert [spec['mode'] for spec, _ in workers.calls] == ['fp32', 'mxamp', 'mxamp+scaling'] * 3
     for spec, env in workers.calls:
         assert env['OMP_NUM_THREADS'] == '3'
-        assert {k: spec[k] for k in ('network', 'task', 'batch', 'threads', 'warmup', 'steps')} \
+        assert {k: spec[k] for k in ('network', 'task', 'batch', 'threads', 'warmup', 'steps',
+                                     'min_seconds')} \
             == {'network': 'tiny', 'task': 'training', 'batch': 4, 'threads': 3, 'warmup': 2,
-                'steps': 5}
+                'steps': 5, 'min_seconds': bench.harness.MIN_SECONDS}
     (result,) = data['results']
     modes = result['modes']
     assert list(modes) == ['fp32', 'mxamp', 'mxamp+scaling']
@@ -326,6 +350,8 @@ def test_batch_and_threads_lists_sweep_every_combination(monkeypatch, tmp_path, 
                        "got 'x'"),
     (['--batch', '2,,4'], "argument --batch: expected positive integers"),
     (['--steps', '0'], "argument --steps: expected an integer >= 1, got '0'"),
+    (['--min-seconds', '-1'], "argument --min-seconds: expected seconds >= 0, got '-1'"),
+    (['--min-seconds', 'nan'], "argument --min-seconds: expected seconds >= 0, got 'nan'"),
 ])
 def test_bad_sweep_values_are_refused_with_one_line(argv, complaint, capsys):
     bench = _load()
@@ -343,7 +369,8 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
     monkeypatch.setattr(bench, 'LAUNCH_ENV', {'PATH': '/usr/bin', 'OMP_NUM_THREADS': '7',
                                               'DNNL_MAX_CPU_ISA': 'AVX512_CORE'})
     argv = ['--networks', 'tiny', '--tasks', 'training', '--modes', 'fp32,mxamp+scaling',
-            '--batch', '4', '--threads', '3', '--image-size', '32', '--repeats', '2']
+            '--batch', '4', '--threads', '3', '--image-size', '32', '--repeats', '2',
+            '--min-seconds', '0.5']
     workers, data = _run_main(bench, monkeypatch, tmp_path, argv, lambda spec, call: 10.0)
     assert {env['OMP_NUM_THREADS'] for _, env in workers.calls} == {'3'}
     assert {env['DNNL_MAX_CPU_ISA'] for _, env in workers.calls} == {'AVX512_CORE'}
@@ -363,9 +390,10 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
     assert len(meta['load_average_start']) == len(meta['load_average_end']) == 3
     (result,) = data['results']
     assert {k: result[k] for k in ('network', 'task', 'batch', 'image_size', 'threads', 'warmup',
-                                   'steps', 'repeats')} == {
+                                   'steps', 'min_seconds', 'repeats')} == {
         'network': 'tiny', 'task': 'training', 'batch': 4, 'image_size': 32, 'threads': 3,
-        'warmup': 2, 'steps': 5, 'repeats': 2}
+        'warmup': 2, 'steps': 5, 'min_seconds': 0.5, 'repeats': 2}
+    assert {spec['min_seconds'] for spec, _ in workers.calls} == {0.5}
     scaling = result['modes']['mxamp+scaling']
     assert scaling['settings'] == {
         'dtype': 'bfloat16', 'conversion': "mxamp.convert(net, 'bfloat16')",
@@ -378,14 +406,14 @@ def test_json_records_the_run_and_how_to_reproduce_each_mode(monkeypatch, tmp_pa
     assert scaling['reproduce'] == (
         'DNNL_MAX_CPU_ISA=AVX512_CORE python scripts/benchmark.py --networks tiny '
         '--tasks training --modes fp32,mxamp+scaling --batch 4 --threads 3 '
-        '--image-size 32 --warmup 2 --steps 5 --repeats 2')
+        '--image-size 32 --warmup 2 --steps 5 --min-seconds 0.5 --repeats 2')
     words = shlex.split(scaling['reproduce'])
     reproduced = bench.parse_args(words[words.index('scripts/benchmark.py') + 1:])
     assert bench.configurations(reproduced) == [bench.harness.Config('tiny', 'training', 4, 3)]
     assert reproduced.modes == ['fp32', 'mxamp+scaling']
-    assert result['modes']['fp32']['reproduce'].endswith('--modes fp32 --batch 4 --threads 3 '
-                                                         '--image-size 32 --warmup 2 --steps 5 '
-                                                         '--repeats 2')
+    assert result['modes']['fp32']['reproduce'].endswith(
+        '--modes fp32 --batch 4 --threads 3 --image-size 32 --warmup 2 --steps 5 '
+        '--min-seconds 0.5 --repeats 2')
     assert bench.mode_settings('inference', 'mxamp+fusion')['fusion'] == 'MKLDNN'
     auto = bench.mode_settings('inference', 'mxamp:auto+fusion')
     assert (auto['dtype'], auto['conversion'], auto['fusion']) == (
@@ -704,8 +732,8 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
     out = tmp_path / 'bench.json'
     proc = subprocess.run(
         [sys.executable, SCRIPT, '--networks', 'tiny', '--batch', '2', '--image-size', '32',
-         '--repeats', '1', '--steps', '2', '--warmup', '1', '--threads', '1',
-         '--output', str(out)],
+         '--repeats', '1', '--steps', '2', '--warmup', '1', '--min-seconds', '0.05',
+         '--threads', '1', '--output', str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
@@ -726,7 +754,8 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
     assert list(training['modes']) == ['fp32', 'mxamp:auto', 'mxamp', 'mxamp+scaling',
                                        'contrib.amp']
     for result in (inference, training):
-        assert (result['batch'], result['threads'], result['steps']) == (2, 1, 2)
+        assert (result['batch'], result['threads'], result['steps'],
+                result['min_seconds']) == (2, 1, 2, 0.05)
         assert result['mxamp_compute'] == ('native' if native else
                                            'bfloat16 storage, FP32 compute')
         modes = result['modes']
@@ -741,7 +770,9 @@ def test_tiny_run_writes_a_complete_json(tmp_path):
             # MXNet in the worker computed on the one OpenMP thread asked for.
             assert run['environment']['openmp_threads'] == 1, run['environment']
             assert run['environment']['variables']['OMP_NUM_THREADS'] == '1'
-            assert len(run['iteration_ms']) == 2
+            # At least the steps asked, and no more than the 50 ms minimum needed.
+            timed = run['iteration_ms']
+            assert len(timed) >= 2 and (len(timed) == 2 or sum(timed[:-1]) < 50), timed
             assert run['peak_rss_mb'] >= run['base_rss_mb'] > 0
             assert entry['median_img_per_s'] == run['img_per_s']
             assert entry['ratio_vs_fp32'] == pytest.approx(
