@@ -12,13 +12,18 @@ weights, smaller layers pay), read from ``cost_table.json`` (measured by
 `layer_work` computes a node's work from its shapes.  Under ``'auto'`` the
 policy keeps such a layer below its threshold in FP32 (`mxamp.policy.Policy`'s
 ``costs``), and what reads it follows.  A layer whose data is already bfloat16
-stays so: keeping it in FP32 would add the casts.
+stays so: keeping it in FP32 would add the casts.  For inference a layer below
+its threshold still pays when it opens a region whose layers do enough work
+together (the layer and the ones that read its output in low precision,
+`mxamp.graph.region_works`): the casts are paid once for them all.
 
 Example
 -------
->>> model = CostModel({'FullyConnected': 10.0})
+>>> model = CostModel({'FullyConnected': 10.0}, region_pays_from={'FullyConnected': 5.0})
 >>> model.pays('FullyConnected', 0.4), model.pays('FullyConnected', 64.0)
 (False, True)
+>>> model.pays('FullyConnected', 2.0, region_work=6.0)    # with a 4 MFLOP layer after it
+True
 """
 import functools
 import json
@@ -49,25 +54,36 @@ class CostModel(object):
     per_cast_value : mapping of str to float, optional
         Operator to the FLOP a call must do per value cast besides its data (its output to
         FP32 readers, an FP32 weight) for low precision to pay.
+    region_pays_from : mapping of str to float, optional
+        Operator to the MFLOP a call of a layer below its `pays_from` and the layers reading
+        its output must do together for low precision to pay; an operator not named pays
+        only alone.
     """
 
     def __init__(self, pays_from: Mapping[str, float],
-                 per_cast_value: Optional[Mapping[str, float]] = None) -> None:
+                 per_cast_value: Optional[Mapping[str, float]] = None,
+                 region_pays_from: Optional[Mapping[str, float]] = None) -> None:
         self.pays_from = dict(pays_from)
         self.per_cast_value = dict(per_cast_value or {})
+        self.region_pays_from = dict(region_pays_from or {})
 
     def __repr__(self) -> str:
-        return 'CostModel(%r, per_cast_value=%r)' % (self.pays_from, self.per_cast_value)
+        return 'CostModel(%r, per_cast_value=%r, region_pays_from=%r)' % (
+            self.pays_from, self.per_cast_value, self.region_pays_from)
 
-    def pays(self, op: str, work: Optional[float], cast_values: int = 0) -> bool:
+    def pays(self, op: str, work: Optional[float], cast_values: int = 0,
+             region_work: Optional[float] = None) -> bool:
         """Whether `op` doing `work` MFLOP a call and casting `cast_values` values besides
         its data computes faster in low precision; an unknown work (shapes not known) pays,
-        as without a model."""
+        as without a model.  `region_work` is the work of the region it would open, its own
+        included (`mxamp.graph.region_works`; None: it opens none)."""
         if work is None:
             return True
         threshold = self.pays_from.get(op)
         if threshold is not None and work < threshold:
-            return False
+            region_threshold = self.region_pays_from.get(op)
+            if region_threshold is None or region_work is None or region_work < region_threshold:
+                return False
         per_value = self.per_cast_value.get(op)
         return per_value is None or not cast_values or 1e6 * work / cast_values >= per_value
 
@@ -89,13 +105,15 @@ def model_for(cpu_class: str, inference: bool = False) -> Optional[CostModel]:
         return None
     return CostModel({op: float(values['pays_from_mflop']) for op, values in entry.items()},
                      {op: float(values['pays_from_flop_per_cast_value'])
-                      for op, values in entry.items()})
+                      for op, values in entry.items()},
+                     {op: float(values['region_pays_from_mflop']) for op, values in entry.items()
+                      if values.get('region_pays_from_mflop') is not None})
 
 
 def largest_unpaid(layers: Mapping[str, Tuple[str, float]], model: CostModel
                    ) -> Optional[Tuple[str, str, float, float]]:
     """``(name, op, work, threshold)`` of the largest of `layers` (``{name: (op, MFLOP)}``)
-    when none of them pays under `model`; None when one pays or there are none."""
+    when none of them pays alone under `model`; None when one pays or there are none."""
     if not layers or any(model.pays(op, work) for op, work in layers.values()):
         return None
     name, (op, work) = max(layers.items(), key=lambda item: item[1][1])

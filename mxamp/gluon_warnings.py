@@ -22,9 +22,10 @@ _warned_unpaid = False
 
 def warn_unpaid(block, policy, conversion, converted):
     """Say once when no layer of a bfloat16 graph pays for bfloat16 on this CPU (`mxamp.cost`:
-    by its work, or by its work per value it casts): under 'auto' the graph computes in FP32,
-    asked for bfloat16 it will be slower than FP32.  ``converted(params)`` converts the graph
-    under `policy`: asked for bfloat16, once more weighing costs, as 'auto' would."""
+    by its work, alone or in the region it opens, or by its work per value it casts): under
+    'auto' the graph computes in FP32, asked for bfloat16 it will be slower than FP32.
+    ``converted(params, policy)`` converts the graph under `policy`: asked for bfloat16, once
+    more weighing costs, as 'auto' would."""
     global _warned_unpaid
     if _warned_unpaid or policy.dtype != 'bfloat16' or policy.bfloat16_storage_only:
         return
@@ -35,6 +36,10 @@ def warn_unpaid(block, policy, conversion, converted):
               if node.name in conversion.works}
     if not layers:
         return
+    weighed = conversion if policy.costs is not None else converted(
+        conversion.lp_params, policy.with_costs(model))
+    if weighed.computes_low:
+        return
     largest = cost.largest_unpaid(layers, model)
     if largest is not None:
         name, op, work, threshold = largest
@@ -42,13 +47,10 @@ def warn_unpaid(block, policy, conversion, converted):
                'casts on this %s (the largest, %s %r, %.3g MFLOP; bfloat16 pays from %.3g)'
                % (len(layers), hardware.describe_cpu_class(policy.cpu_class), op, name, work,
                   threshold))
-    elif policy.costs is None and not converted(conversion.lp_params,
-                                                policy.with_costs(model)).computes_low:
+    else:
         why = ('its layers that do enough work cast more values than that work pays for on '
                'this %s (FP32 operators or the outputs read them: docs/policy.rst, "Layers too '
                'small for bfloat16")' % hardware.describe_cpu_class(policy.cpu_class))
-    else:
-        return
     _warned_unpaid = True
     if policy.costs is not None:
         text = "mxamp: dtype='auto' computes %s in float32: %s" % (describe_block(block), why)

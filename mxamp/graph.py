@@ -37,7 +37,7 @@ __all__ = ['CAST_SUFFIX', 'Conversion', 'GraphError', 'GraphLike', 'NodePlan', '
            'PAD_SUFFIX',
            'assemble_graph', 'cast_input', 'convert_graph', 'error_line', 'find_casts',
            'format_report',
-           'cast_values', 'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'layer_works',
+           'cast_values', 'convolution_post_ops', 'entry_uses', 'infer_entry_shapes', 'infer_entry_types', 'layer_works', 'region_works',
            'load_graph',
            'plan_node', 'storable_params']
 
@@ -401,7 +401,7 @@ def _variable_type(node, input_types):
 def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: Sequence[Optional[str]],
               input_shapes: Sequence[Optional[Tuple[int, ...]]], float_outputs: Sequence[bool],
               post_op: bool = False, work: Optional[float] = None,
-              cast_values: int = 0) -> NodePlan:
+              cast_values: int = 0, region_work: Optional[float] = None) -> NodePlan:
     """How one op node runs under `policy`: the only place a node's precision is decided.
 
     Parameters
@@ -421,6 +421,8 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
         A GEMM's forward MFLOP a call (`mxamp.cost.layer_work`), for `Policy.pays`.
     cast_values : int
         The values cast around a GEMM in low precision besides its data (`cast_values`).
+    region_work : float, optional
+        A GEMM's MFLOP a call together with the GEMMs reading its output (`region_works`).
 
     Examples
     --------
@@ -440,7 +442,7 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     cls = policy.op_class(op, attrs, node['name'])
     small = None
     if cls == LOW and input_states and input_states[0] == 'float32' and \
-            not policy.pays(op, work, cast_values):
+            not policy.pays(op, work, cast_values, region_work):
         # Its data is FP32: casting it in costs more than bfloat16 saves on so little work.
         cls, small = FLOAT32, work
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
@@ -630,6 +632,37 @@ def cast_values(graph: Mapping[str, Any], policy: policy_mod.Policy, works: Mapp
     return values
 
 
+def region_works(graph: Mapping[str, Any], policy: policy_mod.Policy,
+                 works: Mapping[int, float]) -> Dict[int, float]:
+    """``{node index: MFLOP a call}`` of each GEMM of `works` together with the GEMMs that
+    read its output as their data through operators that keep low precision (by class
+    neither FP32 nor the widest of several inputs, which an FP32 input would make FP32): the
+    region it opens in low precision, one cast in and out for them all.  Only GEMMs that
+    such a GEMM reads are listed."""
+    nodes = graph['nodes']
+    readers: Dict[int, List[Tuple[int, int]]] = collections.defaultdict(list)
+    for nid, node in enumerate(nodes):
+        for pos, (src, _, _) in enumerate(node['inputs']):
+            readers[src].append((nid, pos))
+    regions = {}
+    for nid, work in works.items():
+        total, seen, stack = work, {nid}, [nid]
+        while stack:
+            for reader, pos in readers[stack.pop()]:
+                node = nodes[reader]
+                if reader in seen or policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
+                    continue
+                seen.add(reader)
+                if node['op'] in GEMM_OPS:
+                    # The region's last layer: what reads it is weighed when it opens its own.
+                    total += works.get(reader, 0.0) if pos == 0 else 0.0
+                elif policy.op_class(node['op'], node.get('attrs'), node['name']) in (LOW, NEUTRAL):
+                    stack.append(reader)
+        if total > work:
+            regions[nid] = total
+    return regions
+
+
 def storable_params(graph: Mapping[str, Any], policy: policy_mod.Policy,
                     params: Collection[str]) -> Set[str]:
     """The parameters among `params` whose every consumer takes them in low precision.
@@ -753,6 +786,8 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     lp_params = storable_params(graph, policy, params)
     casts_around = cast_values(graph, policy, works, variable_shapes, entry_shapes) \
         if policy.costs is not None else {}
+    regions = region_works(graph, policy, works) \
+        if policy.costs is not None and policy.costs.region_pays_from else {}
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype
     out = _Builder(low, portable, data_inputs)
@@ -776,7 +811,8 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
                         for src, k, _ in node['inputs']]
         plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
                          [t == 'float32' for t in original], post_op=nid in post_ops,
-                         work=works.get(nid), cast_values=casts_around.get(nid, 0))
+                         work=works.get(nid), cast_values=casts_around.get(nid, 0),
+                         region_work=regions.get(nid))
         inputs = [entry if dtype is None else out.to(entry, dtype)
                   for entry, dtype in zip(inputs, plan.inputs)]
         casts = [out.casts.get(entry[0]) for entry in inputs]

@@ -804,12 +804,15 @@ class Policy(object):
         return (condition is not None and condition(attrs)
                 and not self._user_keeps_float32(op, attrs, node_name))
 
-    def pays(self, op: str, work: Optional[float], cast_values: int = 0) -> bool:
+    def pays(self, op: str, work: Optional[float], cast_values: int = 0,
+             region_work: Optional[float] = None) -> bool:
         """Whether a low-precision `op` whose data is FP32, doing `work` MFLOP a call (None:
-        unknown) and casting `cast_values` more values (`mxamp.graph.cast_values`), computes
-        faster so on the target: always without `costs` and for the user's `lp_ops`."""
+        unknown), casting `cast_values` more values (`mxamp.graph.cast_values`) and opening a
+        region of `region_work` MFLOP (`mxamp.graph.region_works`), computes faster so on the
+        target: always without `costs` and for the user's `lp_ops`."""
         op = canonical(op)
-        return self.costs is None or op in self.lp_ops or self.costs.pays(op, work, cast_values)
+        return (self.costs is None or op in self.lp_ops
+                or self.costs.pays(op, work, cast_values, region_work))
 
     def follows_inputs(self, op: str) -> bool:
         """Whether a low-precision `op` runs in FP32 when every floating input is FP32:

@@ -8,7 +8,7 @@ Usage::
     OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_costs.py --task inference
 
 For each operator whose bfloat16 kernels are compute-bound (FullyConnected,
-Convolution) and a ladder of sizes, a chain of one and of four identical layers
+Convolution) and a ladder of sizes, a chain of one, two and four identical layers
 (hybridized Gluon nets, FP32 against ``mxamp.convert(net, 'bfloat16')``) runs a
 training step, forward, backward and an Adam update (``gluon.Trainer`` against
 ``mxamp.Trainer``, whose bfloat16 weights step through FP32 master copies),
@@ -25,6 +25,11 @@ larger size ran at least ``--margin`` times faster in bfloat16, alone and
 inside, and ``pays_from_flop_per_cast_value``, the same alone for the work
 per output value (the values cast back to FP32 after a layer alone).  Below
 either, ``'auto'`` keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
+A third, ``region_pays_from_mflop``, is the same for the chain of two as a
+whole ("region": two layers between the casts) against the two layers' work:
+a layer below the first threshold whose region does that much work together
+pays for inference (`mxamp.cost.CostModel`); training's steps run a small
+layer slower inside a chain too, so none is written for training.
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
@@ -169,7 +174,7 @@ def measure(op, repeats, progress, task='training'):
     for size in sizes:
         data = make_data(size)
         steps = {(depth, dtype): built(make, depth, size, data.copy(), dtype, task)
-                 for depth in (1, 4) for dtype in ('float32', 'bfloat16')}
+                 for depth in (1, 2, 4) for dtype in ('float32', 'bfloat16')}
         times = {key: [] for key in steps}
         for _ in range(repeats):
             for key, step in steps.items():
@@ -179,11 +184,14 @@ def measure(op, repeats, progress, task='training'):
         inside = ((median[(4, 'float32')] - median[(1, 'float32')])
                   / max(median[(4, 'bfloat16')] - median[(1, 'bfloat16')], 1e-9))
         # Exact: a threshold is a measured size's work, which the same layer must reach.
+        region = median[(2, 'float32')] / median[(2, 'bfloat16')]
         rows.append({'size': list(size), 'mflop': work(size),
                      'flop_per_cast_value': 1e6 * work(size) / outputs(size),
+                     'region_mflop': 2 * work(size),
                      'float32_ms': round(1e3 * median[(1, 'float32')], 3),
                      'bfloat16_ms': round(1e3 * median[(1, 'bfloat16')], 3),
-                     'alone': round(alone, 3), 'inside': round(inside, 3)})
+                     'alone': round(alone, 3), 'inside': round(inside, 3),
+                     'region': round(region, 3)})
         progress.update(1)
     return rows
 
@@ -234,17 +242,22 @@ def main(argv=None):
                 'pays_from_flop_per_cast_value': threshold(rows, 'flop_per_cast_value',
                                                            args.margin, ('alone',)),
                 'rows': rows}
+            if args.task == 'inference':
+                result['operators'][op]['region_pays_from_mflop'] = threshold(
+                    rows, 'region_mflop', args.margin, ('region',))
     print('%s, %s threads; %s, medians of %d'
           % (hardware.describe_cpu_class(klass), threads, TASKS[args.task], args.repeats))
     for op, entry in result['operators'].items():
-        print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast'
-              % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value']))
-        print('%-22s %10s %12s %12s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
-                                                'alone', 'inside'))
+        print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast%s'
+              % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value'],
+                 '; a region of layers below, from %s MFLOP together'
+                 % entry['region_pays_from_mflop'] if 'region_pays_from_mflop' in entry else ''))
+        print('%-22s %10s %12s %12s %8s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
+                                                     'alone', 'inside', 'region'))
         for row in entry['rows']:
-            print('%-22s %10.3f %12.3f %12.3f %7.2fx %7.2fx'
+            print('%-22s %10.3f %12.3f %12.3f %7.2fx %7.2fx %7.2fx'
                   % (tuple(row['size']), row['mflop'], row['float32_ms'], row['bfloat16_ms'],
-                     row['alone'], row['inside']))
+                     row['alone'], row['inside'], row['region']))
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(result, f, indent=1)

@@ -1,4 +1,5 @@
 """Layers too small for bfloat16 to pay stay FP32 under 'auto' (mxamp.cost, Policy.costs)."""
+import json
 import warnings
 
 import numpy as np
@@ -9,7 +10,7 @@ from mxnet import autograd, gluon
 
 import mxamp
 from mxamp import cost, hardware
-from mxamp.graph import convert_graph
+from mxamp.graph import convert_graph, region_works
 from mxamp.policy import Policy, Rules
 
 from conftest import needs_bfloat16_compute, relative_error
@@ -129,6 +130,65 @@ def test_a_small_layer_whose_data_is_already_low_stays_low():
     assert conversion.node_precision['inside'] == 'bfloat16'
     assert conversion.node_precision['alone'] == 'float32'
     assert set(conversion.small_layers) == {'alone'}
+
+
+def test_a_layer_too_small_alone_pays_in_a_region_that_does_enough_work_together():
+    model = cost.CostModel({'FullyConnected': 10.0, 'Convolution': 10.0},
+                           {'FullyConnected': 100.0}, region_pays_from={'FullyConnected': 4.0})
+    assert not model.pays('FullyConnected', 2.0)                        # it opens no region
+    assert not model.pays('FullyConnected', 2.0, region_work=3.0)
+    assert model.pays('FullyConnected', 2.0, region_work=4.0)
+    assert not model.pays('Convolution', 2.0, region_work=50.0)         # pays only alone
+    # Its casts are weighed as before: 2 MFLOP for 40,000 values cast out is too little.
+    assert not model.pays('FullyConnected', 2.0, cast_values=40000, region_work=4.0)
+
+
+def _dense_regions():
+    """fc1 -> relu -> fc2 (a region), fc2 -> softmax -> fc3 and fc2 + x -> fc4 (FP32 and the
+    widest of two inputs between: no region), fc1 -> Cast -> fc5 (a cast between)."""
+    x = mx.sym.var('data')
+    fc1 = mx.sym.FullyConnected(x, num_hidden=32, name='fc1')
+    fc2 = mx.sym.FullyConnected(mx.sym.Activation(fc1, act_type='relu', name='relu'),
+                                num_hidden=32, name='fc2')
+    fc3 = mx.sym.FullyConnected(mx.sym.softmax(fc2, name='softmax'), num_hidden=4, name='fc3')
+    fc4 = mx.sym.FullyConnected(mx.sym.elemwise_add(fc2, mx.sym.var('other'), name='add'),
+                                num_hidden=4, name='fc4')
+    fc5 = mx.sym.FullyConnected(mx.sym.Cast(fc1, dtype='float32', name='cast'), num_hidden=4,
+                                name='fc5')
+    return mx.sym.Group([fc3, fc4, fc5]), {'data': (8, 20), 'other': (8, 32)}
+
+
+def test_a_region_is_a_layer_and_the_layers_reading_it_through_low_precision():
+    sym, _ = _dense_regions()
+    graph = json.loads(sym.tojson())
+    index = {node['name']: nid for nid, node in enumerate(graph['nodes'])}
+    works = {index[name]: work for name, work in
+             (('fc1', 1.0), ('fc2', 2.0), ('fc3', 4.0), ('fc4', 8.0), ('fc5', 16.0))}
+    regions = region_works(graph, Policy('bfloat16', costs=MODEL), works)
+    assert regions == {index['fc1']: 3.0}
+
+
+def test_auto_computes_a_region_of_small_layers_in_bfloat16_when_it_pays_together():
+    sym, shapes = _dense_regions()
+    # fc1: 2e-6 * 8 * 20 * 32 = 0.01024 MFLOP, fc2 0.016384: 0.026624 together.
+    for region_threshold, precision in ((0.026, 'bfloat16'), (0.027, 'float32')):
+        model = cost.CostModel({op: 1.0 for op in cost.GEMM_OPS},
+                               region_pays_from={'FullyConnected': region_threshold})
+        conversion = convert_graph(sym, Policy('bfloat16', costs=model), shapes=shapes)
+        precisions = conversion.node_precision
+        assert precisions['fc1'] == precisions['relu'] == precisions['fc2'] == precision
+        assert ('fc1' in conversion.small_layers) == (precision == 'float32')
+        # The softmax's and the addition's readers open no region: FP32 as before.
+        assert precisions['fc3'] == precisions['fc4'] == 'float32'
+
+
+@pytest.mark.parametrize('klass', BFLOAT16_CLASSES)
+def test_only_inference_weighs_regions_of_dense_layers(klass):
+    # A small layer inside a chain ran slower in training steps (docs/policy.rst).
+    training, inference = cost.model_for(klass), cost.model_for(klass, inference=True)
+    assert training.region_pays_from == {}
+    assert set(inference.region_pays_from) == {'FullyConnected'}
+    assert 0 < inference.region_pays_from['FullyConnected'] < inference.pays_from['FullyConnected']
 
 
 def test_a_decoder_tied_to_an_embedding_counts_its_weight_and_output_casts():
@@ -432,4 +492,29 @@ def test_a_larger_batch_after_for_inference_is_weighed_for_inference(monkeypatch
     got = net(x)
     conversion, _ = mxamp.gluon.conversion_of(net)
     assert conversion.computes_low and conversion.small_layers == {}
+    assert _relative_error(got, want) < 0.02
+
+
+@needs_bfloat16_compute
+@pytest.mark.parametrize('dtype', ['auto', 'bfloat16'])
+def test_for_inference_computes_a_net_whose_layers_pay_only_together_in_bfloat16(
+        monkeypatch, dtype):
+    # No layer pays alone under either model; together the inference model's regions do.
+    from mxamp import gluon_warnings
+    monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
+    regions_only = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS},
+                                  region_pays_from={'FullyConnected': 1e-3})
+    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
+        None if not hardware.computes_bfloat16(klass)
+        else regions_only if inference else _TRAINING_ONLY_LARGE))
+    net, x = _mlp_and_batch(seed=11)
+    want = net(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')      # neither 'auto' nor 'bfloat16' warns: it pays
+        fused = mxamp.for_inference(net, x, dtype=dtype)
+        got = fused(x)
+    conversion, _ = mxamp.gluon.conversion_of(net)
+    assert conversion.small_layers == {}
+    assert {conversion.node_precision[n.name] for n in conversion.nodes
+            if n.op == 'FullyConnected'} == {'bfloat16'}
     assert _relative_error(got, want) < 0.02

@@ -23,6 +23,8 @@ def _load():
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
                     reason='measure_costs measures bfloat16 kernels, which this CPU class lacks')
 @pytest.mark.parametrize('task', ['training', 'inference'])
+# The ladder's smallest layers are meant not to pay: converted for bfloat16, they say so.
+@pytest.mark.filterwarnings('ignore:mxamp.*expect it slower than float32:RuntimeWarning')
 def test_a_short_ladder_writes_each_size_and_the_thresholds(task, tmp_path, monkeypatch, capsys):
     script = _load()
     sizes, *rest = script.OPERATORS['FullyConnected']
@@ -37,6 +39,14 @@ def test_a_short_ladder_writes_each_size_and_the_thresholds(task, tmp_path, monk
     assert all(row['float32_ms'] > 0 and row['bfloat16_ms'] > 0 for row in entry['rows'])
     # A threshold, when one is found, is the work of a size of the ladder.
     assert entry['pays_from_mflop'] in (None,) + tuple(row['mflop'] for row in entry['rows'])
+    # The chain of two, a region, does the work of two layers; its threshold is inference's.
+    assert all(row['region_mflop'] == 2 * row['mflop'] and row['region'] > 0
+               for row in entry['rows'])
+    if task == 'inference':
+        assert entry['region_pays_from_mflop'] in (None,) + tuple(
+            row['region_mflop'] for row in entry['rows'])
+    else:
+        assert 'region_pays_from_mflop' not in entry
     printed = capsys.readouterr().out
     assert script.TASKS[task] in printed
 
