@@ -28,8 +28,8 @@ either, ``'auto'`` keeps a layer whose data is FP32 in FP32 (`mxamp.cost`).
 A third, ``region_pays_from_mflop``, is the same for the chain of two as a
 whole ("region": two layers between the casts) against the two layers' work:
 a layer below the first threshold whose region does that much work together
-pays for inference (`mxamp.cost.CostModel`); training's steps run a small
-layer slower inside a chain too, so none is written for training.
+pays (`mxamp.cost.CostModel`), where the table takes it (docs/policy.rst says
+which).
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
@@ -241,17 +241,16 @@ def main(argv=None):
                 'pays_from_mflop': threshold(rows, 'mflop', args.margin),
                 'pays_from_flop_per_cast_value': threshold(rows, 'flop_per_cast_value',
                                                            args.margin, ('alone',)),
+                'region_pays_from_mflop': threshold(rows, 'region_mflop', args.margin,
+                                                    ('region',)),
                 'rows': rows}
-            if args.task == 'inference':
-                result['operators'][op]['region_pays_from_mflop'] = threshold(
-                    rows, 'region_mflop', args.margin, ('region',))
     print('%s, %s threads; %s, medians of %d'
           % (hardware.describe_cpu_class(klass), threads, TASKS[args.task], args.repeats))
     for op, entry in result['operators'].items():
-        print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast%s'
+        print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast; a region '
+              'of layers below, from %s MFLOP together'
               % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value'],
-                 '; a region of layers below, from %s MFLOP together'
-                 % entry['region_pays_from_mflop'] if 'region_pays_from_mflop' in entry else ''))
+                 entry['region_pays_from_mflop']))
         print('%-22s %10s %12s %12s %8s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
                                                      'alone', 'inside', 'region'))
         for row in entry['rows']:

@@ -39,14 +39,11 @@ def test_a_short_ladder_writes_each_size_and_the_thresholds(task, tmp_path, monk
     assert all(row['float32_ms'] > 0 and row['bfloat16_ms'] > 0 for row in entry['rows'])
     # A threshold, when one is found, is the work of a size of the ladder.
     assert entry['pays_from_mflop'] in (None,) + tuple(row['mflop'] for row in entry['rows'])
-    # The chain of two, a region, does the work of two layers; its threshold is inference's.
+    # The chain of two, a region, does the work of two layers.
     assert all(row['region_mflop'] == 2 * row['mflop'] and row['region'] > 0
                for row in entry['rows'])
-    if task == 'inference':
-        assert entry['region_pays_from_mflop'] in (None,) + tuple(
-            row['region_mflop'] for row in entry['rows'])
-    else:
-        assert 'region_pays_from_mflop' not in entry
+    assert entry['region_pays_from_mflop'] in (None,) + tuple(
+        row['region_mflop'] for row in entry['rows'])
     printed = capsys.readouterr().out
     assert script.TASKS[task] in printed
 
