@@ -636,9 +636,10 @@ def region_works(graph: Mapping[str, Any], policy: policy_mod.Policy,
                  works: Mapping[int, float]) -> Dict[int, float]:
     """``{node index: MFLOP a call}`` of each GEMM of `works` together with the GEMMs that
     read its output as their data through operators that keep low precision (by class
-    neither FP32 nor the widest of several inputs, which an FP32 input would make FP32): the
-    region it opens in low precision, one cast in and out for them all.  Only GEMMs that
-    such a GEMM reads are listed."""
+    neither FP32 nor the widest of several inputs, which an FP32 input would make FP32), those
+    GEMMs computing in low precision by class (not excluded by the user, with a kernel): the
+    region it opens, one cast in and out for them all.  Only GEMMs that such a GEMM reads are
+    listed."""
     nodes = graph['nodes']
     readers: Dict[int, List[Tuple[int, int]]] = collections.defaultdict(list)
     for nid, node in enumerate(nodes):
@@ -653,10 +654,11 @@ def region_works(graph: Mapping[str, Any], policy: policy_mod.Policy,
                 if reader in seen or policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
                     continue
                 seen.add(reader)
+                cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
                 if node['op'] in GEMM_OPS:
                     # The region's last layer: what reads it is weighed when it opens its own.
-                    total += works.get(reader, 0.0) if pos == 0 else 0.0
-                elif policy.op_class(node['op'], node.get('attrs'), node['name']) in (LOW, NEUTRAL):
+                    total += works.get(reader, 0.0) if pos == 0 and cls == LOW else 0.0
+                elif cls in (LOW, NEUTRAL):
                     stack.append(reader)
         if total > work:
             regions[nid] = total

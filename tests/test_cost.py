@@ -166,6 +166,9 @@ def test_a_region_is_a_layer_and_the_layers_reading_it_through_low_precision():
              (('fc1', 1.0), ('fc2', 2.0), ('fc3', 4.0), ('fc4', 8.0), ('fc5', 16.0))}
     regions = region_works(graph, Policy('bfloat16', costs=MODEL), works)
     assert regions == {index['fc1']: 3.0}
+    # A layer the user keeps in FP32 ends the region without joining it.
+    kept = Policy('bfloat16', Rules.of(exclude=['fc2']), costs=MODEL)
+    assert region_works(graph, kept, works) == {}
 
 
 def test_auto_computes_a_region_of_small_layers_in_bfloat16_when_it_pays_together():
