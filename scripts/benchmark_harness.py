@@ -56,8 +56,8 @@ REFERENCE_REPEATS = 5
 # slowdown (docs/performance.rst, "When the machine changes speed").
 REFERENCE_SPREAD = 0.2
 # A worker's timed stretch lasts at least this long (``--min-seconds``): a step of a fraction
-# of a millisecond is timed above the noise only over thousands (docs/performance.rst, "A
-# small MLP").
+# of a millisecond is timed above the noise only over thousands (docs/performance.rst, "Beyond
+# image classifiers", the MLP).
 MIN_SECONDS = 1.0
 # `handoff_seconds`: round trips of a value between two threads on two CPUs, a timing.
 HANDOFF_ROUNDS = 1000
@@ -568,12 +568,12 @@ def count(minimum):
 
 
 def seconds(text):
-    """argparse type: a number of seconds >= 0."""
+    """argparse type: a finite number of seconds >= 0."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
+    if not 0 <= value < float('inf'):
         raise argparse.ArgumentTypeError('expected seconds >= 0, got %r' % text)
     return value
 

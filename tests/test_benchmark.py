@@ -352,6 +352,7 @@ def test_batch_and_threads_lists_sweep_every_combination(monkeypatch, tmp_path, 
     (['--steps', '0'], "argument --steps: expected an integer >= 1, got '0'"),
     (['--min-seconds', '-1'], "argument --min-seconds: expected seconds >= 0, got '-1'"),
     (['--min-seconds', 'nan'], "argument --min-seconds: expected seconds >= 0, got 'nan'"),
+    (['--min-seconds', 'inf'], "argument --min-seconds: expected seconds >= 0, got 'inf'"),
 ])
 def test_bad_sweep_values_are_refused_with_one_line(argv, complaint, capsys):
     bench = _load()
