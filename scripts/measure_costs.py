@@ -31,6 +31,12 @@ a layer below the first threshold whose region does that much work together
 pays (`mxamp.cost.CostModel`), where the table takes it (docs/policy.rst says
 which).
 
+``--ops`` also takes two blocks that are not operators of the table: a 3x3
+convolution followed by BatchNorm and ReLU, and MobileNet's depthwise 3x3 and
+pointwise 1x1 pair, each followed by them (the work is the convolutions').
+The cost model weighs GEMMs alone; these ladders measure what the memory-bound
+layers between them change (docs/policy.rst, "A known gap").
+
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
 keeps the measurements with their date and command.  The thresholds go into
@@ -63,6 +69,10 @@ DENSE_SIZES = [(32, 16, 64), (32, 40, 160), (32, 64, 256), (32, 128, 512), (64, 
 #: (batch, channels, height = width) of the 3x3 Convolution ladder (channels in = out).
 CONV_SIZES = [(4, 8, 14), (8, 8, 28), (8, 16, 14), (8, 32, 14), (8, 16, 28), (8, 32, 28),
               (8, 64, 14), (16, 32, 28), (8, 64, 28), (8, 64, 56), (16, 128, 28), (16, 256, 14)]
+#: (batch, channels, height = width) of the depthwise-separable block ladder: MobileNet 0.25's
+#: and 0.5's blocks at batch 16.
+SEPARABLE_SIZES = [(16, 16, 28), (16, 32, 28), (16, 64, 14), (16, 128, 14), (16, 64, 28),
+                   (16, 128, 28), (16, 256, 14)]
 
 
 def dense_chain(depth, units_in, units_out):
@@ -79,6 +89,23 @@ def conv_chain(depth, channels):
     for _ in range(depth):
         net.add(gluon.nn.Conv2D(channels, 3, padding=1, in_channels=channels))
     return net
+
+
+def conv_block_chain(depth, channels, separable=False):
+    # (kernel, groups) of each block's convolutions: a depthwise one first where separable.
+    convolutions = [(3, channels), (1, 1)] if separable else [(3, 1)]
+    net = gluon.nn.HybridSequential()
+    for _ in range(depth):
+        for kernel, groups in convolutions:
+            net.add(gluon.nn.Conv2D(channels, kernel, padding=kernel // 2, groups=groups,
+                                    use_bias=False, in_channels=channels),
+                    gluon.nn.BatchNorm(in_channels=channels), gluon.nn.Activation('relu'))
+    return net
+
+
+def separable_work(size):
+    batch, channels, side = size
+    return 2e-6 * batch * channels * (channels + 9) * side * side
 
 
 def dense_work(size):
@@ -117,6 +144,19 @@ OPERATORS = {
     'Convolution': (CONV_SIZES, lambda depth, s: conv_chain(depth, s[1]), conv_work,
                     conv_outputs, conv_data),
 }
+#: Ladders of blocks, measured as the operators are, for what the cost model leaves out.
+BLOCKS = {
+    'Convolution+BatchNorm+ReLU': (CONV_SIZES, lambda depth, s: conv_block_chain(depth, s[1]),
+                                   conv_work, conv_outputs, conv_data),
+    'Separable+BatchNorm+ReLU': (SEPARABLE_SIZES,
+                                 lambda depth, s: conv_block_chain(depth, s[1], True),
+                                 separable_work, conv_outputs, conv_data),
+}
+
+
+def ladder(op):
+    """(sizes, chain builder, work, outputs, data) of the operator or block `op`."""
+    return OPERATORS[op] if op in OPERATORS else BLOCKS[op]
 
 
 def trained_step(net, data, trainer):
@@ -169,7 +209,7 @@ def timed(step):
 
 
 def measure(op, repeats, progress, task='training'):
-    sizes, make, work, outputs, make_data = OPERATORS[op]
+    sizes, make, work, outputs, make_data = ladder(op)
     rows = []
     for size in sizes:
         data = make_data(size)
@@ -218,7 +258,8 @@ def main(argv=None):
     parser.add_argument('--margin', type=float, default=1.05,
                         help='bfloat16 pays from this ratio to FP32 (default 1.05)')
     parser.add_argument('--json', help='also write the measurements and thresholds here')
-    parser.add_argument('--ops', nargs='+', default=list(OPERATORS), choices=list(OPERATORS))
+    parser.add_argument('--ops', nargs='+', default=list(OPERATORS), choices=list(OPERATORS) + list(BLOCKS),
+                        help='the ladders to run (default: the operators of the table)')
     parser.add_argument('--task', choices=list(TASKS), default='training',
                         help='what each step does (default: %(default)s)')
     args = parser.parse_args(argv)
@@ -227,7 +268,7 @@ def main(argv=None):
         sys.exit('measure_costs: this %s computes no bfloat16: there is nothing to measure'
                  % hardware.describe_cpu_class())
     threads = os.environ.get('OMP_NUM_THREADS', 'unset')
-    total = sum(len(OPERATORS[op][0]) for op in args.ops)
+    total = sum(len(ladder(op)[0]) for op in args.ops)
     result = {'cpu_class': klass, 'task': args.task, 'cpu': hardware.cpu_model(),
               'threads': threads, 'date': datetime.date.today().isoformat(),
               'margin': args.margin,

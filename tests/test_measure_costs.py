@@ -48,6 +48,27 @@ def test_a_short_ladder_writes_each_size_and_the_thresholds(task, tmp_path, monk
     assert script.TASKS[task] in printed
 
 
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason='measure_costs measures bfloat16 kernels, which this CPU class lacks')
+@pytest.mark.filterwarnings('ignore:mxamp.*expect it slower than float32:RuntimeWarning')
+def test_the_blocks_ladders_run_their_convolutions_with_batchnorm_and_relu(tmp_path, monkeypatch):
+    script = _load()
+    plain = script.conv_block_chain(2, 8)
+    separable = script.conv_block_chain(2, 8, separable=True)
+    kinds = [type(layer).__name__ for layer in separable]
+    assert kinds == ['Conv2D', 'BatchNorm', 'Activation'] * 4 and len(plain) == 6
+    assert separable[0]._kwargs['num_group'] == 8 and separable[3]._kwargs['num_group'] == 1
+    for op in script.BLOCKS:
+        _, *rest = script.BLOCKS[op]
+        monkeypatch.setitem(script.BLOCKS, op, ([(2, 8, 6)], *rest))
+    output = tmp_path / 'blocks.json'
+    script.main(['--ops'] + list(script.BLOCKS) + ['--repeats', '1', '--json', str(output)])
+    entries = json.loads(output.read_text())['operators']
+    assert set(entries) == set(script.BLOCKS)
+    assert entries['Separable+BatchNorm+ReLU']['rows'][0]['mflop'] == pytest.approx(
+        2e-6 * 2 * 8 * (8 + 9) * 36)
+
+
 def test_a_threshold_is_where_every_larger_size_pays():
     script = _load()
     rows = [{'mflop': 1.0, 'alone': 0.9, 'inside': 1.2}, {'mflop': 2.0, 'alone': 1.1, 'inside': 0.9},
