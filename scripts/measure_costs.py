@@ -223,8 +223,8 @@ def measure(op, repeats, progress, task='training'):
         alone = median[(1, 'float32')] / median[(1, 'bfloat16')]
         inside = ((median[(4, 'float32')] - median[(1, 'float32')])
                   / max(median[(4, 'bfloat16')] - median[(1, 'bfloat16')], 1e-9))
-        # Exact: a threshold is a measured size's work, which the same layer must reach.
         region = median[(2, 'float32')] / median[(2, 'bfloat16')]
+        # Exact: a threshold is a measured size's work, which the same layer must reach.
         rows.append({'size': list(size), 'mflop': work(size),
                      'flop_per_cast_value': 1e6 * work(size) / outputs(size),
                      'region_mflop': 2 * work(size),
@@ -258,7 +258,8 @@ def main(argv=None):
     parser.add_argument('--margin', type=float, default=1.05,
                         help='bfloat16 pays from this ratio to FP32 (default 1.05)')
     parser.add_argument('--json', help='also write the measurements and thresholds here')
-    parser.add_argument('--ops', nargs='+', default=list(OPERATORS), choices=list(OPERATORS) + list(BLOCKS),
+    parser.add_argument('--ops', nargs='+', default=list(OPERATORS),
+                        choices=list(OPERATORS) + list(BLOCKS),
                         help='the ladders to run (default: the operators of the table)')
     parser.add_argument('--task', choices=list(TASKS), default='training',
                         help='what each step does (default: %(default)s)')
