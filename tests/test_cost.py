@@ -521,3 +521,19 @@ def test_for_inference_computes_a_net_whose_layers_pay_only_together_in_bfloat16
     assert {conversion.node_precision[n.name] for n in conversion.nodes
             if n.op == 'FullyConnected'} == {'bfloat16'}
     assert _relative_error(got, want) < 0.02
+
+
+@pytest.mark.skipif(not hardware.computes_bfloat16(),
+                    reason="'auto' is float32 on this CPU class: nothing to decide")
+def test_the_symbol_front_weighs_regions_for_inference(monkeypatch):
+    regions_only = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS},
+                                  region_pays_from={'FullyConnected': 1e-3})
+    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
+        regions_only if inference else _TRAINING_ONLY_LARGE))
+    sym, args = _small_mlp_symbol(), _mlp_params()
+    options = dict(arg_params=args, aux_params={}, input_shapes={'data': (8, 20)})
+    assert not mxamp.convert_with_record(sym, 'auto', **options).conversion.computes_low
+    inferred = mxamp.convert_with_record(sym, 'auto', for_inference=True, **options)
+    assert inferred.conversion.small_layers == {}
+    assert inferred.conversion.node_precision['fc1'] == inferred.conversion.node_precision[
+        'fc2'] == 'bfloat16'
