@@ -55,8 +55,13 @@ def warn_unpaid(block, policy, conversion, converted):
     if policy.costs is not None:
         text = "mxamp: dtype='auto' computes %s in float32: %s" % (describe_block(block), why)
     else:
+        # The model weighs GEMMs alone (docs/policy.rst, "A known gap"): a measurement on
+        # the user's machine settles it, where one can time the converted net.
+        measure = ('' if policy.inference else
+                   '; mxamp.profile(net, *inputs, train=True) times both on this machine')
         text = ("mxamp: %s computes in bfloat16 as asked, but %s: expect it slower than float32 "
-                "(dtype='auto' would keep it in float32)" % (describe_block(block), why))
+                "(dtype='auto' would keep it in float32%s)" % (describe_block(block), why,
+                                                               measure))
     warnings.warn(text, RuntimeWarning, stacklevel=hardware.user_stacklevel())
 
 

@@ -293,13 +293,29 @@ def test_bfloat16_asked_for_a_small_net_computes_it_and_says_it_will_be_slower(m
     monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
     _, net = _fp32_twin(seed=4)
     mxamp.convert(net, 'bfloat16')
-    with pytest.warns(RuntimeWarning, match="computes in bfloat16 as asked.*expect it slower "
-                                            "than float32 .dtype='auto' would keep"):
+    with pytest.warns(RuntimeWarning, match=r"computes in bfloat16 as asked.*expect it slower "
+                                            r"than float32 .dtype='auto' would keep it in "
+                                            r"float32; mxamp\.profile\(net, \*inputs, "
+                                            r"train=True\) times both on this machine\)"):
         net(mx.nd.ones((8, 20))).wait_to_read()
     conversion, _ = gluon_front.conversion_of(net)
     assert conversion.small_layers == {}
     assert conversion.node_precision[[n.name for n in conversion.nodes
                                       if n.op == 'FullyConnected'][0]] == 'bfloat16'
+
+
+@needs_bfloat16_compute
+def test_bfloat16_asked_for_inference_says_it_will_be_slower_without_a_profile_to_run(
+        monkeypatch):
+    # A fused net built for inference alone is not one mxamp.profile times: no hint.
+    from mxamp import gluon_warnings
+    monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
+    net, x = _mlp_and_batch(seed=12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        mxamp.for_inference(net, x, dtype='bfloat16')
+    (unpaid,) = [str(w.message) for w in caught if 'expect it slower' in str(w.message)]
+    assert unpaid.endswith("(dtype='auto' would keep it in float32)")
 
 
 @needs_bfloat16_compute
