@@ -138,6 +138,14 @@ def summary(net: HybridBlock, print_fn: Optional[Callable[[str], Any]] = print) 
                      '%d layers, the largest %.3g MFLOP a call%s'
                      % (settings.dtype, len(small), max(small.values()),
                         '' if conversion.computes_low else ': the whole net computes in float32'))
+    regions = conversion.region_layers
+    if regions:
+        shown = sorted(regions, key=lambda name: regions[name], reverse=True)[:3]
+        lines.append("in %s with the layers reading them, too small alone (dtype='auto'): %s%s"
+                     % (settings.dtype, ', '.join(
+                         '%s (%.3g MFLOP a call, %.3g together)'
+                         % (name, conversion.works[name], regions[name]) for name in shown),
+                        ' and %d more' % (len(regions) - len(shown)) if len(regions) > 3 else ''))
     lines.extend(record.line for record in records if record.line)
     by_dtype: Dict[str, Tuple[int, int]] = {}
     for param in net.collect_params().values():

@@ -73,7 +73,8 @@ NodePlan = collections.namedtuple('NodePlan', [
     'activation',    # act_type of the oneDNN Activation it runs as, None to keep its op
     'outputs',       # per output: 'float32' | dtype read by its consumers, None if not floating
     'small',         # MFLOP a call of a layer kept in FP32 as too small to pay (Policy.costs)
-], defaults=(None,))
+    'region',        # MFLOP a call of the region through which a layer too small alone pays
+], defaults=(None, None))
 
 CastRecord = collections.namedtuple('CastRecord', [
     'name',          # the cast node's name
@@ -137,6 +138,13 @@ class Conversion(collections.namedtuple('Conversion', [
         precision to pay (`mxamp.policy.Policy`'s ``costs``)."""
         return {node.name: node.plan.small for node in self.nodes
                 if node.plan.small is not None}
+
+    @property
+    def region_layers(self) -> Dict[str, float]:
+        """``{node name: MFLOP a call of its region}`` of the layers too small to pay alone
+        that compute in low precision with the layers reading them (`region_works`)."""
+        return {node.name: node.plan.region for node in self.nodes
+                if node.plan.region is not None}
 
     @property
     def computes_low(self) -> bool:
@@ -440,11 +448,13 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     index = policy.index_inputs(op, attrs)
     floating = [pos for pos, state in enumerate(input_states) if state is not None and pos not in index]
     cls = policy.op_class(op, attrs, node['name'])
-    small = None
-    if cls == LOW and input_states and input_states[0] == 'float32' and \
-            not policy.pays(op, work, cast_values, region_work):
-        # Its data is FP32: casting it in costs more than bfloat16 saves on so little work.
-        cls, small = FLOAT32, work
+    small = region = None
+    if cls == LOW and input_states and input_states[0] == 'float32':
+        if not policy.pays(op, work, cast_values, region_work):
+            # Its data is FP32: casting it in costs more than bfloat16 saves on so little work.
+            cls, small = FLOAT32, work
+        elif region_work is not None and not policy.pays(op, work, cast_values):
+            region = region_work    # it pays only with the layers reading it
     layout = policy.layout(op, attrs, input_shapes) if cls == LOW else policy_mod.BLOCKED
     fused = post_op and input_states[0] == low and policy.fuses_into_convolution(
         op, attrs, node['name'])
@@ -476,7 +486,8 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
                     for k, f in enumerate(float_outputs))
     pad_channels = precision == low and layout == policy_mod.PAD_CHANNELS
     activation = ONEDNN_ACTIVATIONS.get(policy_mod.canonical(op)) if precision == 'bfloat16' else None
-    return NodePlan(precision, inputs, compute_fp32, pad_channels, activation, outputs, small)
+    return NodePlan(precision, inputs, compute_fp32, pad_channels, activation, outputs, small,
+                    region)
 
 
 def _as_onednn_activation(node, act_type):

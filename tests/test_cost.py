@@ -181,6 +181,8 @@ def test_auto_computes_a_region_of_small_layers_in_bfloat16_when_it_pays_togethe
         precisions = conversion.node_precision
         assert precisions['fc1'] == precisions['relu'] == precisions['fc2'] == precision
         assert ('fc1' in conversion.small_layers) == (precision == 'float32')
+        assert conversion.region_layers == (
+            {'fc1': pytest.approx(0.026624)} if precision == 'bfloat16' else {})
         # The softmax's and the addition's readers open no region: FP32 as before.
         assert precisions['fc3'] == precisions['fc4'] == 'float32'
 
@@ -537,6 +539,12 @@ def test_for_inference_computes_a_net_whose_layers_pay_only_together_in_bfloat16
     assert {conversion.node_precision[n.name] for n in conversion.nodes
             if n.op == 'FullyConnected'} == {'bfloat16'}
     assert _relative_error(got, want) < 0.02
+    # The summary says which layer pays only with the ones reading it, under 'auto' alone.
+    (first,) = conversion.region_layers if dtype == 'auto' else ('',)
+    lines = [line for line in mxamp.summary(fused).splitlines() if 'too small alone' in line]
+    assert lines == ([] if dtype == 'bfloat16' else [
+        "in bfloat16 with the layers reading them, too small alone (dtype='auto'): %s "
+        "(0.0205 MFLOP a call, 0.0369 together)" % first])
 
 
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
