@@ -74,8 +74,9 @@ on its own; ``--repeats`` rounds, each one fresh Python process (a worker:
 this script with a hidden ``--_worker`` argument) per mode, in the same order
 every round; a worker builds its mode, runs ``--warmup`` untimed iterations,
 then times consecutive ones, at least ``--steps`` and for at least
-``--min-seconds``: its throughput is batch x iterations over that stretch.  The table shows medians over rounds; ``x FP32`` is the ratio of
-the medians, ``paired`` the median of the per-round ratios.  A worker starts
+``--min-seconds``: its throughput is batch x iterations over that stretch.
+The table shows medians over rounds; ``x FP32`` is the ratio of the medians,
+``paired`` the median of the per-round ratios.  A worker starts
 with ``OMP_NUM_THREADS`` set to the configuration's ``--threads`` and calls
 ``torch.set_num_threads`` with it (the default: the CPUs this process may
 use); it reports the thread count PyTorch computes with.  Memory: RSS after

@@ -424,15 +424,22 @@ def test_profile_runs_a_net_converted_under_auto_after_a_call_at_another_size():
 # class's inference model; these tests give the two models values far apart, whatever the table.
 _TRAINING_ONLY_LARGE = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS})
 _INFERENCE_ANY = cost.CostModel({op: 1e-3 for op in cost.GEMM_OPS})
+# No layer pays alone; any two dense layers together do.
+_REGIONS_ONLY = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS},
+                               region_pays_from={'FullyConnected': 1e-3})
+
+
+def _weigh_inference_with(monkeypatch, inference_model):
+    """`cost.model_for` giving `inference_model` for inference and `_TRAINING_ONLY_LARGE` for
+    training, on the classes that compute bfloat16."""
+    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
+        None if not hardware.computes_bfloat16(klass)
+        else inference_model if inference else _TRAINING_ONLY_LARGE))
 
 
 @pytest.fixture
 def far_apart_models(monkeypatch):
-    def model_for(klass, inference=False):
-        if not hardware.computes_bfloat16(klass):
-            return None
-        return _INFERENCE_ANY if inference else _TRAINING_ONLY_LARGE
-    monkeypatch.setattr(cost, 'model_for', model_for)
+    _weigh_inference_with(monkeypatch, _INFERENCE_ANY)
 
 
 def _mlp_and_batch(seed):
@@ -501,10 +508,7 @@ def test_the_symbol_front_weighs_a_graph_for_inference_with_the_inference_model(
 def test_a_larger_batch_after_for_inference_is_weighed_for_inference(monkeypatch):
     # One sample keeps the first layer FP32 under both models; 16 pay under the inference
     # model alone, so the fused net builds its graph again in bfloat16 only if that model weighs.
-    inference_pays_from_a_batch = cost.CostModel({op: 0.01 for op in cost.GEMM_OPS})
-    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
-        None if not hardware.computes_bfloat16(klass)
-        else inference_pays_from_a_batch if inference else _TRAINING_ONLY_LARGE))
+    _weigh_inference_with(monkeypatch, cost.CostModel({op: 0.01 for op in cost.GEMM_OPS}))
     net, x = _mlp_and_batch(seed=10)
     want = net(x)
     mxamp.for_inference(net, x[:1])
@@ -523,11 +527,7 @@ def test_for_inference_computes_a_net_whose_layers_pay_only_together_in_bfloat16
     # No layer pays alone under either model; together the inference model's regions do.
     from mxamp import gluon_warnings
     monkeypatch.setattr(gluon_warnings, '_warned_unpaid', False)
-    regions_only = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS},
-                                  region_pays_from={'FullyConnected': 1e-3})
-    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
-        None if not hardware.computes_bfloat16(klass)
-        else regions_only if inference else _TRAINING_ONLY_LARGE))
+    _weigh_inference_with(monkeypatch, _REGIONS_ONLY)
     net, x = _mlp_and_batch(seed=11)
     want = net(x)
     with warnings.catch_warnings():
@@ -550,10 +550,7 @@ def test_for_inference_computes_a_net_whose_layers_pay_only_together_in_bfloat16
 @pytest.mark.skipif(not hardware.computes_bfloat16(),
                     reason="'auto' is float32 on this CPU class: nothing to decide")
 def test_the_symbol_front_weighs_regions_for_inference(monkeypatch):
-    regions_only = cost.CostModel({op: 1e6 for op in cost.GEMM_OPS},
-                                  region_pays_from={'FullyConnected': 1e-3})
-    monkeypatch.setattr(cost, 'model_for', lambda klass, inference=False: (
-        regions_only if inference else _TRAINING_ONLY_LARGE))
+    _weigh_inference_with(monkeypatch, _REGIONS_ONLY)
     sym, args = _small_mlp_symbol(), _mlp_params()
     options = dict(arg_params=args, aux_params={}, input_shapes={'data': (8, 20)})
     assert not mxamp.convert_with_record(sym, 'auto', **options).conversion.computes_low
