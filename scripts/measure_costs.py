@@ -29,13 +29,17 @@ A third, ``region_pays_from_mflop``, is the same for the chain of two as a
 whole ("region": two layers between the casts) against the two layers' work:
 a layer below the first threshold whose region does that much work together
 pays (`mxamp.cost.CostModel`), where the table takes it (docs/policy.rst says
-which).
+which).  A fourth, ``inside_pays_from_mflop``, is the same inside the chain of
+four alone: a layer counts towards its region's work from there.
 
 ``--ops`` also takes two blocks that are not operators of the table: a 3x3
 convolution followed by BatchNorm and ReLU, and MobileNet's depthwise 3x3 and
 pointwise 1x1 pair, each followed by them (the work is the convolutions').
-The cost model weighs GEMMs alone; these ladders measure what the memory-bound
-layers between them change (docs/policy.rst, "A known gap").
+The memory-bound layers between the convolutions gain in bfloat16 too: the
+block ladder's ``inside_pays_from_mflop`` is the table's
+``normalized_inside_pays_from_mflop`` for ``Convolution``, the size from which
+a convolution a BatchNorm reads counts towards its region (docs/policy.rst,
+"Regions of convolutions in training").
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
@@ -285,14 +289,15 @@ def main(argv=None):
                                                            args.margin, ('alone',)),
                 'region_pays_from_mflop': threshold(rows, 'region_mflop', args.margin,
                                                     ('region',)),
+                'inside_pays_from_mflop': threshold(rows, 'mflop', args.margin, ('inside',)),
                 'rows': rows}
     print('%s, %s threads; %s, medians of %d'
           % (hardware.describe_cpu_class(klass), threads, TASKS[args.task], args.repeats))
     for op, entry in result['operators'].items():
         print('\n%s: bfloat16 pays from %s MFLOP a call and %s FLOP per value cast; a region '
-              'of layers below, from %s MFLOP together'
+              'of layers below, from %s MFLOP together; inside a region, from %s'
               % (op, entry['pays_from_mflop'], entry['pays_from_flop_per_cast_value'],
-                 entry['region_pays_from_mflop']))
+                 entry['region_pays_from_mflop'], entry['inside_pays_from_mflop']))
         print('%-22s %10s %12s %12s %8s %8s %8s' % ('size', 'MFLOP', 'FP32 ms', 'bf16 ms',
                                                      'alone', 'inside', 'region'))
         for row in entry['rows']:

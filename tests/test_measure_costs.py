@@ -44,6 +44,8 @@ def test_a_short_ladder_writes_each_size_and_the_thresholds(task, tmp_path, monk
                for row in entry['rows'])
     assert entry['region_pays_from_mflop'] in (None,) + tuple(
         row['region_mflop'] for row in entry['rows'])
+    assert entry['inside_pays_from_mflop'] == script.threshold(
+        entry['rows'], 'mflop', data['margin'], ('inside',))
     printed = capsys.readouterr().out
     assert script.TASKS[task] in printed
 
