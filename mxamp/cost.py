@@ -14,8 +14,12 @@ policy keeps such a layer below its threshold in FP32 (`mxamp.policy.Policy`'s
 ``costs``), and what reads it follows.  A layer whose data is already bfloat16
 stays so: keeping it in FP32 would add the casts.  For inference a layer below
 its threshold still pays when it opens a region whose layers do enough work
-together (the layer and the ones that read its output in low precision,
-`mxamp.graph.region_works`): the casts are paid once for them all.
+together (the layer and the ones that read its output in low precision, and
+so on to the region's FP32 edges: `mxamp.graph.region_works`): the casts are
+paid once for them all.  A layer counts towards its region only where it
+gains inside one (no casts around it) at its size; a convolution normalized by
+a BatchNorm gains from smaller sizes than a bare one, since bfloat16 also
+halves the bytes of the memory-bound layers between the convolutions.
 
 Example
 -------
@@ -24,6 +28,12 @@ Example
 (False, True)
 >>> model.pays('FullyConnected', 2.0, region_work=6.0)    # with a 4 MFLOP layer after it
 True
+>>> model = CostModel({'Convolution': 100.0}, region_pays_from={'Convolution': 200.0},
+...                   inside_pays_from={'Convolution': 100.0},
+...                   normalized_inside_pays_from={'Convolution': 25.0})
+>>> model.counts_in_region('Convolution', 30.0), model.counts_in_region(
+...     'Convolution', 30.0, normalized=True)
+(False, True)
 """
 import functools
 import json
@@ -58,18 +68,31 @@ class CostModel(object):
         Operator to the MFLOP a call of a layer below its `pays_from` and the layers reading
         its output must do together for low precision to pay; an operator not named pays
         only alone.
+    inside_pays_from : mapping of str to float, optional
+        Operator to the MFLOP a call from which a layer inside a region (its neighbours in
+        low precision, no casts) computes faster so: only such layers count towards a
+        region's work.  An operator not named counts at any size.
+    normalized_inside_pays_from : mapping of str to float, optional
+        The same for a layer whose output a BatchNorm normalizes; an operator not named
+        takes its `inside_pays_from`.
     """
 
     def __init__(self, pays_from: Mapping[str, float],
                  per_cast_value: Optional[Mapping[str, float]] = None,
-                 region_pays_from: Optional[Mapping[str, float]] = None) -> None:
+                 region_pays_from: Optional[Mapping[str, float]] = None,
+                 inside_pays_from: Optional[Mapping[str, float]] = None,
+                 normalized_inside_pays_from: Optional[Mapping[str, float]] = None) -> None:
         self.pays_from = dict(pays_from)
         self.per_cast_value = dict(per_cast_value or {})
         self.region_pays_from = dict(region_pays_from or {})
+        self.inside_pays_from = dict(inside_pays_from or {})
+        self.normalized_inside_pays_from = dict(normalized_inside_pays_from or {})
 
     def __repr__(self) -> str:
-        return 'CostModel(%r, per_cast_value=%r, region_pays_from=%r)' % (
-            self.pays_from, self.per_cast_value, self.region_pays_from)
+        return ('CostModel(%r, per_cast_value=%r, region_pays_from=%r, inside_pays_from=%r, '
+                'normalized_inside_pays_from=%r)' % (
+                    self.pays_from, self.per_cast_value, self.region_pays_from,
+                    self.inside_pays_from, self.normalized_inside_pays_from))
 
     def pays(self, op: str, work: Optional[float], cast_values: int = 0,
              region_work: Optional[float] = None) -> bool:
@@ -87,6 +110,15 @@ class CostModel(object):
         per_value = self.per_cast_value.get(op)
         return per_value is None or not cast_values or 1e6 * work / cast_values >= per_value
 
+    def counts_in_region(self, op: str, work: float, normalized: bool = False) -> bool:
+        """Whether `op` doing `work` MFLOP a call inside a region computes faster in low
+        precision, its work counting towards the region's; `normalized`: a BatchNorm reads
+        its output."""
+        threshold = self.normalized_inside_pays_from.get(op) if normalized else None
+        if threshold is None:
+            threshold = self.inside_pays_from.get(op)
+        return threshold is None or work >= threshold
+
 
 @functools.lru_cache(maxsize=None)
 def _table():
@@ -103,11 +135,15 @@ def model_for(cpu_class: str, inference: bool = False) -> Optional[CostModel]:
     entry = _table()['classes'].get(cpu_class, {}).get('inference' if inference else 'training')
     if entry is None:
         return None
+    def optional(field):
+        return {op: float(values[field]) for op, values in entry.items()
+                if values.get(field) is not None}
+
     return CostModel({op: float(values['pays_from_mflop']) for op, values in entry.items()},
                      {op: float(values['pays_from_flop_per_cast_value'])
                       for op, values in entry.items()},
-                     {op: float(values['region_pays_from_mflop']) for op, values in entry.items()
-                      if values.get('region_pays_from_mflop') is not None})
+                     optional('region_pays_from_mflop'), optional('inside_pays_from_mflop'),
+                     optional('normalized_inside_pays_from_mflop'))
 
 
 def largest_unpaid(layers: Mapping[str, Tuple[str, float]], model: CostModel

@@ -55,7 +55,7 @@ def warn_unpaid(block, policy, conversion, converted):
     if policy.costs is not None:
         text = "mxamp: dtype='auto' computes %s in float32: %s" % (describe_block(block), why)
     else:
-        # The model weighs GEMMs alone (docs/policy.rst, "A known gap"): a measurement on
+        # The model is measured on ladders of layers, not this network: a measurement on
         # the user's machine settles it, where one can time the converted net.
         measure = ('' if policy.inference else
                    '; mxamp.profile(net, *inputs, train=True) times both on this machine')

@@ -430,7 +430,7 @@ def plan_node(node: Mapping[str, Any], policy: policy_mod.Policy, input_states: 
     cast_values : int
         The values cast around a GEMM in low precision besides its data (`cast_values`).
     region_work : float, optional
-        A GEMM's MFLOP a call together with the GEMMs reading its output (`region_works`).
+        The MFLOP a call of the region a GEMM opens, its own included (`region_works`).
 
     Examples
     --------
@@ -644,34 +644,70 @@ def cast_values(graph: Mapping[str, Any], policy: policy_mod.Policy, works: Mapp
 
 
 def region_works(graph: Mapping[str, Any], policy: policy_mod.Policy,
-                 works: Mapping[int, float]) -> Dict[int, float]:
-    """``{node index: MFLOP a call}`` of each GEMM of `works` together with the GEMMs that
-    read its output as their data through operators that keep low precision (by class
-    neither FP32 nor the widest of several inputs, which an FP32 input would make FP32), those
-    GEMMs computing in low precision by class (not excluded by the user, with a kernel): the
-    region it opens, one cast in and out for them all.  Only GEMMs that such a GEMM reads are
-    listed."""
+                 works: Mapping[int, float], runs_float32: Collection[int] = (),
+                 openers: Optional[Iterable[int]] = None) -> Dict[int, float]:
+    """``{node index: MFLOP a call}`` of the region each GEMM of `openers` (default: all of
+    `works`, each GEMM's MFLOP a call) opens, one cast in for it all: the GEMM and every GEMM
+    reading its output as data, then theirs, through operators that keep low precision (by
+    class not FP32; the widest of several inputs only once each of its inputs is in the
+    region, as a residual addition of two of its branches), those GEMMs computing in low
+    precision (by class, not excluded by the user, with a kernel, not in `runs_float32`: an
+    FP32 layout).  A GEMM's work counts where it gains inside a region at its size
+    (`mxamp.cost.CostModel.counts_in_region`, normalized when a BatchNorm reads it).  Only
+    GEMMs whose region holds another counted GEMM are listed.  Reads ``policy.costs``: call
+    it under a cost model."""
     nodes = graph['nodes']
+    costs = policy.costs
     readers: Dict[int, List[Tuple[int, int]]] = collections.defaultdict(list)
     for nid, node in enumerate(nodes):
         for pos, (src, _, _) in enumerate(node['inputs']):
             readers[src].append((nid, pos))
+
+    def counted(nid):
+        op = policy_mod.canonical(nodes[nid]['op'])
+        normalized = any(policy_mod.canonical(nodes[reader]['op']) in policy_mod.BATCHNORM_OPS
+                         and pos == 0 for reader, pos in readers[nid])
+        return works[nid] if costs.counts_in_region(op, works[nid], normalized) else 0.0
+
+    def joins(nid, pos, seen):
+        node = nodes[nid]
+        if policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
+            return False
+        cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
+        if node['op'] in GEMM_OPS:
+            return pos == 0 and cls == LOW and nid not in runs_float32
+        if cls == WIDEST:
+            return all(src in seen for src, _, _ in node['inputs'])
+        return cls in (LOW, NEUTRAL)
+
     regions = {}
-    for nid, work in works.items():
-        total, seen, stack = work, {nid}, [nid]
+    for nid in works if openers is None else openers:
+        if nid in runs_float32:
+            continue
+        seen, stack, waiting = {nid}, [nid], set()
+        total, members = counted(nid), 0
         while stack:
             for reader, pos in readers[stack.pop()]:
-                node = nodes[reader]
-                if reader in seen or policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
+                if reader in seen:
+                    continue
+                if not joins(reader, pos, seen):
+                    # The widest of several inputs may join once its other inputs have.
+                    waiting.add((reader, pos))
                     continue
                 seen.add(reader)
-                cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
-                if node['op'] in GEMM_OPS:
-                    # The region's last layer: what reads it is weighed when it opens its own.
-                    total += works.get(reader, 0.0) if pos == 0 and cls == LOW else 0.0
-                elif cls in (LOW, NEUTRAL):
-                    stack.append(reader)
-        if total > work:
+                stack.append(reader)
+                if reader in works:
+                    work = counted(reader)
+                    total, members = total + work, members + (work > 0)
+            if not stack:
+                ready = {(reader, pos) for reader, pos in waiting
+                         if reader not in seen and joins(reader, pos, seen)}
+                waiting -= ready
+                for reader, pos in ready:
+                    if reader not in seen:
+                        seen.add(reader)
+                        stack.append(reader)
+        if members and total > 0:
             regions[nid] = total
     return regions
 
@@ -754,6 +790,16 @@ def convolution_post_ops(graph: Mapping[str, Any]) -> FrozenSet[int]:
                      and fuses(node, _FUSED_BEFORE_ACTIVATION))
 
 
+def _float32_layouts(graph, policy, gemms, variable_shapes, entry_shapes):
+    """The nodes among `gemms` that `policy` runs in FP32 for their shapes (`Policy.layout`)."""
+    nodes = graph['nodes']
+    return frozenset(
+        nid for nid in gemms
+        if policy.layout(nodes[nid]['op'], nodes[nid].get('attrs'), [
+            variable_shapes.get(src) or entry_shapes.get((src, k))
+            for src, k, _ in nodes[nid]['inputs']]) == FLOAT32)
+
+
 def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable[str] = (),
                   input_types: Optional[Mapping[str, DTypeLike]] = None,
                   shapes: Optional[Mapping[str, Sequence[int]]] = None,
@@ -799,7 +845,11 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     lp_params = storable_params(graph, policy, params)
     casts_around = cast_values(graph, policy, works, variable_shapes, entry_shapes) \
         if policy.costs is not None else {}
-    regions = region_works(graph, policy, works) \
+    # Only a layer too small alone weighs its region (each walk can cross the whole graph).
+    regions = region_works(graph, policy, works, _float32_layouts(
+        graph, policy, works, variable_shapes, entry_shapes), openers=[
+            nid for nid, work in works.items()
+            if not policy.pays(nodes[nid]['op'], work, casts_around.get(nid, 0))]) \
         if policy.costs is not None and policy.costs.region_pays_from else {}
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype

@@ -34,7 +34,7 @@ from .dtypes import LOW_PRECISION, DTypeLike, dtype_name
 from .hardware import AMX, AVX512_BF16, CPU_CLASSES, computes_bfloat16
 from .hardware import cpu_class as this_cpu_class
 
-__all__ = ['BFLOAT16_CPU_FAILS', 'BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS',
+__all__ = ['BATCHNORM_OPS', 'BFLOAT16_CPU_FAILS', 'BFLOAT16_CPU_KERNELS', 'BFLOAT16_CPU_OPS',
            'BFLOAT16_CPU_OPS_BY_CLASS', 'BFLOAT16_CPU_SLOW', 'CAST_OPS', 'CHANNELS_FIRST_LAYOUTS',
            'CLASSES',
            'FLOAT16_CPU_EMULATED', 'Condition', 'Policy', 'Rules',
@@ -296,9 +296,10 @@ _BFLOAT16_CPU_CONDITIONS = {
     and attrs.get('pooling_convention', 'valid') != 'same',
 }
 
-# BatchNorm runs in the precision of its data: on FP32 data (MXNet's ResNets normalise the
-# image first) a cast would hand oneDNN a plain-layout bfloat16 tensor (its slow kernel).
-_FOLLOWS_DATA = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_SyncBatchNorm',
+#: BatchNorm and its variants.  They run in the precision of their data: on FP32 data (MXNet's
+#: ResNets normalise the image first) a cast would hand oneDNN a plain-layout bfloat16 tensor
+#: (its slow kernel).
+BATCHNORM_OPS = frozenset(('BatchNorm', '_contrib_BatchNormWithReLU', '_contrib_SyncBatchNorm',
                            '_mxamp_batch_norm'))
 
 
@@ -571,7 +572,7 @@ def default_lp_ops(dtype: DTypeLike) -> FrozenSet[str]:
     bfloat16 those of `BFLOAT16_CPU_OPS`; not BatchNorm, which follows its data): the list
     ``lp_ops_only`` replaces."""
     name = dtype_name(dtype, allowed=LOW_PRECISION)
-    return frozenset(op for op in _LOW - _FOLLOWS_DATA
+    return frozenset(op for op in _LOW - BATCHNORM_OPS
                      if name != 'bfloat16' or op in BFLOAT16_CPU_OPS)
 
 
@@ -823,7 +824,7 @@ class Policy(object):
 
     def follows_data(self, op: str) -> bool:
         """Whether a low-precision node runs in FP32 when its data input is FP32."""
-        return self.batchnorm_data == LOW and canonical(op) in _FOLLOWS_DATA
+        return self.batchnorm_data == LOW and canonical(op) in BATCHNORM_OPS
 
     @staticmethod
     def index_inputs(op: str, attrs: Optional[Mapping[str, str]] = None) -> Tuple[int, ...]:
