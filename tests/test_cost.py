@@ -191,14 +191,16 @@ def test_auto_computes_a_region_of_small_layers_in_bfloat16_when_it_pays_togethe
 def test_the_table_weighs_regions_of_dense_layers_for_inference_and_convolutions_for_training(klass):
     # In training steps a small dense layer ran slower even inside a chain; a convolution
     # normalized by a BatchNorm gained inside from smaller sizes (docs/policy.rst).
+    # Not on the AMX class until measured there: a small CIFAR ResNet trained slower.
     training, inference = cost.model_for(klass), cost.model_for(klass, inference=True)
-    assert set(training.region_pays_from) == {'Convolution', 'Deconvolution'}
+    assert set(training.region_pays_from) == (
+        {'Convolution', 'Deconvolution'} if klass == 'avx512_bf16' else set())
     assert set(inference.region_pays_from) == {'FullyConnected'}
     for model in (training, inference):
         for op, threshold in model.region_pays_from.items():
             assert 0 < model.inside_pays_from[op] <= model.pays_from[op] <= threshold or \
                 model.inside_pays_from[op] <= threshold < model.pays_from[op]
-    for op in ('Convolution', 'Deconvolution'):
+    for op in training.region_pays_from:
         normalized = training.normalized_inside_pays_from[op]
         assert 0 < normalized < training.inside_pays_from[op]
         assert training.counts_in_region(op, normalized, normalized=True)
