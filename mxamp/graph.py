@@ -790,14 +790,22 @@ def convolution_post_ops(graph: Mapping[str, Any]) -> FrozenSet[int]:
                      and fuses(node, _FUSED_BEFORE_ACTIVATION))
 
 
-def _float32_layouts(graph, policy, gemms, variable_shapes, entry_shapes):
-    """The nodes among `gemms` that `policy` runs in FP32 for their shapes (`Policy.layout`)."""
+def _regions(graph, policy, works, variable_shapes, entry_shapes, casts_around):
+    """`region_works` of the GEMMs too small alone (each walk can cross the whole graph), for
+    a policy with region thresholds; ``{}`` otherwise.  A convolution on padded input channels
+    (an image's, `Policy.layout`) opens none: its kernel is outside the ladders that measured
+    the thresholds, and a CIFAR ResNet whose stem opened its region trained at 1.12x FP32
+    instead of 2.26x (docs/policy.rst)."""
+    if policy.costs is None or not policy.costs.region_pays_from:
+        return {}
     nodes = graph['nodes']
-    return frozenset(
-        nid for nid in gemms
-        if policy.layout(nodes[nid]['op'], nodes[nid].get('attrs'), [
-            variable_shapes.get(src) or entry_shapes.get((src, k))
-            for src, k, _ in nodes[nid]['inputs']]) == FLOAT32)
+    layouts = {nid: policy.layout(nodes[nid]['op'], nodes[nid].get('attrs'), [
+        variable_shapes.get(src) or entry_shapes.get((src, k))
+        for src, k, _ in nodes[nid]['inputs']]) for nid in works}
+    return region_works(graph, policy, works, runs_float32=[
+        nid for nid, layout in layouts.items() if layout == FLOAT32], openers=[
+        nid for nid, work in works.items() if layouts[nid] != policy_mod.PAD_CHANNELS
+        and not policy.pays(nodes[nid]['op'], work, casts_around.get(nid, 0))])
 
 
 def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable[str] = (),
@@ -845,12 +853,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
     lp_params = storable_params(graph, policy, params)
     casts_around = cast_values(graph, policy, works, variable_shapes, entry_shapes) \
         if policy.costs is not None else {}
-    # Only a layer too small alone weighs its region (each walk can cross the whole graph).
-    regions = region_works(graph, policy, works, _float32_layouts(
-        graph, policy, works, variable_shapes, entry_shapes), openers=[
-            nid for nid, work in works.items()
-            if not policy.pays(nodes[nid]['op'], work, casts_around.get(nid, 0))]) \
-        if policy.costs is not None and policy.costs.region_pays_from else {}
+    regions = _regions(graph, policy, works, variable_shapes, entry_shapes, casts_around)
     post_ops = convolution_post_ops(graph) if policy.inference else frozenset()
     low = policy.dtype
     out = _Builder(low, portable, data_inputs)
