@@ -135,6 +135,7 @@ def model_for(cpu_class: str, inference: bool = False) -> Optional[CostModel]:
     entry = _table()['classes'].get(cpu_class, {}).get('inference' if inference else 'training')
     if entry is None:
         return None
+
     def optional(field):
         return {op: float(values[field]) for op, values in entry.items()
                 if values.get(field) is not None}

@@ -794,8 +794,8 @@ def _regions(graph, policy, works, variable_shapes, entry_shapes, casts_around):
     """`region_works` of the GEMMs too small alone (each walk can cross the whole graph), for
     a policy with region thresholds; ``{}`` otherwise.  A convolution on padded input channels
     (an image's, `Policy.layout`) opens none: its kernel is outside the ladders that measured
-    the thresholds, and a CIFAR ResNet whose stem opened its region trained at 1.12x FP32
-    instead of 2.26x (docs/policy.rst)."""
+    the thresholds, and a CIFAR ResNet whose stem opened its region trained far slower than
+    with the stem in FP32 (docs/policy.rst, "Regions of convolutions, for training")."""
     if policy.costs is None or not policy.costs.region_pays_from:
         return {}
     nodes = graph['nodes']
