@@ -591,6 +591,11 @@ class _Builder(object):
         return [data, weight] + inputs[2:], [data_pad, weight_pad] + [()] * (len(inputs) - 2)
 
 
+def _input_shapes(node, variable_shapes, entry_shapes):
+    """The known shape of each input of `node` (None where unknown)."""
+    return [variable_shapes.get(src) or entry_shapes.get((src, k)) for src, k, _ in node['inputs']]
+
+
 def layer_works(graph: Mapping[str, Any], variable_shapes: Mapping[int, Tuple[int, ...]],
                 entry_shapes: Mapping[Tuple[int, int], Tuple[int, ...]]) -> Dict[int, float]:
     """``{node index: forward MFLOP a call}`` of the GEMM nodes whose shapes are known
@@ -599,9 +604,8 @@ def layer_works(graph: Mapping[str, Any], variable_shapes: Mapping[int, Tuple[in
     for nid, node in enumerate(graph['nodes']):
         if node['op'] not in GEMM_OPS:
             continue
-        shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
-                  for src, k, _ in node['inputs']]
-        work = layer_work(node['op'], shapes, entry_shapes.get((nid, 0)))
+        work = layer_work(node['op'], _input_shapes(node, variable_shapes, entry_shapes),
+                          entry_shapes.get((nid, 0)))
         if work is not None:
             works[nid] = work
     return works
@@ -654,59 +658,48 @@ def region_works(graph: Mapping[str, Any], policy: policy_mod.Policy,
     precision (by class, not excluded by the user, with a kernel, not in `runs_float32`: an
     FP32 layout).  A GEMM's work counts where it gains inside a region at its size
     (`mxamp.cost.CostModel.counts_in_region`, normalized when a BatchNorm reads it).  Only
-    GEMMs whose region holds another counted GEMM are listed.  Reads ``policy.costs``: call
-    it under a cost model."""
-    nodes = graph['nodes']
+    GEMMs whose region holds another counted GEMM are listed; `policy` needs a cost model."""
     costs = policy.costs
+    if costs is None:
+        raise ValueError('region_works weighs regions with a cost model: %r has none' % policy)
+    nodes = graph['nodes']
     readers: Dict[int, List[Tuple[int, int]]] = collections.defaultdict(list)
     for nid, node in enumerate(nodes):
         for pos, (src, _, _) in enumerate(node['inputs']):
             readers[src].append((nid, pos))
-
-    def counted(nid):
-        op = policy_mod.canonical(nodes[nid]['op'])
-        normalized = any(policy_mod.canonical(nodes[reader]['op']) in policy_mod.BATCHNORM_OPS
-                         and pos == 0 for reader, pos in readers[nid])
-        return works[nid] if costs.counts_in_region(op, works[nid], normalized) else 0.0
+    # Decided once per node, not per walk: how a node joins a region, and what a GEMM adds.
+    classes = {nid: None if policy_mod.canonical(node['op']) in policy_mod.CAST_OPS
+               else policy.op_class(node['op'], node.get('attrs'), node['name'])
+               for nid, node in enumerate(nodes) if node['op'] != 'null'}
+    counted = {nid: work if costs.counts_in_region(
+        policy_mod.canonical(nodes[nid]['op']), work, normalized=any(
+            pos == 0 and policy_mod.canonical(nodes[reader]['op']) in policy_mod.BATCHNORM_OPS
+            for reader, pos in readers[nid])) else 0.0 for nid, work in works.items()}
 
     def joins(nid, pos, seen):
-        node = nodes[nid]
-        if policy_mod.canonical(node['op']) in policy_mod.CAST_OPS:
-            return False
-        cls = policy.op_class(node['op'], node.get('attrs'), node['name'])
-        if node['op'] in GEMM_OPS:
+        cls = classes[nid]
+        if nodes[nid]['op'] in GEMM_OPS:
             return pos == 0 and cls == LOW and nid not in runs_float32
         if cls == WIDEST:
-            return all(src in seen for src, _, _ in node['inputs'])
+            return all(src in seen for src, _, _ in nodes[nid]['inputs'])
         return cls in (LOW, NEUTRAL)
 
     regions = {}
     for nid in works if openers is None else openers:
         if nid in runs_float32:
             continue
-        seen, stack, waiting = {nid}, [nid], set()
-        total, members = counted(nid), 0
+        seen, stack = {nid}, [nid]
+        total, members = counted[nid], 0
         while stack:
+            # A node enters `seen` when pushed, so the widest of several inputs, reached once
+            # from each, finds them all in `seen` when reached from the last of them.
             for reader, pos in readers[stack.pop()]:
-                if reader in seen:
-                    continue
-                if not joins(reader, pos, seen):
-                    # The widest of several inputs may join once its other inputs have.
-                    waiting.add((reader, pos))
+                if reader in seen or not joins(reader, pos, seen):
                     continue
                 seen.add(reader)
                 stack.append(reader)
                 if reader in works:
-                    work = counted(reader)
-                    total, members = total + work, members + (work > 0)
-            if not stack:
-                ready = {(reader, pos) for reader, pos in waiting
-                         if reader not in seen and joins(reader, pos, seen)}
-                waiting -= ready
-                for reader, pos in ready:
-                    if reader not in seen:
-                        seen.add(reader)
-                        stack.append(reader)
+                    total, members = total + counted[reader], members + (counted[reader] > 0)
         if members and total > 0:
             regions[nid] = total
     return regions
@@ -799,9 +792,9 @@ def _regions(graph, policy, works, variable_shapes, entry_shapes, casts_around):
     if policy.costs is None or not policy.costs.region_pays_from:
         return {}
     nodes = graph['nodes']
-    layouts = {nid: policy.layout(nodes[nid]['op'], nodes[nid].get('attrs'), [
-        variable_shapes.get(src) or entry_shapes.get((src, k))
-        for src, k, _ in nodes[nid]['inputs']]) for nid in works}
+    layouts = {nid: policy.layout(nodes[nid]['op'], nodes[nid].get('attrs'),
+                                  _input_shapes(nodes[nid], variable_shapes, entry_shapes))
+               for nid in works}
     return region_works(graph, policy, works, runs_float32=[
         nid for nid, layout in layouts.items() if layout == FLOAT32], openers=[
         nid for nid, work in works.items() if layouts[nid] != policy_mod.PAD_CHANNELS
@@ -873,8 +866,7 @@ def convert_graph(source: GraphLike, policy: policy_mod.Policy, params: Iterable
             new_entry[(nid, 0)] = (out.add(node, [state]), 0)
             continue
         inputs = [new_entry[(src, k)] for src, k, _ in node['inputs']]
-        input_shapes = [variable_shapes.get(src) or entry_shapes.get((src, k))
-                        for src, k, _ in node['inputs']]
+        input_shapes = _input_shapes(node, variable_shapes, entry_shapes)
         plan = plan_node(node, policy, [out.state[entry] for entry in inputs], input_shapes,
                          [t == 'float32' for t in original], post_op=nid in post_ops,
                          work=works.get(nid), cast_values=casts_around.get(nid, 0),

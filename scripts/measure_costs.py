@@ -39,7 +39,7 @@ The memory-bound layers between the convolutions gain in bfloat16 too: the
 block ladder's ``inside_pays_from_mflop`` is the table's
 ``normalized_inside_pays_from_mflop`` for ``Convolution``, the size from which
 a convolution a BatchNorm reads counts towards its region (docs/policy.rst,
-"Regions of convolutions in training").
+"Regions of convolutions, for training").
 
 Numbers depend on the CPU, its bfloat16 class (printed) and the threads:
 measure on an idle machine; docs/policy.rst, "Layers too small for bfloat16",
